@@ -25,7 +25,7 @@ _LAZY = {
     "OperationRegistry": "workbench.core.operations",
     "OperationMetadata": "workbench.core.operations",
 }
-_SUBMODULES = ("core",)
+_SUBMODULES = ("core", "models")
 
 __all__ = sorted([*_LAZY, *_SUBMODULES])
 

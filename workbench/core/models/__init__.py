@@ -1,4 +1,4 @@
-"""NNX transformers sharing ONE decoder block; families are configs (Llama, Mistral, Qwen2, Qwen3).
+"""NNX transformers sharing ONE decoder block; a family is a config (Llama, Mistral, Qwen2, Qwen3, GPT-2, Mixtral).
 
 Names load lazily: ``from workbench.core.models import CausalLM`` imports flax then, and the
 Hugging Face conversion never imports torch or transformers.
@@ -14,6 +14,12 @@ _LAZY = {
     "RopeScaling": "workbench.core.models.config",
     "SUPPORTED_MODEL_TYPES": "workbench.core.models.config",
     "CausalLM": "workbench.core.models.causal_lm",
+    "CausalLMOutput": "workbench.core.models.causal_lm",
+    "SequenceClassifier": "workbench.core.models.causal_lm",
+    "KVCache": "workbench.core.models.cache",
+    "PagedKVCache": "workbench.core.models.cache",
+    "BaseModuleProtocol": "workbench.core.models.protocol",
+    "hf_state_dict": "workbench.core.models.hf_convert",
     "DecoderBlock": "workbench.core.models.block",
     "from_hf_state_dict": "workbench.core.models.hf_convert",
 }

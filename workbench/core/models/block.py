@@ -1,12 +1,16 @@
-"""ONE decoder block for every family: RMSNorm, attention (GQA, bias / q-k norm / sliding-window
-switches, rotary), RMSNorm, SwiGLU MLP, each with a residual.
+"""ONE decoder block for every family: norm, attention (GQA, bias / q-k norm / sliding-window
+switches, rotary or none), norm, MLP (SwiGLU, GELU or a mixture of experts), each with a residual.
 
 Attention runs through ``OperationRegistry`` by name (BTHD layout), so swapping the
 implementation is a string change. Kernels carry semantic axes (``ColumnWise`` for q/k/v and
 gate/up, ``RowWise`` for o and down), which a ``PartitionAxis`` resolves into PartitionSpecs.
+With a KV cache the cache object writes the new keys and values and runs attention over
+what it holds (see ``cache.py``); the block does not know which kind of cache it has.
 """
 
 from __future__ import annotations
+
+import typing as tp
 
 import jax
 import jax.numpy as jnp
@@ -34,12 +38,33 @@ class RMSNorm(nnx.Module):
         return (self.weight[...] * x32.astype(x.dtype)).astype(x.dtype)
 
 
+class LayerNorm(nnx.Module):
+    """``weight * (x - mean) / std + bias`` in float32 (GPT-2); keeps x's dtype."""
+
+    def __init__(self, dim: int, *, eps: float = 1e-5, param_dtype=jnp.float32):
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype), semantic_axes=Replicated)
+        self.bias = nnx.Param(jnp.zeros((dim,), param_dtype), semantic_axes=Replicated)
+        self.eps = eps
+
+    def __call__(self, x: Array) -> Array:
+        x32 = x.astype(jnp.float32)
+        mean = jnp.mean(x32, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+        y = (x32 - mean) * jax.lax.rsqrt(var + self.eps) * self.weight[...] + self.bias[...]
+        return y.astype(x.dtype)
+
+
+def make_norm(config: ModelConfig, dim: int | None = None, *, param_dtype=jnp.float32) -> RMSNorm | LayerNorm:
+    kind = RMSNorm if config.norm_type == "rms" else LayerNorm
+    return kind(dim or config.hidden_size, eps=config.norm_eps, param_dtype=param_dtype)
+
+
 def _linear(kind, in_f: int, out_f: int, bias: bool, dtype, param_dtype, rngs: nnx.Rngs):
     return kind(in_f, out_f, use_bias=bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
 
 class Attention(nnx.Module):
-    """Multi-head attention with grouped key/value heads and rotary positions."""
+    """Multi-head attention with grouped key/value heads and (optionally) rotary positions."""
 
     def __init__(self, config: ModelConfig, layer: int, *, attn_mechanism: str = "vanilla", dtype=jnp.float32,
                  param_dtype=jnp.float32, rngs: nnx.Rngs):
@@ -50,39 +75,63 @@ class Attention(nnx.Module):
         self.v_proj = _linear(ColumnParallelLinear, c.hidden_size, kv * d, c.attention_bias, dtype, param_dtype, rngs)
         self.o_proj = _linear(RowParallelLinear, h * d, c.hidden_size, c.attention_out_bias, dtype, param_dtype, rngs)
         if c.qk_norm:
-            self.q_norm = RMSNorm(d, eps=c.rms_norm_eps, param_dtype=param_dtype)
-            self.k_norm = RMSNorm(d, eps=c.rms_norm_eps, param_dtype=param_dtype)
+            self.q_norm = RMSNorm(d, eps=c.norm_eps, param_dtype=param_dtype)
+            self.k_norm = RMSNorm(d, eps=c.norm_eps, param_dtype=param_dtype)
         else:
             self.q_norm = self.k_norm = nnx.data(None)
         self.num_heads, self.num_kv_heads, self.head_dim = h, kv, d
+        self.layer = layer
+        self.rotary = c.position_embedding == "rope"
         self.sliding_window = c.layer_window(layer)
         OperationRegistry.get(attn_mechanism)  # fail now, naming the registered ones
         self.attn_mechanism = attn_mechanism
 
-    def __call__(self, x_BTD: Array, cos_BTD: Array, sin_BTD: Array, mask_B1TS: Array | None) -> Array:
+    def __call__(self, x_BTD: Array, cos_BTD: Array | None, sin_BTD: Array | None, mask_B1TS: Array | None,
+                 cache_step: tp.Any = None) -> tuple[Array, tp.Any]:
+        """Output ``(B, T, D)`` and this layer's cache update (None without a cache)."""
         b, t, _ = x_BTD.shape
         q_BTHD = self.q_proj(x_BTD).reshape(b, t, self.num_heads, self.head_dim)
         k_BTKD = self.k_proj(x_BTD).reshape(b, t, self.num_kv_heads, self.head_dim)
         v_BTKD = self.v_proj(x_BTD).reshape(b, t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q_BTHD, k_BTKD = self.q_norm(q_BTHD), self.k_norm(k_BTKD)
-        q_BTHD, k_BTKD = apply_rope(q_BTHD, cos_BTD, sin_BTD), apply_rope(k_BTKD, cos_BTD, sin_BTD)
-        op = OperationRegistry.create(self.attn_mechanism, OperationMetadata())
-        out = op(q_BTHD, k_BTKD, v_BTKD, mask=mask_B1TS, causal=True, sliding_window=self.sliding_window)
-        return self.o_proj(out.attention_outputs.reshape(b, t, self.num_heads * self.head_dim))
+        if self.rotary:
+            q_BTHD, k_BTKD = apply_rope(q_BTHD, cos_BTD, sin_BTD), apply_rope(k_BTKD, cos_BTD, sin_BTD)
+        if cache_step is None:
+            op = OperationRegistry.create(self.attn_mechanism, OperationMetadata())
+            out = op(q_BTHD, k_BTKD, v_BTKD, mask=mask_B1TS, causal=True, sliding_window=self.sliding_window)
+            out_BTHD, update = out.attention_outputs, None
+        else:
+            out_BTHD, update = cache_step.attend(self.layer, q_BTHD, k_BTKD, v_BTKD, attn_mechanism=self.attn_mechanism,
+                                                 sliding_window=self.sliding_window)
+        return self.o_proj(out_BTHD.reshape(b, t, self.num_heads * self.head_dim)), update
 
 
 class MLP(nnx.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+    """SwiGLU ``down(silu(gate(x)) * up(x))``, or with ``mlp_type="gelu"`` ``down(gelu(up(x)))`` (GPT-2)."""
 
     def __init__(self, config: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
-        d, f = config.hidden_size, config.intermediate_size
-        self.gate_proj = _linear(ColumnParallelLinear, d, f, False, dtype, param_dtype, rngs)
-        self.up_proj = _linear(ColumnParallelLinear, d, f, False, dtype, param_dtype, rngs)
-        self.down_proj = _linear(RowParallelLinear, f, d, False, dtype, param_dtype, rngs)
+        d, f, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gated = config.mlp_type == "swiglu"
+        self.gate_proj = (_linear(ColumnParallelLinear, d, f, bias, dtype, param_dtype, rngs) if self.gated
+                          else nnx.data(None))
+        self.up_proj = _linear(ColumnParallelLinear, d, f, bias, dtype, param_dtype, rngs)
+        self.down_proj = _linear(RowParallelLinear, f, d, bias, dtype, param_dtype, rngs)
+        self.exact_gelu = config.hidden_act == "gelu"
 
     def __call__(self, x_BTD: Array) -> Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x_BTD)) * self.up_proj(x_BTD))
+        if self.gated:
+            return self.down_proj(jax.nn.silu(self.gate_proj(x_BTD)) * self.up_proj(x_BTD))
+        return self.down_proj(jax.nn.gelu(self.up_proj(x_BTD), approximate=not self.exact_gelu))
+
+
+def make_mlp(config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Module:
+    if config.mlp_type != "moe":
+        return MLP(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    from workbench.core.models.moe import MoE
+
+    return MoE(config.hidden_size, config.intermediate_size, config.num_local_experts, config.num_experts_per_tok,
+               dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
 
 class DecoderBlock(nnx.Module):
@@ -90,13 +139,21 @@ class DecoderBlock(nnx.Module):
 
     def __init__(self, config: ModelConfig, layer: int, *, attn_mechanism: str = "vanilla", dtype=jnp.float32,
                  param_dtype=jnp.float32, rngs: nnx.Rngs):
-        eps = config.rms_norm_eps
-        self.input_layernorm = RMSNorm(config.hidden_size, eps=eps, param_dtype=param_dtype)
+        self.input_layernorm = make_norm(config, param_dtype=param_dtype)
         self.self_attn = Attention(config, layer, attn_mechanism=attn_mechanism, dtype=dtype,
                                    param_dtype=param_dtype, rngs=rngs)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=eps, param_dtype=param_dtype)
-        self.mlp = MLP(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.post_attention_layernorm = make_norm(config, param_dtype=param_dtype)
+        self.mlp = make_mlp(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.moe = config.mlp_type == "moe"
 
-    def __call__(self, x_BTD: Array, cos_BTD: Array, sin_BTD: Array, mask_B1TS: Array | None) -> Array:
-        x_BTD = x_BTD + self.self_attn(self.input_layernorm(x_BTD), cos_BTD, sin_BTD, mask_B1TS)
-        return x_BTD + self.mlp(self.post_attention_layernorm(x_BTD))
+    def __call__(self, x_BTD: Array, cos_BTD: Array | None, sin_BTD: Array | None, mask_B1TS: Array | None,
+                 cache_step: tp.Any = None) -> tuple[Array, tp.Any, Array | None]:
+        """New hidden states, this layer's cache update, and router logits ``(B*T, E)`` for a MoE (else None)."""
+        attn_BTD, update = self.self_attn(self.input_layernorm(x_BTD), cos_BTD, sin_BTD, mask_B1TS, cache_step)
+        x_BTD = x_BTD + attn_BTD
+        h_BTD = self.post_attention_layernorm(x_BTD)
+        if self.moe:
+            mlp_BTD, router_NE = self.mlp(h_BTD)
+        else:
+            mlp_BTD, router_NE = self.mlp(h_BTD), None
+        return x_BTD + mlp_BTD, update, router_NE

@@ -1,68 +1,198 @@
-"""``CausalLM``: token embedding, N shared-design decoder blocks, final norm, LM head."""
+"""``CausalLM``: token (and learned position) embedding, N shared-design decoder blocks, final
+norm, LM head; ``SequenceClassifier``: the same trunk with a score head on the last token."""
 
 from __future__ import annotations
+
+import dataclasses
+import typing as tp
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from workbench.core.axes import RowWise
+from workbench.core.axes import EMPTY, MODE_TRAIN, DynamicShardingAxes, RowWise
 from workbench.core.linear import ColumnParallelLinear
-from workbench.core.models.block import DecoderBlock, RMSNorm
+from workbench.core.models.block import Attention, DecoderBlock, make_norm
+from workbench.core.models.cache import KVCache, PagedKVCache
 from workbench.core.models.config import ModelConfig
+from workbench.core.models.protocol import ModelMethods
 from workbench.core.models.rope import cos_sin, inv_frequencies
+from workbench.core.operations import OperationRegistry
 
 Array = jax.Array
+AUTO_ATTENTION = {"cpu": "vanilla", "gpu": "sdpa", "tpu": "flash"}
 
 
-class CausalLM(nnx.Module):
+def resolve_attention(name: str) -> str:
+    """``"auto"`` -> the implementation for the default backend (``AUTO_ATTENTION``); else ``name`` checked."""
+    if name == "auto":
+        return AUTO_ATTENTION.get(jax.default_backend(), "vanilla")
+    return OperationRegistry.canonical_name(name)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class CausalLMOutput:
+    """``logits (B, T, V)`` float32; ``cache`` updated when one was passed; ``router_logits``
+    ``(layers, B*T, E)`` for a mixture of experts."""
+
+    logits: Array
+    cache: KVCache | PagedKVCache | None = None
+    router_logits: Array | None = None
+
+
+class CausalLM(ModelMethods, nnx.Module):
     """A decoder-only language model for every supported family (see :class:`ModelConfig`).
 
     ``attention_mask (B, T)`` (1 = token, 0 = padding, left padding) sets the positions to
     ``cumsum(mask) - 1`` and hides padded keys; logits of padded queries are meaningless.
+    ``attn_mechanism`` names a registered attention implementation, "auto" picks one for the
+    default backend; :meth:`with_attention` switches it later.
     """
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, attn_mechanism: str = "vanilla", dtype=jnp.float32,
+    base_model_prefix = "model"
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, attn_mechanism: str = "auto", dtype=jnp.float32,
                  param_dtype=jnp.float32):
         if not isinstance(config, ModelConfig):
-            raise TypeError(f"CausalLM takes a ModelConfig (ModelConfig.from_hf(dict)); got {type(config).__name__}")
+            raise TypeError(f"{type(self).__name__} takes a ModelConfig (ModelConfig.from_hf(dict)); "
+                            f"got {type(config).__name__}")
+        attn_mechanism = resolve_attention(attn_mechanism)
         self.config = config
-        self.dtype = dtype
+        self.dtype, self.param_dtype = dtype, param_dtype
         init = nnx.initializers.normal(0.02)
         self.embed_tokens = nnx.Param(init(rngs.params(), (config.vocab_size, config.hidden_size), param_dtype),
                                       semantic_axes=RowWise)
+        self.embed_positions = (
+            nnx.Param(init(rngs.params(), (config.max_position_embeddings, config.hidden_size), param_dtype),
+                      semantic_axes=DynamicShardingAxes((EMPTY, EMPTY), MODE_TRAIN))
+            if config.position_embedding == "learned" else nnx.data(None))
         self.layers = nnx.List([DecoderBlock(config, i, attn_mechanism=attn_mechanism, dtype=dtype,
                                              param_dtype=param_dtype, rngs=rngs)
                                 for i in range(config.num_hidden_layers)])
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, param_dtype=param_dtype)
-        self.lm_head = (nnx.data(None) if config.tie_word_embeddings else
-                        ColumnParallelLinear(config.hidden_size, config.vocab_size, use_bias=False, dtype=dtype,
-                                             param_dtype=param_dtype, rngs=rngs))
+        self.norm = make_norm(config, param_dtype=param_dtype)
+        self._init_head(config, rngs)
 
-    def __call__(self, input_ids: Array, attention_mask: Array | None = None) -> Array:
-        """Float32 logits ``(B, T, V)`` for ``input_ids (B, T)``."""
+    def _init_head(self, config: ModelConfig, rngs: nnx.Rngs) -> None:
+        self.lm_head = (nnx.data(None) if config.tie_word_embeddings else
+                        ColumnParallelLinear(config.hidden_size, config.vocab_size, use_bias=False, dtype=self.dtype,
+                                             param_dtype=self.param_dtype, rngs=rngs))
+
+    @property
+    def attn_mechanism(self) -> str:
+        return self.layers[0].self_attn.attn_mechanism
+
+    def with_attention(self, name: str) -> CausalLM:
+        """A model running attention ``name`` that shares this model's parameter arrays (no copy)."""
+        name = resolve_attention(name)
+        graphdef, state = nnx.split(self)
+        model = nnx.merge(graphdef, state)
+        for _, module in nnx.iter_modules(model):
+            if isinstance(module, Attention):
+                module.attn_mechanism = name
+        return model
+
+    def init_cache(self, batch_size: int, max_length: int, *, dtype=None) -> KVCache:
+        """An empty contiguous cache for ``batch_size`` rows of up to ``max_length`` tokens."""
+        c = self.config
+        return KVCache.create(c.num_hidden_layers, batch_size, max_length, c.num_key_value_heads, c.head_dim,
+                              dtype or self.dtype)
+
+    def init_ragged_pages(self, *, batch_size: int, page_size: int = 16, num_pages: int | None = None,
+                          hbm_utilization: float | None = None, max_model_length: int | None = None,
+                          dtype=None) -> PagedKVCache:
+        """An empty paged cache. Give ``num_pages``, or ``hbm_utilization`` (a fraction of the first
+        device's memory limit spent on pages); ``max_model_length`` (default the config's
+        ``max_position_embeddings``) bounds one row."""
+        c = self.config
+        dtype = jnp.dtype(dtype or self.dtype)
+        max_model_length = max_model_length or c.max_position_embeddings
+        if (num_pages is None) == (hbm_utilization is None):
+            raise ValueError("pass exactly one of num_pages= or hbm_utilization=")
+        if num_pages is None:
+            if not 0 < hbm_utilization <= 1:
+                raise ValueError(f"hbm_utilization must be in (0, 1]; got {hbm_utilization}")
+            stats = jax.devices()[0].memory_stats() or {}
+            if "bytes_limit" not in stats:
+                raise ValueError(f"{jax.devices()[0].platform} devices report no memory limit; pass num_pages= "
+                                 f"instead of hbm_utilization=")
+            free = stats["bytes_limit"] * hbm_utilization - stats.get("bytes_in_use", 0)
+            page_bytes = 2 * c.num_hidden_layers * page_size * c.num_key_value_heads * c.head_dim * dtype.itemsize
+            num_pages = int(free // page_bytes)
+            if num_pages < 1:
+                raise ValueError(f"hbm_utilization={hbm_utilization} leaves no room for one page of {page_bytes} B")
+        return PagedKVCache.create(c.num_hidden_layers, batch_size, num_pages, page_size, max_model_length,
+                                   c.num_key_value_heads, c.head_dim, dtype)
+
+    def __call__(self, input_ids: Array, attention_mask: Array | None = None, *,
+                 cache: KVCache | PagedKVCache | None = None) -> CausalLMOutput:
+        """Logits for ``input_ids (B, T)``; with ``cache`` the tokens continue what it holds."""
+        x_BTD, cache, router = self.hidden_states(input_ids, attention_mask, cache=cache)
+        return CausalLMOutput(self.head(x_BTD).astype(jnp.float32), cache, router)
+
+    def head(self, x_BTD: Array) -> Array:
+        if self.lm_head is None:
+            return jnp.einsum("btd,vd->btv", x_BTD, self.embed_tokens[...].astype(self.dtype))
+        return self.lm_head(x_BTD)
+
+    def hidden_states(self, input_ids: Array, attention_mask: Array | None = None, *,
+                      cache: KVCache | PagedKVCache | None = None) -> tuple[Array, tp.Any, Array | None]:
+        """Final normed hidden states ``(B, T, D)``, the updated cache and stacked router logits."""
         input_ids = jnp.asarray(input_ids)
         if input_ids.ndim != 2 or not jnp.issubdtype(input_ids.dtype, jnp.integer):
             raise ValueError(f"input_ids must be an int array (batch, length); got {input_ids.dtype} {input_ids.shape}")
         b, t = input_ids.shape
-        if attention_mask is None:
-            positions_BT, mask_B1TS = jnp.broadcast_to(jnp.arange(t), (b, t)), None
-        else:
+        if attention_mask is not None:
             attention_mask = jnp.asarray(attention_mask)
             if attention_mask.shape != (b, t):
                 raise ValueError(f"attention_mask has shape {attention_mask.shape}; it must be (B, T) = {(b, t)} "
                                  f"like input_ids")
+        step, mask_B1TS = None, None
+        if cache is not None:
+            step = cache.begin(jnp.ones((b, t), bool) if attention_mask is None else attention_mask)
+            positions_BT = step.positions_BT
+        elif attention_mask is None:
+            positions_BT = jnp.broadcast_to(jnp.arange(t), (b, t))
+        else:
             keep_BT = attention_mask.astype(bool)
             positions_BT = jnp.maximum(jnp.cumsum(keep_BT.astype(jnp.int32), axis=-1) - 1, 0)
             mask_B1TS = keep_BT[:, None, None, :]
-        cos_BTD, sin_BTD = cos_sin(positions_BT, inv_frequencies(self.config.head_dim, self.config.rope_theta,
-                                                         self.config.rope_scaling))
         x_BTD = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(self.dtype)
-        for block in self.layers:
-            x_BTD = block(x_BTD, cos_BTD, sin_BTD, mask_B1TS)
-        x_BTD = self.norm(x_BTD)
-        if self.lm_head is None:
-            logits_BTV = jnp.einsum("btd,vd->btv", x_BTD, self.embed_tokens[...].astype(self.dtype))
+        cos_BTD = sin_BTD = None
+        if self.embed_positions is not None:
+            x_BTD = x_BTD + jnp.take(self.embed_positions[...], positions_BT, axis=0).astype(self.dtype)
         else:
-            logits_BTV = self.lm_head(x_BTD)
-        return logits_BTV.astype(jnp.float32)
+            c = self.config
+            cos_BTD, sin_BTD = cos_sin(positions_BT, inv_frequencies(c.head_dim, c.rope_theta, c.rope_scaling))
+        updates, routers = [], []
+        for block in self.layers:
+            x_BTD, update, router_NE = block(x_BTD, cos_BTD, sin_BTD, mask_B1TS, step)
+            updates.append(update)
+            routers.append(router_NE)
+        cache = None if step is None else step.finish(updates)
+        router = None if routers[0] is None else jnp.stack(routers)
+        return self.norm(x_BTD), cache, router
+
+
+class SequenceClassifier(CausalLM):
+    """The Llama-family trunk with a ``score`` head ``(D, num_labels)`` read at each row's last
+    token (Hugging Face ``*ForSequenceClassification``; with left padding that is column -1)."""
+
+    def __init__(self, config: ModelConfig, *, num_labels: int, rngs: nnx.Rngs, **kwargs: tp.Any):
+        if not isinstance(num_labels, int) or num_labels < 1:
+            raise ValueError(f"num_labels must be a positive int; got {num_labels!r}")
+        self.num_labels = num_labels
+        super().__init__(config, rngs=rngs, **kwargs)
+
+    def _init_head(self, config: ModelConfig, rngs: nnx.Rngs) -> None:
+        self.lm_head = nnx.data(None)
+        self.score = ColumnParallelLinear(config.hidden_size, self.num_labels, use_bias=False, dtype=self.dtype,
+                                          param_dtype=self.param_dtype, rngs=rngs)
+
+    def __call__(self, input_ids: Array, attention_mask: Array | None = None, *,
+                 cache: tp.Any = None) -> CausalLMOutput:
+        """``logits (B, num_labels)`` of each row's last token (pass left-padded batches)."""
+        if cache is not None:
+            raise ValueError("SequenceClassifier takes no cache")
+        x_BTD, _, router = self.hidden_states(input_ids, attention_mask)
+        return CausalLMOutput(self.score(x_BTD[:, -1]).astype(jnp.float32), None, router)

@@ -1,0 +1,67 @@
+"""Tiny random-weight Hugging Face models (the reference) for every family, and a left-padded batch."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 128
+TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64, "rope_theta": 10000.0}
+FAMILIES = {
+    "llama": lambda: transformers.LlamaConfig(**TINY, rope_scaling=LLAMA3_ROPE),
+    "mistral": lambda: transformers.MistralConfig(**TINY, head_dim=16, sliding_window=5),
+    "qwen2": lambda: transformers.Qwen2Config(**TINY),
+    "qwen3": lambda: transformers.Qwen3Config(**TINY, head_dim=24, tie_word_embeddings=True),
+    "gpt2": lambda: transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    "mixtral": lambda: transformers.MixtralConfig(**TINY, num_local_experts=4, num_experts_per_tok=2),
+    # switches beyond each family's default: o_proj bias + tied head; sliding window on layer 1 only
+    "llama-bias-tied": lambda: transformers.LlamaConfig(**TINY, attention_bias=True, tie_word_embeddings=True),
+    "qwen2-sliding-layers": lambda: transformers.Qwen2Config(**TINY, use_sliding_window=True, sliding_window=3,
+                                                             max_window_layers=1),
+}
+MAIN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral")
+B, T, PAD = 2, 12, 4
+
+
+def hf_model(family, *, cls=None, seed=0, **config_changes):
+    """A float32 eval-mode HF model with random weights, norms and biases (so a wrong mapping shows)."""
+    torch.manual_seed(seed)
+    config = FAMILIES[family]()
+    for key, value in config_changes.items():
+        setattr(config, key, value)
+    config._attn_implementation = "eager"
+    model = (cls or transformers.AutoModelForCausalLM).from_config(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("norm.weight", "ln_1.weight", "ln_2.weight", "ln_f.weight")):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    return model
+
+
+def state_dict(model):
+    return {k: v.numpy() for k, v in model.state_dict().items()}
+
+
+def batch(b=B, t=T, pad=PAD, seed=0):
+    """Random ids and a left-padded mask (row 1 has ``pad`` padding tokens)."""
+    ids = np.random.default_rng(seed).integers(0, VOCAB, (b, t))
+    mask = np.ones((b, t), np.int64)
+    mask[1, :pad] = 0
+    return ids, mask
+
+
+def hf_positions(mask):
+    return np.maximum(np.cumsum(mask, -1) - 1, 0)  # what HF generate() passes for left padding
+
+
+def hf_forward(model, ids, mask, **kwargs):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                     position_ids=torch.tensor(hf_positions(mask)), **kwargs)

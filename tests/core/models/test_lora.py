@@ -1,0 +1,240 @@
+"""LoRA adapters: fresh adapters are exact no-ops, unwrap folds them in, only adapters train."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from workbench.core.axes import EMPTY, FSDP, SP, TP, ColumnWise, DynamicShardingAxes, RowWise
+from workbench.core.linear import ColumnParallelLinear, ParallelLinear, RowParallelLinear, TensorParallelConfig
+from workbench.core.mesh import make_mesh
+from workbench.core.models import CausalLM, ModelConfig
+from workbench.core.models.lora import (
+    LoRALinear,
+    LoRAParam,
+    apply_lora_to_layers,
+    merge_lora_params,
+    split_lora_params,
+    unwrap_lora_to_layers,
+)
+
+TINY = dict(model_type="llama", vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)
+N_LINEAR = 2 * 7 + 1  # q k v o gate up down per layer, plus lm_head
+HI = jax.lax.Precision.HIGHEST
+
+
+def _logits(out):
+    return np.asarray(getattr(out, "logits", out))
+
+
+def tiny_model(seed=0):
+    return CausalLM(ModelConfig.from_hf(TINY), rngs=nnx.Rngs(seed))
+
+
+def batch():
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(0, TINY["vocab_size"], (2, 8)))
+    mask = jnp.asarray(np.array([[1] * 8, [0] * 3 + [1] * 5]))
+    return ids, mask
+
+
+def snapshot(model):
+    """Graph and values, to check that a function left ``model`` untouched."""
+    return nnx.graphdef(model), jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model)))
+
+
+def assert_untouched(model, snap):
+    graphdef, values = snap
+    assert nnx.graphdef(model) == graphdef
+    jax.tree.map(np.testing.assert_array_equal, nnx.to_pure_dict(nnx.state(model)), values)
+
+
+def randomize_b(model, seed=1):
+    """A copy of a LoRA model with random non-zero lora_b (through split/merge_lora_params)."""
+    lora, _ = split_lora_params(model)
+    keys = iter(jax.random.split(jax.random.key(seed), 64))
+    pure = nnx.to_pure_dict(lora)
+
+    def fill(tree):
+        for k, v in tree.items():
+            if isinstance(v, dict):
+                fill(v)
+            elif k == "lora_b":
+                tree[k] = 0.1 * jax.random.normal(next(keys), v.shape, v.dtype)
+    fill(pure)
+    return merge_lora_params(model, pure)
+
+
+def test_fresh_adapters_leave_logits_bit_identical_and_input_untouched():
+    model = tiny_model()
+    ids, mask = batch()
+    want = _logits(model(ids, mask))
+    snap = snapshot(model)
+    lora = apply_lora_to_layers(model, 4)
+    assert_untouched(model, snap)
+    assert type(model.layers[0].self_attn.q_proj) is ColumnParallelLinear
+    np.testing.assert_array_equal(_logits(lora(ids, mask)), want)
+    assert len([m for _, m in nnx.iter_graph(lora) if isinstance(m, LoRALinear)]) == N_LINEAR
+
+
+def test_adapter_params_shapes_axes_and_init():
+    lora = apply_lora_to_layers(tiny_model(), 8, "self_attn/(q|o)_proj", alpha=16.0)
+    q, o = lora.layers[0].self_attn.q_proj, lora.layers[1].self_attn.o_proj
+    assert isinstance(q, LoRALinear) and isinstance(lora.layers[0].self_attn.k_proj, ColumnParallelLinear)
+    assert len(jax.tree.leaves(nnx.state(lora, LoRAParam))) == 2 * 4
+    assert isinstance(q.lora_a, LoRAParam) and isinstance(q.lora_a, nnx.Param)
+    assert q.lora_a.shape == (64, 8) and q.lora_b.shape == (8, 64) and q.scale == 2.0
+    assert not np.any(np.asarray(q.lora_b[...]))
+    a = np.asarray(q.lora_a[...])  # PEFT "gaussian": normal with std 1 / rank
+    assert abs(a.std() - 1 / 8) < 0.02 and not np.array_equal(a, np.asarray(o.lora_a[...]))
+    col, row = ColumnWise.axes, RowWise.axes
+    assert q.lora_a.semantic_axes == DynamicShardingAxes((col[0], EMPTY), ColumnWise.mode)
+    assert q.lora_b.semantic_axes == DynamicShardingAxes((EMPTY, TP), ColumnWise.mode)
+    assert o.lora_a.semantic_axes == DynamicShardingAxes((TP, EMPTY), RowWise.mode)
+    assert o.lora_b.semantic_axes == DynamicShardingAxes((EMPTY, row[1]), RowWise.mode)
+    assert row[1] == (FSDP, SP)
+    # the base layer's attributes read through
+    assert (q.in_features, q.out_features, q.direction, o.direction) == (64, 64, "column", "row")
+    assert q.use_bias is False and q.parallel_config is None and q.dtype == q.base.dtype
+
+
+def test_forward_is_base_plus_scaled_low_rank_product():
+    layer = RowParallelLinear(6, 5, rngs=nnx.Rngs(0), precision=HI)
+    wrapped = apply_lora_to_layers(nnx.List([layer]), 2, alpha=6.0, rngs=nnx.Rngs(3))[0]
+    wrapped = randomize_b(nnx.List([wrapped]))[0]
+    x = np.random.default_rng(0).normal(size=(3, 6)).astype(np.float32)
+    f64 = lambda v: np.asarray(v[...], np.float64)
+    want = x @ f64(layer.kernel) + f64(layer.bias) + x @ f64(wrapped.lora_a) @ f64(wrapped.lora_b) * 3.0
+    np.testing.assert_allclose(np.asarray(wrapped(jnp.asarray(x))), want, rtol=1e-5, atol=1e-5)
+
+
+def test_errors_say_what_to_change():
+    model = tiny_model()
+    for rank in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="rank must be an int >= 1"):
+            apply_lora_to_layers(model, rank)
+    with pytest.raises(ValueError, match=r"matches no ParallelLinear.*layers/0/mlp/down_proj"):
+        apply_lora_to_layers(model, 4, "attention/query")
+    with pytest.raises(ValueError, match="not a valid regular expression"):
+        apply_lora_to_layers(model, 4, "q_proj(")
+    with pytest.raises(ValueError, match="no LoRA parameters"):
+        split_lora_params(model)
+    with pytest.raises(ValueError, match="no LoRALinear"):
+        unwrap_lora_to_layers(model)
+    lora = apply_lora_to_layers(model, 4, "q_proj")
+    with pytest.raises(ValueError, match="already sits inside a LoRALinear"):
+        apply_lora_to_layers(lora, 4, "self_attn")
+    apply_lora_to_layers(lora, 4, "v_proj")  # other layers still can be adapted
+    other = apply_lora_to_layers(model, 4, "k_proj")
+    with pytest.raises(ValueError, match=r"missing \[layers/0/self_attn/q_proj/lora_a"):
+        merge_lora_params(lora, split_lora_params(other)[0])
+    wide = apply_lora_to_layers(model, 8, "q_proj")
+    with pytest.raises(ValueError, match=r"mis-shaped.*\(64, 8\) \(expected \(64, 4\)\)"):
+        merge_lora_params(lora, split_lora_params(wide)[0])
+
+
+def test_split_and_merge_lora_params_round_trip():
+    lora = apply_lora_to_layers(tiny_model(), 4, "mlp")
+    adapters, other = split_lora_params(lora)
+    leaves = lambda s: nnx.to_flat_state(s)
+    assert all(isinstance(v, LoRAParam) for _, v in leaves(adapters)) and len(leaves(adapters)) == 2 * 3 * 2
+    assert not any(isinstance(v, LoRAParam) for _, v in leaves(other))
+    assert len(leaves(adapters)) + len(leaves(other)) == len(leaves(nnx.state(lora)))
+    snap = snapshot(lora)
+    tuned = randomize_b(lora)
+    assert_untouched(lora, snap)
+    got, _ = split_lora_params(tuned)
+    b_of = lambda state: state["layers"][1]["mlp"]["up_proj"]["lora_b"]
+    assert np.any(np.asarray(b_of(got)[...]))
+    # the states are copies: editing them leaves the model alone
+    b_of(adapters)[...] = jnp.ones_like(b_of(adapters)[...])
+    assert not np.any(np.asarray(lora.layers[1].mlp.up_proj.lora_b[...]))
+    ids, mask = batch()
+    assert not np.allclose(_logits(tuned(ids, mask)), _logits(lora(ids, mask)))
+
+
+def test_unwrap_folds_adapters_into_kernels():
+    model = tiny_model()
+    tuned = randomize_b(apply_lora_to_layers(model, 4, alpha=8.0))
+    snap = snapshot(tuned)
+    plain = unwrap_lora_to_layers(tuned)
+    assert_untouched(tuned, snap)
+    assert not any(isinstance(m, LoRALinear) for _, m in nnx.iter_graph(plain))
+    assert not jax.tree.leaves(nnx.state(plain, LoRAParam))
+    assert nnx.graphdef(plain) == nnx.graphdef(model)  # same structure and attributes as before LoRA
+    q, lq = plain.layers[0].self_attn.q_proj, tuned.layers[0].self_attn.q_proj
+    f64 = lambda v: np.asarray(v[...], np.float64)
+    np.testing.assert_allclose(f64(q.kernel), f64(lq.base.kernel) + f64(lq.lora_a) @ f64(lq.lora_b) * 2.0,
+                               rtol=1e-6, atol=1e-6)
+    assert q.kernel.semantic_axes == ColumnWise
+    ids, mask = batch()
+    with jax.default_matmul_precision("highest"):
+        want, got = _logits(tuned(ids, mask)), _logits(plain(ids, mask))
+    assert np.abs(want - _logits(model(ids, mask))).max() > 1e-2  # the adapters do something
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+def test_gradient_step_on_adapters_only():
+    model = tiny_model()
+    lora = apply_lora_to_layers(model, 4, "self_attn")
+    ids, mask = batch()
+    before = _logits(lora(ids, mask))
+    base_kernels = nnx.to_pure_dict(nnx.state(lora, nnx.Not(LoRAParam)))
+
+    def loss_fn(m):
+        return jnp.mean(jnp.square(jnp.asarray(getattr(out := m(ids, mask), "logits", out))))
+
+    @nnx.jit
+    def step(m):
+        loss, grads = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, LoRAParam))(m)
+        nnx.update(m, jax.tree.map(lambda p, g: p - 1.0 * g, nnx.state(m, LoRAParam), grads))
+        return loss, grads
+
+    trained = nnx.clone(lora)
+    _, grads = step(trained)
+    flat = nnx.to_flat_state(grads)
+    assert flat and all(isinstance(v, LoRAParam) for _, v in flat)
+    assert any(p[-1] == "lora_b" and np.any(np.asarray(v[...])) for p, v in flat)
+    assert np.abs(_logits(trained(ids, mask)) - before).max() > 1e-4
+    jax.tree.map(np.testing.assert_array_equal, nnx.to_pure_dict(nnx.state(trained, nnx.Not(LoRAParam))),
+                 base_kernels)
+    np.testing.assert_array_equal(_logits(lora(ids, mask)), before)  # the step worked on a clone
+
+
+def test_split_merge_and_jit():
+    tuned = randomize_b(apply_lora_to_layers(tiny_model(), 4))
+    ids, mask = batch()
+    eager = _logits(tuned(ids, mask))
+    graphdef, state = nnx.split(tuned)
+    merged = nnx.merge(graphdef, state)
+    assert isinstance(merged.layers[0].mlp.down_proj, LoRALinear) and merged.layers[0].mlp.down_proj.scale == 1.0
+    np.testing.assert_array_equal(_logits(merged(ids, mask)), eager)
+    jitted = jax.jit(lambda s, i, m: getattr(o := nnx.merge(graphdef, s)(i, m), "logits", o))(state, ids, mask)
+    np.testing.assert_allclose(np.asarray(jitted), eager, rtol=1e-5, atol=1e-5)
+    via_nnx = nnx.jit(lambda m, i, k: getattr(o := m(i, k), "logits", o))(tuned, ids, mask)
+    np.testing.assert_allclose(np.asarray(via_nnx), eager, rtol=1e-5, atol=1e-5)
+    unwrapped = nnx.jit(unwrap_lora_to_layers)(tuned)
+    assert isinstance(unwrapped.layers[0].mlp.down_proj, ParallelLinear)
+
+
+@pytest.mark.parametrize("direction", ["column", "row"])
+def test_adapters_follow_the_base_layer_onto_its_mesh(direction):
+    mesh = make_mesh(dp=2, fsdp=1, tp=4)
+    config = TensorParallelConfig(mesh)
+    layer = ParallelLinear(16, 32, direction=direction, parallel_config=config, precision=HI, rngs=nnx.Rngs(0))
+    plain = ParallelLinear(16, 32, direction=direction, precision=HI, rngs=nnx.Rngs(0))
+    wrapped = randomize_b(apply_lora_to_layers(nnx.List([layer]), 4))[0]
+    ref = merge_lora_params(apply_lora_to_layers(nnx.List([plain]), 4), split_lora_params(
+        nnx.List([wrapped]))[0])[0]
+    a_spec, b_spec = (P(None, None), P(None, "tp")) if direction == "column" else (P("tp", None), P(None, None))
+    assert wrapped.lora_a[...].sharding.is_equivalent_to(NamedSharding(mesh, a_spec), 2)
+    assert wrapped.lora_b[...].sharding.is_equivalent_to(NamedSharding(mesh, b_spec), 2)
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 8, 16)).astype(np.float32))
+    np.testing.assert_allclose(np.asarray(wrapped(x)), np.asarray(ref(x)), rtol=1e-5, atol=1e-5)
+    merged = unwrap_lora_to_layers(nnx.List([wrapped]))[0]
+    assert merged.kernel[...].sharding.is_equivalent_to(layer.kernel[...].sharding, 2)
+    np.testing.assert_allclose(np.asarray(merged(x)), np.asarray(ref(x)), rtol=1e-5, atol=1e-5)

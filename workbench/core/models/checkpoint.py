@@ -1,0 +1,436 @@
+"""Hugging Face checkpoint directories <-> models: ``from_pretrained``, ``save_pretrained``, ``to_torch``,
+``push_to_hub``.
+
+Only safetensors are read or written; nothing is ever unpickled. Loading opens the files lazily
+(memory-mapped) and reads, converts and places one parameter at a time, each straight onto its
+``NamedSharding`` when a mesh is given, so the whole model never sits on the host. Saving gathers
+one parameter at a time and streams it into its file. Paths are local: nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import re
+import shutil
+import struct
+import tempfile
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from workbench.core.axes import MODE_TRAIN
+from workbench.core.models.config import ModelConfig
+from workbench.core.models.hf_convert import load_model, param_table
+
+SAFE_WEIGHTS = "model.safetensors"
+SAFE_INDEX = "model.safetensors.index.json"
+SHARD_RE = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".bin.index.json")
+CONVERT_HINT = ("convert it once, where you trust the file, with transformers: "
+                "AutoModelForCausalLM.from_pretrained(path).save_pretrained(path, safe_serialization=True)")
+ST_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+             "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+# ----------------------------------------------------------------------------------------------- loading
+class SafetensorsReader:
+    """The tensors of a checkpoint directory by name, read lazily as NumPy arrays (bfloat16 via ml_dtypes).
+
+    ``model.safetensors`` wins over ``model.safetensors.index.json`` as in ``transformers``. Use as a
+    context manager; it closes its files on exit.
+    """
+
+    def __init__(self, directory: str | os.PathLike):
+        from safetensors import safe_open
+
+        directory = pathlib.Path(directory)
+        self._stack = contextlib.ExitStack()
+        if (directory / SAFE_WEIGHTS).is_file():
+            files = {SAFE_WEIGHTS: None}
+        elif (directory / SAFE_INDEX).is_file():
+            files = _read_index(directory)
+        else:
+            raise ValueError(_no_weights_message(directory))
+        self._where: dict[str, tp.Any] = {}
+        try:
+            for file, names in files.items():
+                handle = self._stack.enter_context(safe_open(str(directory / file), framework="np"))
+                have = set(handle.keys())
+                missing = sorted(set(names or ()) - have)
+                if missing:
+                    raise ValueError(f"{directory / SAFE_INDEX} maps {missing[:4]} to {file}, which does not hold "
+                                     f"them; the checkpoint is inconsistent (re-save it)")
+                self._where |= {name: handle for name in (have if names is None else names)}
+        except Exception:
+            self._stack.close()
+            raise
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._where[name].get_tensor(name)
+
+    def keys(self) -> list[str]:
+        return list(self._where)
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> SafetensorsReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _read_index(directory: pathlib.Path) -> dict[str, list[str]]:
+    index = _read_json(directory / SAFE_INDEX)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{directory / SAFE_INDEX} has no 'weight_map' {{tensor name: shard file}}; re-save it")
+    files: dict[str, list[str]] = {}
+    for name, file in weight_map.items():
+        files.setdefault(file, []).append(name)
+    for file in files:
+        if not (directory / file).is_file():
+            raise ValueError(f"{directory / SAFE_INDEX} names the shard {file}, which is missing from {directory}")
+    return files
+
+
+def _read_json(file: pathlib.Path) -> tp.Any:
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file} is not valid JSON: {err}") from None
+
+
+def _no_weights_message(directory: pathlib.Path) -> str:
+    pickles = sorted(p.name for p in directory.iterdir() if p.name.endswith(PICKLE_SUFFIXES))
+    if pickles:
+        return (f"{directory} holds only pickle checkpoints {pickles}; workbench reads safetensors only and never "
+                f"unpickles (loading a pickle can run arbitrary code). To use them, {CONVERT_HINT}")
+    held = sorted(p.name for p in directory.iterdir())
+    return (f"{directory} has no {SAFE_WEIGHTS} or {SAFE_INDEX} (it holds {held}); pass the directory a Hugging "
+            f"Face save_pretrained wrote")
+
+
+def checkpoint_dir(path: str | os.PathLike) -> pathlib.Path:
+    """``path`` as a local checkpoint directory with a ``config.json``; ValueError saying what is missing."""
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"path must be a local directory (str or os.PathLike); got {type(path).__name__}")
+    directory = pathlib.Path(path).expanduser()
+    if not directory.exists():
+        text = os.fspath(path)
+        hub_like = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text) is not None and not text.startswith(".")
+        hint = (f"; if {text!r} is a Hugging Face Hub id: nothing is downloaded here, so download it where there is "
+                f"network (huggingface_hub.snapshot_download({text!r}, local_dir=...)) and pass that local "
+                f"directory") if hub_like else ""
+        raise ValueError(f"there is no local directory {text!r} (from_pretrained reads local directories only){hint}")
+    if not directory.is_dir():
+        raise ValueError(f"{directory} is a file; pass the checkpoint directory that holds config.json and the "
+                         f"safetensors files")
+    if not (directory / "config.json").is_file():
+        raise ValueError(f"{directory} has no config.json; a checkpoint directory needs one (Hugging Face "
+                         f"save_pretrained writes it)")
+    return directory
+
+
+def _placer(mesh, specs: dict[str, tp.Any] | None):
+    """``place(path, value, var)`` for :func:`load_model`: cast on the host, put on devices."""
+    from jax.sharding import NamedSharding
+
+    from workbench.core.models.sharding import path_str
+
+    def place(path, value: np.ndarray, var) -> jax.Array:
+        dtype = np.dtype(var.dtype)
+        if mesh is None:
+            return jax.device_put(np.asarray(value, dtype))
+        sharding = NamedSharding(mesh, specs[path_str(path)])
+        return jax.make_array_from_callback(value.shape, sharding, lambda index: np.asarray(value[index], dtype))
+
+    return place
+
+
+def from_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, param_dtype=None, mesh=None,
+                    partition_axis=None, mode: str = MODE_TRAIN, rules=None, attn_mechanism: str = "auto",
+                    model_cls: type | None = None, strict: bool = True, num_labels: int | None = None,
+                    progress: bool = True):
+    """A model (default :class:`CausalLM`) from a local Hugging Face directory (``config.json`` +
+    ``model.safetensors`` or a sharded ``model.safetensors.index.json``).
+
+    ``dtype`` is the computation dtype, ``param_dtype`` (default ``dtype``) the stored one. With a
+    ``mesh`` each parameter goes straight to its ``NamedSharding`` (``partition_axis``, ``mode``,
+    ``rules`` as in :func:`workbench.core.models.sharding.param_specs`). ``strict`` refuses
+    checkpoint tensors the model has no place for. ``num_labels`` is for ``model_cls=SequenceClassifier``
+    (default: the config's ``id2label``).
+
+    >>> model = from_pretrained("path/to/llama", dtype=jnp.bfloat16, mesh=make_mesh(fsdp=-1))  # doctest: +SKIP
+    """
+    from flax import nnx
+
+    from workbench.core.models.causal_lm import CausalLM, SequenceClassifier
+
+    directory = checkpoint_dir(path)
+    model_cls = CausalLM if model_cls is None else model_cls
+    if not (isinstance(model_cls, type) and issubclass(model_cls, CausalLM)):
+        raise TypeError(f"model_cls must be CausalLM or a subclass (e.g. SequenceClassifier); got {model_cls!r}")
+    for name, value in (("dtype", dtype), ("param_dtype", param_dtype)):
+        if value is not None and not jnp.issubdtype(jnp.dtype(value), jnp.floating):
+            raise ValueError(f"{name} must be a floating dtype such as jnp.float32 or jnp.bfloat16; got {value!r}")
+    if not isinstance(progress, bool):
+        raise TypeError(f"progress must be True or False; got {progress!r}")
+    hf = _read_json(directory / "config.json")
+    if not isinstance(hf, dict):
+        raise ValueError(f"{directory / 'config.json'} must hold a JSON object")
+    config = ModelConfig.from_hf(hf)
+    kwargs: dict[str, tp.Any] = dict(attn_mechanism=attn_mechanism, dtype=dtype,
+                                     param_dtype=dtype if param_dtype is None else param_dtype)
+    if issubclass(model_cls, SequenceClassifier):
+        kwargs["num_labels"] = num_labels if num_labels is not None else len(hf.get("id2label") or {}) or None
+        if kwargs["num_labels"] is None:
+            raise ValueError(f"{directory / 'config.json'} has no id2label; pass num_labels= for a SequenceClassifier")
+    elif num_labels is not None:
+        raise ValueError("num_labels is for model_cls=SequenceClassifier; a CausalLM has no labels")
+    specs = None
+    if mesh is not None:
+        from workbench.core.models.sharding import param_specs
+
+        abstract = nnx.eval_shape(lambda: model_cls(config, rngs=nnx.Rngs(0), **kwargs))
+        specs = param_specs(abstract, mesh, partition_axis, mode, rules)
+    elif partition_axis is not None or rules is not None:
+        raise ValueError("partition_axis and rules only act with a mesh; pass mesh= too")
+
+    def bar(items):
+        from tqdm.auto import tqdm
+
+        return tqdm(items, desc=f"loading {directory.name}", unit="param", disable=not progress)
+
+    with SafetensorsReader(directory) as reader:
+        return load_model(config, reader, model_cls=model_cls, strict=strict, place=_placer(mesh, specs),
+                          progress=bar, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------- saving
+@dataclasses.dataclass(frozen=True)
+class CheckpointTensor:
+    """One checkpoint tensor to write: its name, shape, dtype and how to compute it (on the host)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    read: tp.Callable[[], np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def hf_tensor_plan(model, dtype=None) -> list[CheckpointTensor]:
+    """The checkpoint tensors of ``model`` (names ``transformers`` writes), each computed on demand by
+    gathering only the parameters it needs; ``dtype`` (default: each parameter's) is the one written."""
+    from flax import nnx
+
+    from workbench.core.models.causal_lm import SequenceClassifier
+
+    config = getattr(model, "config", None)
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"expected a workbench model (CausalLM, SequenceClassifier); got {type(model).__name__}")
+    params = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    table = param_table(config, classifier=isinstance(model, SequenceClassifier))
+    if set(params) != set(table):
+        extra = sorted(".".join(map(str, p)) for p in set(params) ^ set(table))
+        raise ValueError(f"the model's parameters do not fit the Hugging Face layout ({extra[:4]}); merge LoRA "
+                         f"adapters (unwrap_lora_to_layers) or undo quantization before saving")
+    held: dict[tuple, np.ndarray] = {}
+
+    def get(path) -> np.ndarray:  # one parameter on the host at a time (experts reuse it E times)
+        if path not in held:
+            held.clear()
+            held[path] = np.asarray(jax.device_get(params[path].get_value()))
+        return held[path]
+
+    out: list[CheckpointTensor] = []
+    qkv: dict[str, dict[int, tuple]] = {}
+    for path, entry in table.items():
+        shape = tuple(params[path].shape)
+        dt = np.dtype(dtype if dtype is not None else params[path].dtype)
+        if entry.kind == "copy":
+            out.append(CheckpointTensor(entry.name, shape, dt, lambda p=path: get(p)))
+        elif entry.kind in ("transpose", "router"):
+            name = entry.name if entry.kind == "transpose" else f"{entry.name}.block_sparse_moe.gate.weight"
+            out.append(CheckpointTensor(name, shape[::-1], dt, lambda p=path: get(p).T))
+        elif entry.kind == "qkv":
+            parts = qkv.setdefault(entry.name, {})
+            parts[entry.part] = path
+            if len(parts) == 3:
+                paths = [parts[i] for i in range(3)]
+                out.append(CheckpointTensor(entry.name, (*shape[:-1], 3 * shape[-1]), dt,
+                                            lambda ps=paths: np.concatenate([get(p) for p in ps], axis=-1)))
+        else:
+            w = {"gate": "w1", "up": "w3", "down": "w2"}[entry.kind]
+            for j in range(shape[0]):
+                name = f"{entry.name}.block_sparse_moe.experts.{j}.{w}.weight"
+                out.append(CheckpointTensor(name, shape[1:][::-1], dt, lambda p=path, j=j: get(p)[j].T))
+    return out
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes from an int or a string like ``"2GB"`` (10**9) or ``"500MiB"`` (2**20), as ``transformers``."""
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    pattern = r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)\s*"
+    match = re.fullmatch(pattern, size, re.IGNORECASE) if isinstance(size, str) else None
+    if match is None or match.group(2).upper() not in SIZE_UNITS or float(match.group(1)) <= 0:
+        raise ValueError(f"max_shard_size must be a positive int (bytes) or a string like '2GB' or '500MiB'; "
+                         f"got {size!r}")
+    return int(float(match.group(1)) * SIZE_UNITS[match.group(2).upper()])
+
+
+def _write_safetensors(file: pathlib.Path, tensors: list[CheckpointTensor], advance: tp.Callable[[], None]) -> None:
+    """The safetensors format, streamed: u64 header size, JSON header, then each tensor's bytes."""
+    header: dict[str, tp.Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for t in tensors:
+        if t.dtype.name not in ST_DTYPES:
+            raise ValueError(f"{t.name} has dtype {t.dtype}, which safetensors cannot store; pass dtype=jnp.float32")
+        header[t.name] = {"dtype": ST_DTYPES[t.dtype.name], "shape": list(t.shape),
+                          "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(file, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for t in tensors:
+            value = np.ascontiguousarray(t.read(), dtype=t.dtype)
+            if value.shape != t.shape:
+                raise RuntimeError(f"internal: {t.name} computed with shape {value.shape}, planned {t.shape}")
+            f.write(value.reshape(-1).view(np.uint8).data)
+            advance()
+
+
+def _hf_config(model, dtype: np.dtype) -> dict[str, tp.Any]:
+    from workbench.core.models.causal_lm import SequenceClassifier
+
+    hf = model.config.to_hf()
+    if isinstance(model, SequenceClassifier):
+        arch = hf["architectures"][0].replace("ForCausalLM", "").replace("LMHeadModel", "")
+        hf["architectures"] = [f"{arch}ForSequenceClassification"]
+        hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(model.num_labels)}
+        hf["label2id"] = {f"LABEL_{i}": i for i in range(model.num_labels)}
+    return hf | {"torch_dtype": dtype.name, "dtype": dtype.name}
+
+
+def _generation_config(config: ModelConfig) -> dict[str, tp.Any] | None:
+    tokens = {k: getattr(config, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    tokens = {k: list(v) if isinstance(v, tuple) else v for k, v in tokens.items() if v is not None}
+    return {"_from_model_config": True, **tokens} if tokens else None
+
+
+def save_pretrained(model, path: str | os.PathLike, *, max_shard_size: int | str = "2GB", dtype=None,
+                    progress: bool = True) -> pathlib.Path:
+    """Write ``model`` as a Hugging Face directory ``transformers.AutoModel*.from_pretrained`` loads.
+
+    Writes ``config.json``, ``generation_config.json`` (when the config has bos/eos/pad ids) and
+    ``model.safetensors``, or ``model-0000i-of-0000N.safetensors`` shards of at most ``max_shard_size``
+    (a bigger tensor gets its own shard) plus ``model.safetensors.index.json``. ``dtype`` (default:
+    the parameters') is the dtype written. Everything is written to a temporary directory beside
+    ``path`` first, so a failure leaves ``path`` untouched. In an existing directory only these
+    files are replaced (old weight files removed); others (a tokenizer, a README) are kept.
+    Returns the directory.
+    """
+    if dtype is not None and not jnp.issubdtype(jnp.dtype(dtype), jnp.floating):
+        raise ValueError(f"dtype must be a floating dtype such as jnp.float32 or jnp.bfloat16; got {dtype!r}")
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"path must be a local directory (str or os.PathLike); got {type(path).__name__}")
+    dest = pathlib.Path(path).expanduser()
+    if dest.exists() and not dest.is_dir():
+        raise ValueError(f"{dest} is a file; save_pretrained writes a directory")
+    limit = parse_size(max_shard_size)
+    tensors = hf_tensor_plan(model, dtype)
+    shards: list[list[CheckpointTensor]] = [[]]
+    for t in tensors:
+        if shards[-1] and sum(s.nbytes for s in shards[-1]) + t.nbytes > limit:
+            shards.append([])
+        shards[-1].append(t)
+    names = ([SAFE_WEIGHTS] if len(shards) == 1 else
+             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
+    try:
+        from tqdm.auto import tqdm
+
+        with tqdm(total=len(tensors), desc=f"saving {dest.name}", unit="tensor", disable=not progress) as bar:
+            for name, shard in zip(names, shards, strict=True):
+                _write_safetensors(tmp / name, shard, bar.update)
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)},
+                     "weight_map": {t.name: name for name, shard in zip(names, shards, strict=True) for t in shard}}
+            (tmp / SAFE_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        written_dtype = tensors[0].dtype
+        (tmp / "config.json").write_text(json.dumps(_hf_config(model, written_dtype), indent=2, sort_keys=True) + "\n")
+        generation = _generation_config(model.config)
+        if generation is not None:
+            (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
+        if not dest.exists():
+            tmp.rename(dest)
+            return dest
+        for old in dest.iterdir():  # stale weights of an earlier save would shadow or contradict the new ones
+            if old.name in (SAFE_WEIGHTS, SAFE_INDEX) or SHARD_RE.fullmatch(old.name):
+                old.unlink()
+        for new in tmp.iterdir():
+            os.replace(new, dest / new.name)
+        return dest
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------- torch, Hub
+def to_torch(model):
+    """The ``transformers`` torch model (float32, eval mode) with ``model``'s weights: a
+    ``*ForCausalLM``, or ``*ForSequenceClassification`` for a :class:`SequenceClassifier`."""
+    import torch
+    import transformers
+
+    from workbench.core.models.causal_lm import SequenceClassifier
+
+    auto = (transformers.AutoModelForSequenceClassification if isinstance(model, SequenceClassifier)
+            else transformers.AutoModelForCausalLM)
+    with tempfile.TemporaryDirectory(prefix="workbench-to-torch-") as tmp:
+        save_pretrained(model, tmp, dtype=np.float32, progress=False)
+        return auto.from_pretrained(tmp, dtype=torch.float32).eval()
+
+
+def push_to_hub(model, repo_id: str, *, token: str | None = None, private: bool = False,
+                commit_message: str = "Upload model with workbench", max_shard_size: int | str = "2GB"):
+    """Save ``model`` to a local temporary directory, then upload it to the Hub repo ``repo_id``
+    (created if missing). If the upload fails (no network, no token) a RuntimeError says where the
+    local copy is; it is kept. Returns the commit info."""
+    from huggingface_hub import HfApi
+
+    if not isinstance(repo_id, str) or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo_id):
+        raise ValueError(f"repo_id must look like 'user/model-name'; got {repo_id!r}")
+    local = pathlib.Path(tempfile.mkdtemp(prefix="workbench-push-"))
+    save_pretrained(model, local, max_shard_size=max_shard_size, progress=False)
+    try:
+        api = HfApi(token=token)
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        info = api.upload_folder(folder_path=local, repo_id=repo_id, commit_message=commit_message)
+    except Exception as err:
+        raise RuntimeError(
+            f"push_to_hub: uploading to {repo_id!r} failed ({type(err).__name__}: {err}). Nothing is lost: the "
+            f"checkpoint is saved at {local}; upload it later with huggingface_hub.HfApi().upload_folder("
+            f"folder_path={str(local)!r}, repo_id={repo_id!r}) or load it with from_pretrained({str(local)!r})"
+        ) from err
+    shutil.rmtree(local, ignore_errors=True)
+    return info

@@ -1,0 +1,210 @@
+"""The Mixtral sparse mixture-of-experts layer, exact against Hugging Face ``MixtralSparseMoeBlock``.
+
+A router ``x @ router_kernel`` scores every expert; softmax in float32 over all experts, keep the
+top ``k``, renormalise them to sum to 1. Each expert is a SwiGLU MLP ``down(silu(gate(x)) * up(x))``
+and a token's output is the weighted sum of its ``k`` experts' outputs. Router jitter (HF applies it
+only in training) is not supported: ``router_jitter_noise`` must be 0.
+
+Two exact strategies, chosen by ``strategy`` (at construction or per call):
+
+- ``"dense"``: every expert runs on every token, combined with ``(N, E)`` routing weights that are 0
+  off the top-k. ``E/k`` times the FLOPs, but plain einsums that GSPMD shards over ``ep``: the
+  combine (a contraction over the expert axis) becomes an all-reduce over ``ep`` (with ``tp``, the
+  down projection's contraction adds ``tp`` to it); FSDP-sharded weights are all-gathered over ``fsdp``.
+- ``"ragged"``: token copies sorted by expert, ``jax.lax.ragged_dot`` over the expert groups, then
+  unsorted and weighted. The sort is global, so GSPMD all-gathers tokens and routing over the batch
+  axes; the ragged dots contract over the ep-sharded expert axis (and the fsdp-sharded ``D``), so
+  all-reduces over ``ep`` (and ``fsdp``) follow. Neither strategy gathers experts over ``ep``.
+  (On CPU XLA lowers ``ragged_dot`` to a masked dense dot; TPU/GPU have native kernels.)
+
+Parameter layouts (the contract the checkpoint converter maps onto): ``router_kernel (D, E)``,
+``gate_proj (E, D, F)``, ``up_proj (E, D, F)``, ``down_proj (E, F, D)``. :func:`from_hf_experts`,
+:func:`from_legacy_experts`, :func:`from_hf_moe` and their inverses convert HF tensors.
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from flax.nnx.nn import dtypes
+
+from workbench.core.axes import EMPTY, MODE_TRAIN, DynamicShardingAxes, ExpertColumnWise, ExpertRowWise
+
+__all__ = ["STRATEGIES", "MoE", "RouterReplicated", "from_hf_experts", "from_hf_moe", "from_legacy_experts",
+           "load_hf_moe", "to_hf_experts", "to_hf_moe", "to_legacy_experts"]
+
+Array = jax.Array
+STRATEGIES = ("dense", "ragged")
+DEFAULT_KERNEL_INIT = nnx.initializers.normal(0.02)  # HF Mixtral's initializer_range
+# The router kernel is replicated: it is tiny (D*E), and sharding D over tp would need an all-reduce
+# of the (N, E) logits before softmax and top-k; replicated, each device routes its own tokens.
+RouterReplicated = DynamicShardingAxes((EMPTY, EMPTY), MODE_TRAIN)
+PARAM_AXES = {"router_kernel": RouterReplicated, "gate_proj": ExpertColumnWise, "up_proj": ExpertColumnWise,
+              "down_proj": ExpertRowWise}
+
+
+def _check_strategy(strategy: str) -> str:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown MoE strategy {strategy!r}; use one of {STRATEGIES}")
+    return strategy
+
+
+class MoE(nnx.Module):
+    """Mixtral's sparse MoE block: ``__call__(x_BTD) -> (y_BTD, router_logits_NE)`` with ``N = B*T``."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, num_experts_per_tok: int, *,
+                 strategy: str = "dense", router_jitter_noise: float = 0.0, dtype=jnp.float32,
+                 param_dtype=jnp.float32, precision=None, kernel_init=DEFAULT_KERNEL_INIT,
+                 rngs: nnx.Rngs):
+        if not 1 <= num_experts_per_tok <= num_experts:
+            raise ValueError(f"num_experts_per_tok={num_experts_per_tok} must be between 1 and "
+                             f"num_experts={num_experts}; lower it or add experts")
+        if router_jitter_noise:
+            raise ValueError(f"router_jitter_noise={router_jitter_noise}: router jitter (HF applies it only in "
+                             f"training) is not supported; set router_jitter_noise=0.0")
+        D, F, E = hidden_size, intermediate_size, num_experts
+        shapes = {"router_kernel": (D, E), "gate_proj": (E, D, F), "up_proj": (E, D, F), "down_proj": (E, F, D)}
+        for name, shape in shapes.items():
+            setattr(self, name, nnx.Param(kernel_init(rngs.params(), shape, param_dtype),
+                                          semantic_axes=PARAM_AXES[name]))
+        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        self.num_experts, self.num_experts_per_tok = num_experts, num_experts_per_tok
+        self.strategy = _check_strategy(strategy)
+        self.dtype, self.param_dtype, self.precision = dtype, param_dtype, precision
+
+    def route(self, x_ND: Array, router_kernel_DE: Array) -> tuple[Array, Array, Array]:
+        """Router logits ``(N, E)`` and the renormalised float32 top-k weights and expert ids ``(N, k)``."""
+        logits_NE = jnp.matmul(x_ND, router_kernel_DE, precision=self.precision)
+        probs_NE = jax.nn.softmax(logits_NE.astype(jnp.float32), axis=-1)
+        weights_NK, experts_NK = jax.lax.top_k(probs_NE, self.num_experts_per_tok)
+        return logits_NE, weights_NK / weights_NK.sum(-1, keepdims=True), experts_NK
+
+    def __call__(self, x_BTD: Array, *, strategy: str | None = None) -> tuple[Array, Array]:
+        if x_BTD.ndim != 3 or x_BTD.shape[-1] != self.hidden_size:
+            raise ValueError(f"input shape {x_BTD.shape}: MoE expects (batch, length, hidden_size="
+                             f"{self.hidden_size})")
+        strategy = _check_strategy(self.strategy if strategy is None else strategy)
+        B, T, D = x_BTD.shape
+        x_BTD, router_DE, gate_EDF, up_EDF, down_EFD = dtypes.promote_dtype(
+            (x_BTD, self.router_kernel[...], self.gate_proj[...], self.up_proj[...], self.down_proj[...]),
+            dtype=self.dtype)
+        x_ND = x_BTD.reshape(B * T, D)
+        logits_NE, weights_NK, experts_NK = self.route(x_ND, router_DE)
+        run = _dense if strategy == "dense" else _ragged
+        y_ND = run(x_ND, weights_NK, experts_NK, gate_EDF, up_EDF, down_EFD, self.precision)
+        return y_ND.astype(x_BTD.dtype).reshape(B, T, D), logits_NE
+
+
+def _dense(x_ND, weights_NK, experts_NK, gate_EDF, up_EDF, down_EFD, precision) -> Array:
+    """Every expert on every token; the (N, E) weights are the top-k weights, 0 elsewhere."""
+    E = gate_EDF.shape[0]
+    combine_NE = jnp.einsum("nk,nke->ne", weights_NK, jax.nn.one_hot(experts_NK, E, dtype=weights_NK.dtype))
+    g_ENF = jnp.einsum("nd,edf->enf", x_ND, gate_EDF, precision=precision)
+    u_ENF = jnp.einsum("nd,edf->enf", x_ND, up_EDF, precision=precision)
+    y_END = jnp.einsum("enf,efd->end", jax.nn.silu(g_ENF) * u_ENF, down_EFD, precision=precision)
+    return jnp.einsum("end,ne->nd", y_END, combine_NE.astype(y_END.dtype), precision=precision)
+
+
+def _ragged(x_ND, weights_NK, experts_NK, gate_EDF, up_EDF, down_EFD, precision) -> Array:
+    """Token copies sorted by expert, one ragged dot per projection over the expert groups, unsorted."""
+    N, K = experts_NK.shape
+    E = gate_EDF.shape[0]
+    experts_M = experts_NK.reshape(N * K)  # M = N*K token copies, copy m is token m // K
+    order_M = jnp.argsort(experts_M, stable=True)
+    sizes_E = jnp.bincount(experts_M, length=E).astype(jnp.int32)
+    xs_MD = x_ND[order_M // K]
+    g_MF = jax.lax.ragged_dot(xs_MD, gate_EDF, sizes_E, precision=precision)
+    u_MF = jax.lax.ragged_dot(xs_MD, up_EDF, sizes_E, precision=precision)
+    ys_MD = jax.lax.ragged_dot(jax.nn.silu(g_MF) * u_MF, down_EFD, sizes_E, precision=precision)
+    y_NKD = ys_MD[jnp.argsort(order_M)].reshape(N, K, -1)
+    return jnp.einsum("nkd,nk->nd", y_NKD, weights_NK.astype(y_NKD.dtype), precision=precision)
+
+
+# -- Hugging Face weights -------------------------------------------------------------------------
+def _xp(a: tp.Any) -> tp.Any:
+    return jnp if isinstance(a, jax.Array) else np
+
+
+def from_hf_experts(gate_up_proj_EXD: tp.Any, down_proj_EDF: tp.Any) -> tuple[tp.Any, tp.Any, tp.Any]:
+    """HF's fused ``experts.gate_up_proj (E, 2F, D)`` (gate rows first) and ``experts.down_proj (E, D, F)``
+    -> ours ``(gate (E, D, F), up (E, D, F), down (E, F, D))``. NumPy in, NumPy out; jax in, jax out."""
+    E, X, D = gate_up_proj_EXD.shape
+    if X % 2 or down_proj_EDF.shape != (E, D, X // 2):
+        raise ValueError(f"gate_up_proj {tuple(gate_up_proj_EXD.shape)} and down_proj {tuple(down_proj_EDF.shape)} "
+                         f"must be (E, 2F, D) and (E, D, F)")
+    F = X // 2
+    gate_up_EDX = gate_up_proj_EXD.swapaxes(1, 2)
+    return gate_up_EDX[..., :F], gate_up_EDX[..., F:], down_proj_EDF.swapaxes(1, 2)
+
+
+def to_hf_experts(gate_EDF: tp.Any, up_EDF: tp.Any, down_EFD: tp.Any) -> tuple[tp.Any, tp.Any]:
+    """Inverse of :func:`from_hf_experts`: ``(gate_up_proj (E, 2F, D), down_proj (E, D, F))``."""
+    xp = _xp(gate_EDF)
+    return xp.concatenate([gate_EDF, up_EDF], axis=2).swapaxes(1, 2), down_EFD.swapaxes(1, 2)
+
+
+def from_legacy_experts(tensors: tp.Mapping[str, tp.Any], prefix: str = "") -> tuple[tp.Any, tp.Any, tp.Any]:
+    """Per-expert on-disk tensors ``{prefix}{j}.w1.weight (F, D)`` (gate), ``w3`` (up), ``w2 (D, F)`` (down)
+    -> ours ``(gate (E, D, F), up (E, D, F), down (E, F, D))``. ``prefix`` ends with ``experts.``."""
+    E = 0
+    while f"{prefix}{E}.w1.weight" in tensors:
+        E += 1
+    names = [f"{prefix}{j}.{w}.weight" for j in range(E) for w in ("w1", "w2", "w3")]
+    missing = [n for n in names if n not in tensors]
+    if not E or missing:
+        raise ValueError(f"no complete per-expert weights under prefix {prefix!r}: missing "
+                         f"{missing[:3] or [prefix + '0.w1.weight']}; pass the prefix ending in 'experts.'")
+    stack = lambda w: _xp(tensors[f"{prefix}0.{w}.weight"]).stack(
+        [tensors[f"{prefix}{j}.{w}.weight"] for j in range(E)]).swapaxes(1, 2)
+    return stack("w1"), stack("w3"), stack("w2")
+
+
+def to_legacy_experts(gate_EDF: tp.Any, up_EDF: tp.Any, down_EFD: tp.Any, prefix: str = "") -> dict[str, tp.Any]:
+    """Inverse of :func:`from_legacy_experts`: ``{prefix}{j}.w1/w2/w3.weight`` per expert ``j``."""
+    out = {}
+    for j in range(gate_EDF.shape[0]):
+        out[f"{prefix}{j}.w1.weight"] = gate_EDF[j].T
+        out[f"{prefix}{j}.w2.weight"] = down_EFD[j].T
+        out[f"{prefix}{j}.w3.weight"] = up_EDF[j].T
+    return out
+
+
+def from_hf_moe(tensors: tp.Mapping[str, tp.Any], prefix: str = "") -> dict[str, tp.Any]:
+    """Our parameters (by name) from an HF MoE block's tensors under ``prefix`` (``model.layers.0.mlp.``
+    in transformers 5, ``...block_sparse_moe.`` on disk): router ``gate.weight (E, D)`` and the experts,
+    fused (``experts.gate_up_proj``, ``experts.down_proj``) or per expert (``experts.{j}.w1.weight`` ...)."""
+    router = f"{prefix}gate.weight"
+    if router not in tensors:
+        raise ValueError(f"no router weight {router!r}; pass the prefix of the MoE block (ending in '.')")
+    if f"{prefix}experts.gate_up_proj" in tensors:
+        experts = from_hf_experts(tensors[f"{prefix}experts.gate_up_proj"], tensors[f"{prefix}experts.down_proj"])
+    else:
+        experts = from_legacy_experts(tensors, f"{prefix}experts.")
+    return dict(zip(("router_kernel", "gate_proj", "up_proj", "down_proj"), (tensors[router].T, *experts),
+                    strict=True))
+
+
+def to_hf_moe(params: tp.Mapping[str, tp.Any], prefix: str = "", *, legacy: bool = False) -> dict[str, tp.Any]:
+    """Inverse of :func:`from_hf_moe`: fused transformers-5 names, or the per-expert on-disk ones."""
+    experts = params["gate_proj"], params["up_proj"], params["down_proj"]
+    out = {f"{prefix}gate.weight": params["router_kernel"].T}
+    if legacy:
+        return out | to_legacy_experts(*experts, prefix=f"{prefix}experts.")
+    gate_up, down = to_hf_experts(*experts)
+    return out | {f"{prefix}experts.gate_up_proj": gate_up, f"{prefix}experts.down_proj": down}
+
+
+def load_hf_moe(module: MoE, tensors: tp.Mapping[str, tp.Any], prefix: str = "") -> MoE:
+    """A copy of ``module`` holding the HF weights under ``prefix`` (cast to its param_dtype)."""
+    new = nnx.merge(*nnx.split(module))
+    for name, value in from_hf_moe(tensors, prefix).items():
+        old = getattr(new, name)
+        if tuple(value.shape) != tuple(old.shape):
+            raise ValueError(f"{name}: HF weights give shape {tuple(value.shape)} but the module has "
+                             f"{tuple(old.shape)}; build MoE with the checkpoint's sizes")
+        setattr(new, name, nnx.Param(jnp.asarray(value, new.param_dtype), semantic_axes=old.semantic_axes))
+    return new

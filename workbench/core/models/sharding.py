@@ -1,0 +1,108 @@
+"""Model parameters -> PartitionSpecs, NamedShardings, placed or abstract models.
+
+Every parameter carries ``semantic_axes``; a :class:`PartitionAxis` (semantic -> mesh axes),
+the runtime ``mode`` and optional regex ``rules`` (first match wins, applied to the path
+``"layers/0/self_attn/q_proj/kernel"``, giving semantic axes instead of the parameter's own)
+resolve them on a mesh, with a reason per dimension (:func:`explain_params`).
+"""
+
+from __future__ import annotations
+
+import re
+import typing as tp
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from workbench.core.axes import MODE_TRAIN, DimDecision, PartitionAxis
+
+Rules = tp.Sequence[tuple[str, tp.Any]]
+
+
+def path_str(path: tuple[tp.Any, ...]) -> str:
+    return "/".join(map(str, path))
+
+
+def _check_rules(rules: Rules | None) -> list[tuple[re.Pattern, tp.Any]]:
+    compiled = []
+    for item in rules or ():
+        if not (isinstance(item, tuple | list) and len(item) == 2 and isinstance(item[0], str)):
+            raise ValueError(f"a rule is (regex, semantic axes), e.g. ('mlp/.*/kernel', ColumnWise); got {item!r}")
+        try:
+            compiled.append((re.compile(item[0]), item[1]))
+        except re.error as err:
+            raise ValueError(f"rule regex {item[0]!r} does not compile: {err}") from None
+    return compiled
+
+
+def explain_params(model: nnx.Module, mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None = None,
+                   partition_axis: PartitionAxis | None = None, mode: str = MODE_TRAIN,
+                   rules: Rules | None = None) -> dict[str, list[DimDecision]]:
+    """Per parameter path, how each dimension resolves and why (a rule's pattern is named in the reason)."""
+    pa = partition_axis or PartitionAxis()
+    compiled = _check_rules(rules)
+    out = {}
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        name = path_str(path)
+        axes, why = getattr(var, "semantic_axes", None), ""
+        for pattern, rule_axes in compiled:
+            if pattern.search(name):
+                axes, why = rule_axes, f" (rule {pattern.pattern!r})"
+                break
+        if axes is None:
+            raise ValueError(f"parameter {name} has no semantic_axes; add a rule for it")
+        try:
+            decisions = pa.explain(axes, mode, shape=var.shape, mesh=mesh)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"parameter {name} {tuple(var.shape)}{why}: {err}") from None
+        out[name] = [d.__class__(**{**d.__dict__, "reason": d.reason + why}) if why else d for d in decisions]
+    return out
+
+
+def param_specs(model: nnx.Module, mesh=None, partition_axis: PartitionAxis | None = None, mode: str = MODE_TRAIN,
+                rules: Rules | None = None) -> dict[str, PartitionSpec]:
+    """Per parameter path, its PartitionSpec."""
+    return {name: PartitionSpec(*(d.spec_entry for d in ds))
+            for name, ds in explain_params(model, mesh, partition_axis, mode, rules).items()}
+
+
+def params_sharding(model: nnx.Module, mesh: jax.sharding.Mesh, partition_axis: PartitionAxis | None = None,
+                    mode: str = MODE_TRAIN, rules: Rules | None = None) -> nnx.State:
+    """An ``nnx.State`` shaped like the parameters holding each one's ``NamedSharding``."""
+    specs = param_specs(model, mesh, partition_axis, mode, rules)
+    state = nnx.state(model, nnx.Param)
+    return nnx.map_state(lambda path, var: var.replace(NamedSharding(mesh, specs[path_str(path)])), state)
+
+
+def shard_model(model: nnx.Module, mesh: jax.sharding.Mesh, partition_axis: PartitionAxis | None = None,
+                mode: str = MODE_TRAIN, rules: Rules | None = None) -> nnx.Module:
+    """A copy of ``model`` with every parameter placed by its resolved spec; ``model`` is unchanged."""
+    shardings = params_sharding(model, mesh, partition_axis, mode, rules)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    placed = jax.tree.map(lambda x, s: jax.device_put(x, s), params, shardings)
+    return nnx.merge(graphdef, placed, rest)
+
+
+def gather_model(model: nnx.Module, device: jax.Device | None = None) -> nnx.Module:
+    """A copy of ``model`` with every array whole on one device (default: the first)."""
+    device = device or jax.devices()[0]
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, jax.tree.map(lambda x: jax.device_put(np.asarray(x), device), state))
+
+
+def lazy_init(build: tp.Callable[[], nnx.Module], mesh: jax.sharding.Mesh | None = None,
+              partition_axis: PartitionAxis | None = None, mode: str = MODE_TRAIN,
+              rules: Rules | None = None) -> nnx.Module:
+    """The abstract model ``build()`` would make: parameters are ``ShapeDtypeStruct``s (with their
+    ``NamedSharding`` when a mesh is given); no memory is allocated."""
+    abstract = nnx.eval_shape(build)
+    if mesh is None:
+        return abstract
+    specs = param_specs(abstract, mesh, partition_axis, mode, rules)
+    for path, var in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):
+        value = var.get_value()
+        var.set_value(jax.ShapeDtypeStruct(value.shape, value.dtype,
+                                           sharding=NamedSharding(mesh, specs[path_str(path)])))
+    return abstract

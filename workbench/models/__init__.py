@@ -1,0 +1,37 @@
+"""The models' public face: ``workbench.models.from_pretrained(path)`` and friends.
+
+Names load lazily (``import workbench.models`` imports neither JAX nor flax); the code lives in
+``workbench.core.models``.
+
+>>> from workbench.models import from_pretrained           # doctest: +SKIP
+>>> model = from_pretrained("path/to/checkpoint")           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+import typing as tp
+
+_LAZY = {
+    "from_pretrained": "workbench.core.models.checkpoint",
+    "save_pretrained": "workbench.core.models.checkpoint",
+    "CausalLM": "workbench.core.models.causal_lm",
+    "SequenceClassifier": "workbench.core.models.causal_lm",
+    "ModelConfig": "workbench.core.models.config",
+    "GenerationConfig": "workbench.core.models.generation",
+    "tiny": "workbench.core.models.presets",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> tp.Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
