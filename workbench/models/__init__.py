@@ -1,10 +1,10 @@
 """The models' public face: ``workbench.models.from_pretrained(path)`` and friends.
 
 Names load lazily (``import workbench.models`` imports neither JAX nor flax); the code lives in
-``workbench.core.models``.
+``workbench.core.models``::
 
->>> from workbench.models import from_pretrained           # doctest: +SKIP
->>> model = from_pretrained("path/to/checkpoint")           # doctest: +SKIP
+    from workbench.models import from_pretrained
+    model = from_pretrained("path/to/checkpoint")   # a local directory written by transformers
 """
 
 from __future__ import annotations

@@ -1,0 +1,265 @@
+"""Next-token training for ``CausalLM``: a pytree train state, a jitted step, a small loop.
+
+The state splits the model into its static ``graphdef`` and arrays, so one jitted step serves
+every step. A step keeps the shardings it was given: on a mesh, params and optimizer state
+stay where they are (``NamedSharding`` from ``shard_model`` or ``jax.device_put``) and the
+batch is split over the data axes (``BATCH`` -> fsdp, dp by :class:`PartitionAxis`).
+
+Example (``tiny`` from :mod:`.presets`, ``load_text`` from :mod:`workbench.data`)::
+
+    model, losses = train(tiny("llama"), load_text("genesis"), steps=300, batch_size=32, seq_len=128)
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx, struct
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from workbench.core.axes import BATCH, LENGTH, PartitionAxis
+from workbench.core.models.loss import causal_lm_loss, labels_from
+
+Batch = dict[str, tp.Any]
+
+
+class TrainState(struct.PyTreeNode):
+    """Everything a step changes: params, optimizer state, step count (int32 array).
+
+    ``graphdef`` (the model's structure) and ``tx`` (the optax optimizer) are static;
+    ``other`` holds the model's non-parameter variables (carried, not trained).
+    """
+
+    graphdef: nnx.GraphDef = struct.field(pytree_node=False)
+    tx: optax.GradientTransformation = struct.field(pytree_node=False)
+    params: nnx.State
+    opt_state: optax.OptState
+    step: jax.Array
+    other: nnx.State
+
+
+def make_optimizer(steps: int | None = None, *, lr: float = 3e-3, warmup_steps: int | None = None,
+                   weight_decay: float = 0.1, clip_norm: float = 1.0, b1: float = 0.9, b2: float = 0.95
+                   ) -> optax.GradientTransformation:
+    """AdamW with linear warmup then cosine decay to ``lr / 10`` over ``steps``, global-norm clipping.
+
+    ``steps=None`` keeps ``lr`` constant. Weight decay applies to matrices only (ndim >= 2),
+    not to norms and biases. ``warmup_steps`` defaults to ``min(100, steps // 10)``.
+    """
+    if steps is None:
+        schedule = lr
+    else:
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be a positive int (the length of the schedule) or None; got {steps!r}")
+        warmup = min(100, steps // 10) if warmup_steps is None else warmup_steps
+        if not 0 <= warmup < steps:
+            raise ValueError(f"warmup_steps={warmup} must be >= 0 and smaller than steps={steps}")
+        schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, steps, end_value=lr / 10)
+    return optax.chain(optax.clip_by_global_norm(clip_norm),
+                       optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay,
+                                   mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)))
+
+
+def _mesh_of(tree: tp.Any):
+    """The mesh of the first ``NamedSharding`` leaf of ``tree``, or None."""
+    for leaf in jax.tree.leaves(tree):
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, NamedSharding):
+            return sharding.mesh
+    return None
+
+
+def _copy(tree: tp.Any, mesh) -> tp.Any:
+    """Fresh buffers with the same shardings (leaves off ``mesh`` are replicated onto it)."""
+    def one(x):
+        sharding = x.sharding
+        if mesh is not None and not isinstance(sharding, NamedSharding):
+            sharding = NamedSharding(mesh, P())
+        return jax.device_put(x, sharding, may_alias=False)
+
+    return jax.tree.map(one, tree)
+
+
+def to_state(model: nnx.Module, optimizer: optax.GradientTransformation | None = None) -> TrainState:
+    """A :class:`TrainState` at step 0 holding copies of ``model``'s params (the model stays usable).
+
+    ``optimizer`` defaults to ``make_optimizer()`` (constant lr). Optimizer moments take the
+    sharding of their parameter; scalars (counts) are replicated.
+    """
+    optimizer = make_optimizer() if optimizer is None else optimizer
+    graphdef, params, other = nnx.split(model, nnx.Param, ...)
+    mesh = _mesh_of(params)
+    params, other = _copy(params, mesh), _copy(other, mesh)
+    opt_state = optimizer.init(params)
+    step = jnp.zeros((), jnp.int32)
+    if mesh is not None:
+        replicated = NamedSharding(mesh, P())
+        shardings = jax.tree.map(lambda p: p.sharding, params)
+        opt_state = optax.tree_map_params(optimizer, lambda s, sh: jax.device_put(s, sh), opt_state, shardings,
+                                          transform_non_params=lambda s: jax.device_put(s, replicated))
+        step = jax.device_put(step, replicated)
+    return TrainState(graphdef=graphdef, tx=optimizer, params=params, opt_state=opt_state, step=step, other=other)
+
+
+def from_state(state: TrainState, *, copy: bool = True) -> nnx.Module:
+    """The model with ``state``'s params. ``copy=False`` shares the arrays: then do not pass ``state``
+    to a train step again (the step donates, deleting them)."""
+    params, other = state.params, state.other
+    if copy:
+        mesh = _mesh_of(params)
+        params, other = _copy(params, mesh), _copy(other, mesh)
+    return nnx.merge(state.graphdef, params, other)
+
+
+def _prepare(batch: Batch | jax.Array | np.ndarray) -> Batch:
+    if not isinstance(batch, dict):
+        batch = {"input_ids": batch}
+    unknown = set(batch) - {"input_ids", "attention_mask", "labels"}
+    if "input_ids" not in batch or unknown:
+        raise ValueError(f"a batch is a dict with input_ids and optionally attention_mask, labels; got keys "
+                         f"{sorted(batch)}")
+    out = {"input_ids": jnp.asarray(batch["input_ids"], jnp.int32)}
+    mask = batch.get("attention_mask")
+    if mask is not None:
+        out["attention_mask"] = jnp.asarray(mask, jnp.int32)
+    labels = batch.get("labels")
+    out["labels"] = labels_from(out["input_ids"], mask) if labels is None else jnp.asarray(labels, jnp.int32)
+    return out
+
+
+def _loss(state: TrainState, params: nnx.State, batch: Batch) -> tuple[jax.Array, jax.Array]:
+    model = nnx.merge(state.graphdef, params, state.other)
+    out = model(batch["input_ids"], batch.get("attention_mask"))
+    return causal_lm_loss(getattr(out, "logits", out), batch["labels"])
+
+
+def _step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+    loss_of = lambda params: _loss(state, params, batch)
+    (loss, num_tokens), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
+    updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
+    return new, {"loss": loss, "num_tokens": num_tokens, "grad_norm": optax.tree.norm(grads)}
+
+
+def make_train_step(optimizer: optax.GradientTransformation | None = None, *,
+                    partition_axis: PartitionAxis | None = None
+                    ) -> tp.Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
+    """``train_step(state, batch) -> (state, metrics)``, jitted, donating ``state``.
+
+    The update uses ``state.tx`` (the optimizer given to ``to_state``); an ``optimizer``
+    given here replaces it, and must have the same state structure (e.g. another schedule).
+
+    ``batch`` is a dict with ``input_ids (B, T)`` and optionally ``attention_mask`` and
+    ``labels`` (default: ``labels_from(input_ids, attention_mask)``). The output state has the
+    input state's shardings; on a mesh the batch is placed by ``partition_axis`` (default
+    ``PartitionAxis()``) resolving ``(BATCH, LENGTH)``. Metrics: loss, num_tokens, grad_norm.
+    """
+    partition_axis = PartitionAxis() if partition_axis is None else partition_axis
+    compiled: dict[tp.Any, tp.Callable] = {}
+
+    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+        if not isinstance(state, TrainState):
+            raise TypeError(f"train_step takes a TrainState (to_state(model, optimizer)); got {type(state).__name__}")
+        if optimizer is not None and state.tx is not optimizer:
+            state = state.replace(tx=optimizer)
+        batch = _place(batch, state, partition_axis)
+        leaves, treedef = jax.tree.flatten((state, batch))
+        shardings = [x.sharding for x in leaves]
+        key = (treedef, tuple(shardings))
+        if key not in compiled:
+            state_sh, batch_sh = jax.tree.unflatten(treedef, shardings)
+            compiled[key] = jax.jit(_step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None),
+                                    donate_argnums=0)
+        return compiled[key](state, batch)
+
+    return train_step
+
+
+def make_eval_step(*, partition_axis: PartitionAxis | None = None
+                   ) -> tp.Callable[[TrainState, Batch], dict[str, jax.Array]]:
+    """``eval_step(state, batch) -> {"loss", "num_tokens"}``, jitted; the state is not donated."""
+    partition_axis = PartitionAxis() if partition_axis is None else partition_axis
+    evaluate = jax.jit(lambda state, batch: dict(zip(("loss", "num_tokens"), _loss(state, state.params, batch),
+                                                     strict=True)))
+
+    def eval_step(state: TrainState, batch: Batch) -> dict[str, jax.Array]:
+        return evaluate(state, _place(batch, state, partition_axis))
+
+    return eval_step
+
+
+def _place(batch: Batch, state: TrainState, partition_axis: PartitionAxis) -> Batch:
+    """``batch`` normalised, and split over the data axes when ``state`` lives on a mesh."""
+    batch = _prepare(batch)
+    mesh = _mesh_of(state.params)
+    if mesh is None:
+        return batch
+    spec = partition_axis.resolve((BATCH, LENGTH), shape=batch["input_ids"].shape, mesh=mesh)
+    return jax.device_put(batch, NamedSharding(mesh, spec))
+
+
+def batches(token_ids: tp.Sequence[int] | np.ndarray, batch_size: int, seq_len: int, *, seed: int = 0
+            ) -> tp.Iterator[Batch]:
+    """Endless batches ``{"input_ids": int32 (batch_size, seq_len)}`` of random windows of ``token_ids``."""
+    ids = np.asarray(token_ids, np.int32)
+    if ids.ndim != 1:
+        raise ValueError(f"token_ids must be one flat sequence; got shape {ids.shape}")
+    if batch_size < 1 or seq_len < 2:
+        raise ValueError(f"batch_size must be >= 1 and seq_len >= 2; got {batch_size}, {seq_len}")
+    if len(ids) < seq_len:
+        raise ValueError(f"{len(ids)} tokens are fewer than seq_len={seq_len}; use a longer text or a shorter seq_len")
+    rng = np.random.default_rng(seed)
+    offsets_L = np.arange(seq_len)
+    while True:
+        starts_B = rng.integers(0, len(ids) - seq_len + 1, batch_size)
+        yield {"input_ids": ids[starts_B[:, None] + offsets_L]}
+
+
+def train(model: nnx.Module, text_or_ids: str | tp.Sequence[int] | np.ndarray, *, steps: int, batch_size: int = 16,
+          seq_len: int = 64, tokenizer: tp.Any = None, optimizer: optax.GradientTransformation | None = None,
+          lr: float = 3e-3, seed: int = 0, progress: bool = True, partition_axis: PartitionAxis | None = None
+          ) -> tuple[nnx.Module, list[float]]:
+    """Train a copy of ``model`` for ``steps`` steps on random windows; returns ``(trained, losses)``.
+
+    A string is encoded with ``tokenizer`` (default :class:`ByteTokenizer`); ``optimizer``
+    defaults to ``make_optimizer(steps, lr=lr)``. A model placed on a mesh trains sharded.
+    ``model`` itself is not changed.
+    """
+    if isinstance(text_or_ids, str):
+        if tokenizer is None:
+            from workbench.core.models.tokenizer import ByteTokenizer
+
+            tokenizer = ByteTokenizer()
+        ids = np.asarray(tokenizer.encode(text_or_ids), np.int32)
+    else:
+        ids = np.asarray(text_or_ids, np.int32)
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if vocab is not None and ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        raise ValueError(f"token ids span [{ids.min()}, {ids.max()}] but the model's vocab_size is {vocab}; "
+                         f"build the model with vocab_size >= tokenizer.vocab_size")
+    optimizer = make_optimizer(steps, lr=lr) if optimizer is None else optimizer
+    state = to_state(model, optimizer)
+    train_step = make_train_step(optimizer, partition_axis=partition_axis)
+    data = batches(ids, batch_size, seq_len, seed=seed)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, desc="train", unit="step")
+    losses = []
+    for i in range(steps):
+        state, metrics = train_step(state, next(data))
+        losses.append(metrics["loss"])
+        if bar is not None:
+            bar.update(1)
+            if i % 10 == 0 or i == steps - 1:
+                bar.set_postfix(loss=f"{float(metrics['loss']):.3f}")
+    if bar is not None:
+        bar.close()
+    return from_state(state, copy=False), [float(x) for x in losses]
