@@ -1,0 +1,307 @@
+"""``generate``: compiled greedy / sampling / beam-search decoding over a KV cache, token-equal to Hugging Face.
+
+The model contract (``CausalLM`` implements it): ``model.init_cache(batch_size, max_length)`` returns a
+pytree with a static ``max_length`` (and ``reorder(index_B)`` for beam search);
+``model(input_ids_BT, attention_mask_BT, cache=cache)`` returns ``.logits (B, T, V)`` and the updated
+``.cache``. The prefill gets the left-padded prompt and its mask, each decode step ``(B, 1)`` tokens and
+a mask of ones; the cache tracks positions itself.
+
+Two programs run per call, each compiled once per (graphdef, config, input shapes and shardings) and
+cached, so a second call with the same shapes does not recompile: the prefill (the prompt's logits)
+and a ``lax.while_loop`` that picks every new token and runs the decode steps; the cache is donated
+to both. Greedy / sampling live in :mod:`.sampling`, beam search in :mod:`.beam_search`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from workbench.core.models.beam_search import beam_programs, best_sequences
+from workbench.core.models.sampling import sample_programs
+
+Array = jax.Array
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationConfig:
+    """How to decode, with Hugging Face's meaning for every field.
+
+    ``top_k`` 0/None, ``top_p`` 1.0/None, ``min_p`` None and ``repetition_penalty`` 1.0/None are off;
+    ``temperature`` and the filters act only with ``do_sample``. ``eos_token_id`` is None, an int or a
+    sequence (stored as a tuple); ``pad_token_id`` None means ``eos_token_id[0]``, as in HF.
+    ``early_stopping`` is True, False or ``"never"`` (beam search only).
+
+    >>> GenerationConfig(max_new_tokens=8, eos_token_id=2).replace(num_beams=4).eos_token_id
+    (2,)
+    """
+
+    max_new_tokens: int = 32
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+
+    def __post_init__(self):
+        set_ = lambda name, value: object.__setattr__(self, name, value)
+        if not isinstance(self.do_sample, (bool, np.bool_)):
+            raise TypeError(f"do_sample must be True or False; got {self.do_sample!r}")
+        set_("do_sample", bool(self.do_sample))
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1; got {self.max_new_tokens!r}")
+        if not _is_int(self.num_beams) or self.num_beams < 1:
+            raise ValueError(f"num_beams must be an int >= 1; got {self.num_beams!r}")
+        if self.num_beams > 1 and self.do_sample:
+            raise ValueError("beam sampling (num_beams > 1 with do_sample=True) is not supported; set do_sample=False "
+                             "for beam search or num_beams=1 for sampling")
+        for name in ("temperature", "length_penalty"):
+            if not isinstance(getattr(self, name), (int, float)) or isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a float; got {getattr(self, name)!r}")
+            set_(name, float(getattr(self, name)))
+        if self.do_sample and not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 when sampling; got {self.temperature}. For greedy decoding set "
+                             "do_sample=False")
+        if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 0):
+            raise ValueError(f"top_k must be None or an int >= 0 (0 = off); got {self.top_k!r}")
+        for name in ("top_p", "min_p"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
+                raise ValueError(f"{name} must be None or a float in [0, 1]; got {value!r}")
+            if value is not None:
+                set_(name, float(value))
+        if self.repetition_penalty is not None and not (isinstance(self.repetition_penalty, (int, float))
+                                                         and self.repetition_penalty > 0):
+            raise ValueError(f"repetition_penalty must be None or a float > 0 (1.0 = off); got "
+                             f"{self.repetition_penalty!r}")
+        if self.repetition_penalty is not None:
+            set_("repetition_penalty", float(self.repetition_penalty))
+        if not (isinstance(self.early_stopping, (bool, np.bool_)) or self.early_stopping == "never"):
+            raise ValueError(f"early_stopping must be True, False or 'never'; got {self.early_stopping!r}")
+        if self.early_stopping != "never":
+            set_("early_stopping", bool(self.early_stopping))
+        eos = self.eos_token_id
+        if eos is not None:
+            eos = (eos,) if _is_int(eos) else tuple(eos)
+            if not eos or not all(_is_int(e) and e >= 0 for e in eos):
+                raise ValueError(f"eos_token_id must be None, an int >= 0 or a non-empty sequence of them; got "
+                                 f"{self.eos_token_id!r}")
+            set_("eos_token_id", tuple(int(e) for e in eos))
+        if self.pad_token_id is not None and not _is_int(self.pad_token_id):
+            raise ValueError(f"pad_token_id must be None or an int; got {self.pad_token_id!r}")
+
+    def replace(self, **changes) -> GenerationConfig:
+        """A new config with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_hf(cls, hf_config) -> GenerationConfig:
+        """From a ``transformers.GenerationConfig`` or its dict, as HF ``generate`` would read it.
+
+        Unset fields take HF's defaults (so ``top_k`` is 50 when sampling); fields we lack are ignored.
+        HF's ``max_new_tokens=None`` (a total ``max_length`` instead) keeps our default of 32.
+        """
+        d = hf_config if isinstance(hf_config, dict) else hf_config.to_dict()
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in d.items() if k in fields and v is not None}
+        return cls(**{"top_k": 50, **values})
+
+    @property
+    def pad_id(self) -> int | None:
+        """The pad token HF uses: ``pad_token_id``, else ``eos_token_id[0]``, else None."""
+        if self.pad_token_id is not None:
+            return self.pad_token_id
+        return self.eos_token_id[0] if self.eos_token_id else None
+
+
+@dataclasses.dataclass
+class GenerationOutput:
+    """``sequences (B, prompt_len + num_new_tokens)`` int32: the prompt, then new tokens (pad after a row's EOS).
+
+    ``cache`` is the cache after the last step; ``timings`` holds seconds for ``compile`` (0 when cached),
+    ``prefill`` and ``decode``.
+    """
+
+    sequences: Array
+    num_new_tokens: int
+    cache: tp.Any = None
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+class _StreamSlot:
+    """Where a compiled loop finds the current call's streamer (the compiled program outlives the call)."""
+
+    def __init__(self):
+        self.streamer = None
+        self.lock = threading.Lock()
+
+    def __call__(self, tokens_B) -> np.bool_:
+        return np.bool_(_stream(self.streamer, np.asarray(tokens_B)))
+
+
+def _stream(streamer, tokens) -> bool:
+    """Hand ``tokens`` to the streamer; True when it asks to stop."""
+    if hasattr(streamer, "put"):
+        streamer.put(tokens)
+        should_stop = getattr(streamer, "should_stop", None)
+        return bool(should_stop()) if callable(should_stop) else False
+    result = streamer(tokens)
+    return isinstance(result, (bool, np.bool_)) and bool(result)
+
+
+_COMPILED: collections.OrderedDict = collections.OrderedDict()
+_MAX_COMPILED = 32
+
+
+def _signature(args) -> tuple:
+    leaves, treedef = jax.tree.flatten(args)
+    return treedef, tuple((jax.typeof(x), getattr(x, "sharding", None)) for x in leaves)
+
+
+def _compiled(key: tuple, fn: tp.Callable, args: tuple, donate: tuple[int, ...], timings: dict):
+    """AOT-compile ``fn`` for ``args`` once per (key, signature); adds compile seconds to ``timings``."""
+    full_key = (*key, _signature(args))
+    if full_key in _COMPILED:
+        _COMPILED.move_to_end(full_key)
+        return _COMPILED[full_key]
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn, donate_argnums=donate).lower(*args).compile()
+    timings["compile"] += time.perf_counter() - t0
+    _COMPILED[full_key] = compiled
+    while len(_COMPILED) > _MAX_COMPILED:
+        _COMPILED.popitem(last=False)
+    return compiled
+
+
+_SLOTS: dict[tuple, _StreamSlot] = {}
+
+
+def _check_inputs(model, input_ids, attention_mask, config: GenerationConfig, cache, streamer):
+    input_ids = jnp.asarray(input_ids)
+    if input_ids.ndim != 2 or not jnp.issubdtype(input_ids.dtype, jnp.integer):
+        raise ValueError(f"input_ids must be an int array (batch, prompt_len); got {input_ids.dtype} "
+                         f"{input_ids.shape}")
+    b, p = input_ids.shape
+    if attention_mask is None:
+        attention_mask = jnp.ones((b, p), jnp.int32)
+    attention_mask = jnp.asarray(attention_mask).astype(jnp.int32)
+    if attention_mask.shape != (b, p):
+        raise ValueError(f"attention_mask has shape {attention_mask.shape}; it must be (B, prompt_len) = {(b, p)}")
+    rows = b * config.num_beams
+    needed = p + config.max_new_tokens
+    if cache is None:
+        cache = model.init_cache(rows, needed)
+    max_length = getattr(cache, "max_length", None)
+    if not _is_int(max_length):
+        raise TypeError(f"cache must have an int max_length (the contract of model.init_cache); got "
+                        f"{type(cache).__name__}")
+    if needed > max_length:
+        raise ValueError(f"the cache holds {max_length} positions but the prompt ({p}) plus max_new_tokens "
+                         f"({config.max_new_tokens}) needs {needed}: lower max_new_tokens or pass a cache made with "
+                         f"model.init_cache({rows}, {needed})")
+    if config.num_beams > 1:
+        if not callable(getattr(cache, "reorder", None)):
+            raise ValueError(f"beam search reorders the cache each step but {type(cache).__name__} has no reorder() "
+                             f"(a paged cache); use the contiguous model.init_cache(...) or num_beams=1")
+        if streamer is not None:
+            raise ValueError("a streamer cannot be used with beam search (as in Hugging Face); set num_beams=1")
+    if streamer is not None and not (hasattr(streamer, "put") or callable(streamer)):
+        raise TypeError(f"streamer must have put(tokens)/end() or be a callable; got {type(streamer).__name__}")
+    return input_ids.astype(jnp.int32), attention_mask, _distinct_buffers(cache)
+
+
+def _distinct_buffers(tree):
+    """Copy leaves that repeat an earlier leaf (``k = v = zeros``), since a buffer can be donated only once."""
+    seen = set()
+
+    def distinct(x):
+        if isinstance(x, jax.Array):
+            if id(x) in seen:
+                return jnp.copy(x)
+            seen.add(id(x))
+        return x
+
+    return jax.tree.map(distinct, tree)
+
+
+def generate(model: nnx.Module, input_ids, generation_config: GenerationConfig | None = None,
+             attention_mask=None, prng_key: Array | None = None, streamer=None, cache=None) -> GenerationOutput:
+    """Decode ``max_new_tokens`` after the (left-padded) prompt ``input_ids (B, P)``, as HF ``generate`` does.
+
+    ``attention_mask`` None means all ones (HF would infer it from pad tokens). Rows stop at an EOS and
+    are padded after it; the loop ends when every row has, so ``sequences`` is trimmed like HF's.
+    Sampling uses ``prng_key`` (None: ``jax.random.key(0)``). ``cache`` (default
+    ``model.init_cache(B * num_beams, P + max_new_tokens)``) is donated: use ``output.cache``.
+
+    ``streamer``: an object with ``put(tokens)`` / ``end()`` (HF's ``TextStreamer`` works) gets the
+    prompt ``(B, P)`` then each step's tokens ``(B,)``; a plain callable gets each step's tokens.
+    If ``streamer.should_stop()`` (or the callable) returns True, decoding stops after that step.
+    Beam search (``num_beams > 1``, see :mod:`.beam_search`) runs compiled too and takes no streamer.
+    """
+    config = generation_config or GenerationConfig()
+    if not isinstance(config, GenerationConfig):
+        raise TypeError(f"generation_config must be a GenerationConfig (GenerationConfig.from_hf(...) converts HF's); "
+                        f"got {type(config).__name__}")
+    input_ids, mask, cache = _check_inputs(model, input_ids, attention_mask, config, cache, streamer)
+    prompt_len = input_ids.shape[1]
+    graphdef, state = nnx.split(model)
+    timings = {"compile": 0.0, "prefill": 0.0, "decode": 0.0}
+    slot = None
+    if config.num_beams > 1:
+        key = ("beam", graphdef, config, prompt_len)
+        prefill, decode = beam_programs(graphdef, config, prompt_len)
+        args = (state, jnp.repeat(input_ids, config.num_beams, 0), jnp.repeat(mask, config.num_beams, 0), cache)
+    else:
+        key = ("sample", graphdef, config, prompt_len, streamer is not None)
+        slot = _SLOTS.setdefault(key, _StreamSlot()) if streamer is not None else None
+        prefill, decode = sample_programs(graphdef, config, prompt_len, slot)
+        args = (state, input_ids, mask, cache, jax.random.key(0) if prng_key is None else prng_key)
+    run_prefill = _compiled((*key, "prefill"), prefill, args, (3,), timings)
+    if slot is None:
+        s, cache = _run(key, run_prefill, decode, state, args, timings)
+    else:
+        with slot.lock:
+            slot.streamer = streamer
+            try:
+                if hasattr(streamer, "put"):
+                    streamer.put(np.asarray(input_ids))
+                s, cache = _run(key, run_prefill, decode, state, args, timings)
+                if hasattr(streamer, "end"):
+                    streamer.end()
+            finally:
+                slot.streamer = None
+    if config.num_beams > 1:
+        sequences, n_new = best_sequences(s, prompt_len)
+    else:
+        n_new = int(s.step)
+        sequences = s.seq_BL[:, :prompt_len + n_new]
+    return GenerationOutput(sequences=sequences, num_new_tokens=n_new, cache=cache, timings=timings)
+
+
+def _run(key, run_prefill, decode, state, args, timings):
+    t0 = time.perf_counter()
+    s, cache = jax.block_until_ready(run_prefill(*args))
+    timings["prefill"] = time.perf_counter() - t0
+    run_decode = _compiled((*key, "decode"), decode, (state, s, cache), (2,), timings)
+    t0 = time.perf_counter()
+    s, cache = jax.block_until_ready(run_decode(state, s, cache))
+    timings["decode"] = time.perf_counter() - t0
+    return s, cache
