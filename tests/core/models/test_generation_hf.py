@@ -58,6 +58,10 @@ def test_paged_cache_greedy_and_no_beams(llama):
     paged = ours.init_ragged_pages(batch_size=2, page_size=4, num_pages=16, max_model_length=32)
     out = ours_generate(ours, ids, mask, config, cache=paged)
     np.testing.assert_array_equal(np.asarray(out.sequences), hf_generate(hf, ids, mask, config))
-    paged = ours.init_ragged_pages(batch_size=4, page_size=4, num_pages=16, max_model_length=32)
-    with pytest.raises(ValueError, match="paged cache cannot reorder"):
+    paged = ours.init_ragged_pages(batch_size=2, page_size=4, num_pages=16, max_model_length=32)
+    with pytest.raises(ValueError, match="rows of a paged cache would share pages"):
         ours_generate(ours, ids, mask, config.replace(num_beams=2), cache=paged)
+    # a page shortage cannot raise inside the compiled loop, so the whole call's need is checked first
+    short = ours.init_ragged_pages(batch_size=2, page_size=4, num_pages=6, max_model_length=32)
+    with pytest.raises(ValueError, match="has 6 free pages but this call needs up to"):
+        ours_generate(ours, ids, mask, config, cache=short)

@@ -46,6 +46,8 @@ def test_with_attention_shares_parameters_and_agrees(model):
             got = switched(ids, mask).logits
             keep = np.asarray(mask).astype(bool)
             np.testing.assert_allclose(np.asarray(got)[keep], np.asarray(want)[keep], atol=2e-5)
+    switched.layers[0].self_attn.q_proj.kernel.set_value(jnp.zeros_like(a))  # its Variables are its own
+    assert model.layers[0].self_attn.q_proj.kernel.get_value() is a
     with pytest.raises(ValueError, match=r"Did you mean .flash."):
         model.with_attention("flashh")
 

@@ -83,10 +83,11 @@ class CausalLM(ModelMethods, nnx.Module):
         return self.layers[0].self_attn.attn_mechanism
 
     def with_attention(self, name: str) -> CausalLM:
-        """A model running attention ``name`` that shares this model's parameter arrays (no copy)."""
+        """A model running attention ``name`` that shares this model's parameter arrays (no copy); its
+        Variables are new, so updating one model's parameters leaves the other's alone."""
         name = resolve_attention(name)
         graphdef, state = nnx.split(self)
-        model = nnx.merge(graphdef, state)
+        model = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
         for _, module in nnx.iter_modules(model):
             if isinstance(module, Attention):
                 module.attn_mechanism = name

@@ -26,6 +26,7 @@ import numpy as np
 from flax import nnx
 
 from workbench.core.models.beam_search import beam_programs, best_sequences
+from workbench.core.models.cache import PagedKVCache
 from workbench.core.models.sampling import sample_programs
 
 Array = jax.Array
@@ -217,15 +218,28 @@ def _check_inputs(model, input_ids, attention_mask, config: GenerationConfig, ca
         raise ValueError(f"the cache holds {max_length} positions but the prompt ({p}) plus max_new_tokens "
                          f"({config.max_new_tokens}) needs {needed}: lower max_new_tokens or pass a cache made with "
                          f"model.init_cache({rows}, {needed})")
+    if isinstance(cache, PagedKVCache):
+        _check_page_budget(cache, attention_mask, config)
     if config.num_beams > 1:
-        if not callable(getattr(cache, "reorder", None)):
-            raise ValueError(f"beam search reorders the cache each step but {type(cache).__name__} has no reorder() "
-                             f"(a paged cache); use the contiguous model.init_cache(...) or num_beams=1")
+        if isinstance(cache, PagedKVCache) or not callable(getattr(cache, "reorder", None)):
+            raise ValueError(f"beam search reorders the cache each step but {type(cache).__name__} cannot (rows of a "
+                             f"paged cache would share pages); use the contiguous model.init_cache(...) or num_beams=1")
         if streamer is not None:
             raise ValueError("a streamer cannot be used with beam search (as in Hugging Face); set num_beams=1")
     if streamer is not None and not (hasattr(streamer, "put") or callable(streamer)):
         raise TypeError(f"streamer must have put(tokens)/end() or be a callable; got {type(streamer).__name__}")
     return input_ids.astype(jnp.int32), attention_mask, _distinct_buffers(cache)
+
+
+def _check_page_budget(cache: PagedKVCache, attention_mask, config: GenerationConfig) -> None:
+    """Inside the compiled loop a page shortage cannot raise, so check the whole call's need up front."""
+    final_B = np.asarray(attention_mask).sum(1) + config.max_new_tokens - 1  # the last token is never fed back
+    held = int(np.sum(-(-np.asarray(cache.lengths) // cache.page_size)))
+    need = cache.pages_needed(final_B) - held
+    if need > int(cache.num_free):
+        raise ValueError(f"the paged cache has {int(cache.num_free)} free pages but this call needs up to {need} "
+                         f"(prompt + max_new_tokens per row, {cache.page_size} tokens a page); pass a larger "
+                         f"num_pages to init_ragged_pages, or release() finished rows")
 
 
 def _distinct_buffers(tree):
