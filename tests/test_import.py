@@ -10,7 +10,8 @@ HEAVY = ["flax", "torch", "transformers", "ipywidgets", "plotly", "treescope", "
 
 @pytest.mark.parametrize("stmt, allowed", [
     ("import workbench", []),
-    ("import workbench.core.axes, workbench.core.mesh, workbench.core.operations", []),
+    ("import workbench.core.axes, workbench.core.mesh, workbench.core.operations, workbench.core.layout", []),
+    ("import workbench.models, workbench.widgets", []),
 ])
 def test_import_loads_no_heavy_library(stmt, allowed):
     code = f"import sys; {stmt}; print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
