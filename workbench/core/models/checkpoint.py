@@ -174,7 +174,9 @@ def from_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, param_dtype=N
     checkpoint tensors the model has no place for. ``num_labels`` is for ``model_cls=SequenceClassifier``
     (default: the config's ``id2label``).
 
-    >>> model = from_pretrained("path/to/llama", dtype=jnp.bfloat16, mesh=make_mesh(fsdp=-1))  # doctest: +SKIP
+    Example (a local directory written by ``transformers``)::
+
+        model = from_pretrained("path/to/llama", dtype=jnp.bfloat16, mesh=make_mesh(fsdp=-1))
     """
     from flax import nnx
 
