@@ -49,7 +49,7 @@ test: $(VENV)/.test-installed chromium lint
 # Re-execute the notebooks in place so their stored outputs match the code (nbval compares them).
 notebooks: $(VENV)/.test-installed
 	XLA_FLAGS="--xla_force_host_platform_device_count=$(DEVICES)" JAX_PLATFORMS=cpu \
-	  $(BIN)/jupyter nbconvert --to notebook --execute --inplace notebooks/*.ipynb
+	  $(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.store_widget_state=False notebooks/*.ipynb
 
 benchmarks: $(VENV)/.test-installed
 	$(BIN)/python benchmarks/import_time.py

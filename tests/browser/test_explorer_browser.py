@@ -1,0 +1,93 @@
+"""ShardingExplorer in a real JupyterLab: the table and the plotly chart render, and a rule changed in the
+browser (the tensor-parallel axis) reaches the kernel and re-renders the table with the new spec."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+import typing as tp
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO_ROOT, lab_screenshot, model_errors, notebook_errors, run_notebook_in_lab
+
+SCREENSHOT = REPO_ROOT / "docs" / "screenshots" / "sharding_explorer.png"
+Q_PROJ = "layers/0/self_attn/q_proj/kernel"
+N_PARAMS = 21  # tiny Llama: embeddings, 2 x (7 kernels + 2 norms), final norm, head
+
+# An abstract model (no weights): the notebook runs in a few seconds, and notebook 05 (the same widget on
+# live models) is not executed twice in one test run (nbval already runs it).
+_CELLS = [
+    "import workbench as wb\n\nwb.simulate_devices(8)\n"
+    "from workbench.core.models import CausalLM, ModelConfig\n"
+    "from workbench.core.models.presets import tiny_config\n"
+    "from workbench.widgets.sharding_explorer import ShardingExplorer",
+    "model = CausalLM.lazy_init(ModelConfig.from_hf(tiny_config('llama')))\n"
+    "explorer = ShardingExplorer(model, wb.make_mesh(dp=2, fsdp=2, tp=2), batch=(8, 16))\n"
+    "explorer",
+]
+
+
+@pytest.fixture
+def explorer_notebook() -> tp.Iterator[str]:
+    """The notebook, in a throwaway folder inside the lab root (Jupyter refuses hidden paths), removed after."""
+    directory = Path(tempfile.mkdtemp(prefix="_browser_explorer_", dir=REPO_ROOT))
+    cells = [{"cell_type": "code", "execution_count": None, "id": f"cell-{i}", "metadata": {}, "outputs": [],
+              "source": src} for i, src in enumerate(_CELLS)]
+    nb = {"cells": cells, "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python",
+                                                      "name": "python3"}}, "nbformat": 4, "nbformat_minor": 5}
+    path = directory / "sharding_explorer.ipynb"
+    path.write_text(json.dumps(nb, indent=1))
+    try:
+        yield path.relative_to(REPO_ROOT).as_posix()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+_SPEC_JS = """(path) => {
+  const row = document.querySelector(`.wb-explorer-table tr[data-path="${path}"] td.wb-spec`);
+  return row ? row.textContent : null;
+}"""
+
+
+def test_explorer_renders_and_a_rule_changed_in_the_browser_re_renders_the_table(lab_page, lab_server,
+                                                                                explorer_notebook):
+    start = time.monotonic()
+    cells = run_notebook_in_lab(lab_page, lab_server, explorer_notebook, timeout_s=180)
+    assert notebook_errors(lab_page) == [] and model_errors(cells) == []
+    page = lab_page
+    page.wait_for_selector(".wb-sharding-explorer .wb-explorer-table", timeout=60_000)
+    assert page.locator(".wb-explorer-table tr.wb-param-row").count() == N_PARAMS
+    page.wait_for_selector(".wb-memory-chart .js-plotly-plot", timeout=60_000)  # plotly.js drew the chart
+    assert page.evaluate(_SPEC_JS, Q_PROJ) == "P(('fsdp', 'sp'), 'tp')"
+
+    # the kernel round trip: a dropdown changed in the browser, the table re-rendered by the kernel
+    page.select_option(".wb-field-tensor_parallel_axis select", "dp")
+    page.wait_for_function(f"() => ({_SPEC_JS})('{Q_PROJ}') === \"P(('fsdp', 'sp'), 'dp')\"", timeout=30_000)
+    assert "changed spec" in page.locator(".wb-diff").inner_text()
+    assert page.locator(".wb-explorer-table tr.wb-param-row").count() == N_PARAMS
+
+    # a bad rule typed in the browser: an inline error, the table keeps the last valid layout
+    page.click(".wb-add-rule")
+    page.fill(".wb-rule-axes input", "TP, EMPTY")
+    page.fill(".wb-rule-pattern input", "embed_tokens([")
+    page.press(".wb-rule-pattern input", "Enter")
+    page.wait_for_function("() => (document.querySelector('.wb-error') || {}).textContent?.includes('does not "
+                           "compile')", timeout=30_000)
+    assert page.evaluate(_SPEC_JS, Q_PROJ) == "P(('fsdp', 'sp'), 'dp')"
+    page.fill(".wb-rule-pattern input", "embed_tokens")
+    page.press(".wb-rule-pattern input", "Enter")
+    page.wait_for_function("() => !document.querySelector('.wb-error')", timeout=30_000)
+    page.wait_for_function(f"() => ({_SPEC_JS})('embed_tokens') === \"P('dp', None)\"", timeout=30_000)
+
+    # a button: the collectives panel compiles one step in the kernel
+    page.click(".wb-collectives-button")
+    page.wait_for_selector(".wb-collective-row", timeout=60_000)
+    assert "all-reduce" in page.locator(".wb-collectives").inner_text()
+
+    page.set_viewport_size({"width": 1440, "height": 1500})  # the whole explorer in one picture
+    lab_screenshot(page, SCREENSHOT, scroll_to=1)
+    print(f"\n{explorer_notebook}: ran and interacted in {time.monotonic() - start:.1f} s; screenshot {SCREENSHOT}")

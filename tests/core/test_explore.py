@@ -1,0 +1,224 @@
+"""The explorer's view model, checked against independent references: PartitionAxis.resolve,
+NamedSharding.shard_shape, inspect.memory_per_device on abstract trees, and the collectives XLA puts
+in the same step compiled from real sharded arrays."""
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from workbench.core import explore
+from workbench.core.axes import EMBED, EMPTY, FSDP, MODE_DECODE, MODE_TRAIN, SP, TP, VOCAB, PartitionAxis
+from workbench.core.inspect import collectives, memory_per_device
+from workbench.core.mesh import make_mesh
+from workbench.core.models import CausalLM, ModelConfig
+from workbench.core.models.presets import tiny, tiny_config
+from workbench.core.models.sharding import path_str
+from workbench.core.models.training import make_optimizer
+
+EMBED_RULE = [("embed_tokens", (TP, EMPTY))]  # the token table split over vocab only (see notebook 05)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny("llama")
+
+
+@pytest.fixture(scope="module")
+def llama1():
+    """One layer: the collectives of a layer are the same, compiling takes half the time."""
+    return tiny("llama", num_hidden_layers=1)
+
+
+def abstract(family="llama", **overrides):
+    return CausalLM.lazy_init(ModelConfig.from_hf(tiny_config(family, **overrides)))
+
+
+def test_format_and_parse_are_inverse():
+    for value in (None, "tp", (FSDP, "dp"), (FSDP, SP), TP):
+        assert explore.parse_entry(explore.format_entry(value)) == value
+    assert explore.format_entry((FSDP, "dp")) == "FSDP, dp"
+    assert explore.parse_axes("[FSDP, SP], TP") == ((FSDP, SP), TP)
+    assert explore.parse_axes("EMPTY, VOCAB") == (None, VOCAB)
+    assert explore.format_axes(((FSDP, SP), TP)) == "[FSDP, SP], TP"
+    with pytest.raises(ValueError, match="Did you mean EMBED"):
+        explore.parse_axes("EMBD, TP")
+    with pytest.raises(ValueError, match="semantic axis"):
+        explore.parse_entry("EMBED")
+
+
+@pytest.mark.parametrize("family, mesh_axes, pa", [
+    ("llama", dict(dp=2, fsdp=2, tp=2), PartitionAxis()),
+    ("llama", dict(fsdp=8), PartitionAxis(tensor_parallel_axis="fsdp", fully_sharded_data_parallel_axis="tp")),
+    ("mixtral", dict(dp=2, ep=4, fsdp=1), PartitionAxis()),
+])
+def test_layout_matches_resolve_and_shard_shape(family, mesh_axes, pa):
+    model = abstract(family)
+    mesh = make_mesh(**mesh_axes)
+    layout = explore.Layout.of(model, mesh, pa)
+    flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    assert layout.paths == tuple(path_str(p) for p, _ in flat)
+    tree = {}
+    for path, var in flat:
+        row = layout[path_str(path)]
+        want = pa.resolve(var.semantic_axes, MODE_TRAIN, shape=var.shape, mesh=mesh)
+        sharding = NamedSharding(mesh, want)
+        assert row.spec == want, row.path
+        assert row.shard_shape == sharding.shard_shape(var.shape), row.path
+        assert row.bytes_per_device == np.prod(row.shard_shape) * var.dtype.itemsize
+        tree[row.path] = jax.ShapeDtypeStruct(var.shape, var.dtype, sharding=sharding)
+    reference = memory_per_device(tree)
+    assert set(reference.per_device.values()) == {layout.param_bytes}  # every device holds the same
+
+
+def test_abstract_model_gives_the_same_layout_and_allocates_nothing(llama):
+    mesh = make_mesh(dp=2, fsdp=2, tp=2)
+    model = abstract()
+    before = {id(x) for x in jax.live_arrays()}
+    layout = explore.Layout.of(model, mesh)
+    memory = explore.memory_per_device(layout, kv_cache=(8, 256, jnp.float32))
+    explore.step_collectives(model, layout, batch=(8, 16))
+    assert {id(x) for x in jax.live_arrays()} <= before
+    live = explore.Layout.of(llama, mesh)
+    assert layout.specs == live.specs and memory.params == live.param_bytes
+    # lazy_init with a mesh places ShapeDtypeStructs by the same specs
+    placed = CausalLM.lazy_init(llama.config, mesh=mesh)
+    assert memory_per_device(nnx.state(placed, nnx.Param)).max == layout.param_bytes
+
+
+def test_reason_says_which_axis_was_dropped_and_why():
+    layout = explore.Layout.of(abstract(vocab_size=260), make_mesh(fsdp=1, tp=8))
+    row = layout["embed_tokens"]  # RowWise: (TP, [FSDP, SP]); 260 % 8 != 0
+    assert row.spec == PartitionSpec(None, ("fsdp", "sp"))  # size-1 axes are kept: they split nothing
+    assert row.reason.startswith("dim0 TP: tp dropped: 260 not divisible by 8; replicated | dim1 [FSDP, SP]: ")
+    assert layout["layers/0/input_layernorm/weight"].reason == "replicated: no dimension is named for sharding (EMPTY)"
+
+
+def test_rules_override_semantic_axes_and_the_rule_is_named_once():
+    pa = PartitionAxis(hidden_state_axis="fsdp", vocab_axis="tp")
+    layout = explore.Layout.of(abstract(), make_mesh(fsdp=4, tp=2), pa, rules=[("embed_tokens", (VOCAB, EMBED))])
+    row = layout["embed_tokens"]
+    assert row.spec == PartitionSpec("tp", "fsdp") and row.axes == ("VOCAB", "EMBED")
+    assert row.reason.count("(rule 'embed_tokens')") == 1 and row.reason.endswith("(rule 'embed_tokens')")
+    assert layout.editor_fields()["parameters"] == ("vocab_axis", "hidden_state_axis")
+    assert layout.editor_fields()["kv_cache"] == ("decode_batch_axis", "decode_key_sequence_axis",
+                                                  "decode_kv_head_axis", "decode_attention_kv_dim_axis")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(partition_axis=PartitionAxis(tensor_parallel_axis="model")), "maps to mesh axis 'model'"),
+    (dict(partition_axis=PartitionAxis(batch_axis="data")), "token batch .* mesh axis 'data'"),
+    (dict(rules=[("([", (TP,))]), "does not compile"),
+    (dict(rules=[("embed_tokens", (TP,))]), "name 1 dimensions but shape"),
+])
+def test_bad_settings_raise_value_errors_that_say_what_to_change(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        explore.Layout.of(abstract(), make_mesh(fsdp=4, tp=2), **kwargs)
+
+
+def test_memory_per_device_against_abstract_trees(llama):
+    mesh = make_mesh(dp=2, fsdp=2, tp=2)
+    layout = explore.Layout.of(llama, mesh)
+    memory = explore.memory_per_device(layout, kv_cache=(8, 128, jnp.bfloat16))
+    assert memory.total == memory.params + memory.optimizer + memory.kv_cache
+    # optimizer: optax's own AdamW state (float32 model: float32 moments), placed as to_state places it
+    shardings = layout.shardings()
+    params = nnx.map_state(lambda p, v: v.replace(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shardings[
+        path_str(p)])), nnx.state(llama, nnx.Param))
+    optimizer = make_optimizer()
+    opt_state = jax.eval_shape(optimizer.init, params)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    opt_shardings = optax.tree_map_params(optimizer, lambda s, p: p.sharding, opt_state, params,
+                                          transform_non_params=lambda s: replicated)
+    reference = memory_per_device(opt_state, opt_shardings)
+    assert set(reference.per_device.values()) == {memory.optimizer}
+    # KV cache: the model's own cache, batch over (fsdp, dp) and kv heads over tp
+    cache = jax.eval_shape(lambda: llama.init_cache(8, 128, dtype=jnp.bfloat16))
+    shape, spec, reason = explore.kv_cache_spec(layout, 8, 128)
+    assert shape == cache.keys[0].shape and spec == PartitionSpec(("fsdp", "dp"), "sp", "tp", None)
+    assert "dim0 BATCH: sharded 4 ways over fsdp×dp" in reason and "dim2 KV_HEAD: sharded 2 ways over tp" in reason
+    kv_tree = (cache.keys, cache.values)
+    reference = memory_per_device(kv_tree, NamedSharding(mesh, spec))
+    assert set(reference.per_device.values()) == {memory.kv_cache}
+    assert reference.logical == sum(k.size * k.dtype.itemsize for k in (*cache.keys, *cache.values))
+    assert explore.memory_per_device(layout, optimizer=None).total == layout.param_bytes
+
+
+def test_diff_lists_changed_specs_and_the_memory_delta(llama):
+    mesh = make_mesh(dp=2, fsdp=2, tp=2)
+    old = explore.Layout.of(llama, mesh)
+    new = old.replace(llama, partition_axis=old.partition_axis.replace(tensor_parallel_axis="dp"))
+    d = explore.diff(old, new, optimizer="adamw")
+    want = [p.path for p, q in zip(old.params, new.params, strict=True) if p.spec != q.spec]
+    assert [c.path for c in d.changed] == want and want
+    assert all(c.new_spec == new[c.path].spec and c.old_spec == old[c.path].spec for c in d.changed)
+    assert d.delta == (explore.memory_per_device(new).total - explore.memory_per_device(old).total)
+    assert explore.diff(old, old).changed == () and explore.diff(old, old).delta == 0
+    with pytest.raises(ValueError, match="same model"):
+        explore.diff(old, explore.Layout.of(abstract("mixtral"), mesh))
+
+
+def _reference_collectives(model, layout, batch):
+    """The same forward compiled the ordinary way (default compiler options) from real placed arrays."""
+    placed = nnx.state(explore.apply(model, layout)[0], nnx.Param)
+    graphdef, _, other = nnx.split(model, nnx.Param, ...)
+    spec = layout.partition_axis.resolve(explore.INPUT_AXES, shape=batch, mesh=layout.mesh)
+    ids = jax.device_put(jnp.zeros(batch, jnp.int32), NamedSharding(layout.mesh, spec))
+    return collectives(lambda p, ids: nnx.merge(graphdef, p, other)(ids).logits, placed, ids)
+
+
+def _multiset(records):
+    return collections.Counter((r.kind, r.mesh_axes, r.bytes) for r in records)
+
+
+def test_tensor_parallel_forward_all_reduces_over_tp_as_xla_compiles_it(llama1):
+    llama = llama1
+    layout = explore.Layout.of(llama, make_mesh(dp=4, fsdp=1, tp=2))
+    sc = explore.step_collectives(abstract(num_hidden_layers=1), layout, kind="forward", batch=(8, 16))
+    assert sc.input_spec == PartitionSpec(("fsdp", "dp"), "sp")
+    assert {(r.kind, r.mesh_axes) for r in sc.records} == {("all-reduce", ("tp",))}
+    # per layer: attention output and MLP output partial sums; plus the vocab-split head
+    assert sc.summary["all-reduce"]["count"] >= 2 * llama.config.num_hidden_layers
+    assert sc.warnings == ()
+    assert _multiset(sc.records) == _multiset(_reference_collectives(llama, layout, (8, 16)))
+
+
+def test_fsdp_gathers_weights_in_the_forward_and_all_reduces_gradients(llama1):
+    llama = llama1
+    layout = explore.Layout.of(llama, make_mesh(fsdp=8), rules=EMBED_RULE)
+    forward = explore.step_collectives(llama, layout, kind="forward", batch=(8, 16))
+    assert {(r.kind, r.mesh_axes) for r in forward.records} == {("all-gather", ("fsdp",))}
+    kernels = sorted(p.shape for p in layout.params if p.shard_shape != p.shape)
+    assert sorted(r.shape for r in forward.records) == kernels  # each fsdp-split kernel gathered whole, once
+    train = explore.step_collectives(llama, layout, kind="train", batch=(8, 16))
+    kinds = {(r.kind, r.mesh_axes) for r in train.records}
+    assert ("all-gather", ("fsdp",)) in kinds
+    # XLA:CPU all-reduces the gradients (then keeps each device's slice); GPU/TPU rewrite it to a reduce-scatter
+    assert kinds & {("all-reduce", ("fsdp",)), ("reduce-scatter", ("fsdp",))}
+    reduced = sum(r.bytes for r in train.records if r.kind in ("all-reduce", "reduce-scatter"))
+    assert reduced >= sum(p.bytes for p in layout.params if p.shard_shape != p.shape)  # every split gradient
+
+
+def test_xla_warnings_are_captured_without_their_log_prefix():
+    line = ("W1122 12:57:02.022634   11999 spmd_partitioner.cc:656] [SPMD] Involuntary full rematerialization. "
+            "The compiler cannot go from sharding A to B")
+    assert list(explore._xla_warnings([line, "plain text"])) == [
+        "[SPMD] Involuntary full rematerialization. The compiler cannot go from sharding A to B"]
+
+
+def test_apply_places_params_as_the_layout_says_and_leaves_the_model(llama):
+    mesh = make_mesh(dp=2, fsdp=2, tp=2)
+    layout = explore.Layout.of(llama, mesh, rules=EMBED_RULE, mode=MODE_DECODE)
+    placed, seconds = explore.apply(llama, layout)
+    assert seconds > 0
+    for path, var in nnx.to_flat_state(nnx.state(placed, nnx.Param)):
+        assert var.get_value().sharding == NamedSharding(mesh, layout[path_str(path)].spec)
+    for _, var in nnx.to_flat_state(nnx.state(llama, nnx.Param)):
+        assert len(var.get_value().sharding.device_set) == 1
+    with pytest.raises(ValueError, match="live model"):
+        explore.apply(abstract(), layout)

@@ -1,0 +1,150 @@
+"""ShardingExplorer, driven by calling its controls' callbacks (setting values, clicking buttons)."""
+
+import html
+import re
+
+import jax
+import pytest
+from flax import nnx
+from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+
+from workbench.core import explore
+from workbench.core.mesh import make_mesh
+from workbench.core.models import CausalLM, ModelConfig
+from workbench.core.models.presets import tiny, tiny_config
+from workbench.core.models.sharding import path_str
+from workbench.widgets.sharding_explorer import ShardingExplorer, layout_html
+
+Q_PROJ = "layers/0/self_attn/q_proj/kernel"
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny("llama")
+
+
+@pytest.fixture
+def explorer():
+    model = CausalLM.lazy_init(ModelConfig.from_hf(tiny_config("llama")))
+    return ShardingExplorer(model, make_mesh(dp=2, fsdp=2, tp=2))
+
+
+def table_specs(explorer):
+    """path -> the PartitionSpec text shown in the widget's table."""
+    rows = re.findall(r'data-path="([^"]+)".*?class="wb-spec"[^>]*>([^<]*)<', explorer._table.value)
+    return {path: html.unescape(spec) for path, spec in rows}
+
+
+def test_table_shows_every_parameter_and_the_chart_is_plotly(explorer):
+    specs = table_specs(explorer)
+    assert list(specs) == list(explorer.layout.paths) and len(specs) == 21
+    assert specs[Q_PROJ] == "P(('fsdp', 'sp'), 'tp')"
+    figure = explorer._chart.outputs[0]["data"]["application/vnd.plotly.v1+json"]
+    assert [t["name"] for t in figure["data"]] == ["parameters", "optimizer state (AdamW)", "KV cache"]
+    assert figure["layout"]["barmode"] == "stack" and figure["data"][0]["x"] == [str(i) for i in range(8)]
+    assert explorer.editor.fields["tensor_parallel_axis"].options == ("dp", "fsdp", "ep", "tp", "sp")
+    assert "wb-sharding-explorer" in explorer.widget._dom_classes
+
+
+def test_changing_the_tp_axis_re_renders_the_table_and_lists_the_diff(explorer):
+    old = explorer.layout
+    explorer.editor.fields["tensor_parallel_axis"].value = "dp"
+    assert explorer.error == "" and explorer.partition_axis.tensor_parallel_axis == "dp"
+    assert table_specs(explorer)[Q_PROJ] == "P(('fsdp', 'sp'), 'dp')"
+    changed = [c.path for c in explorer.last_diff.changed]
+    assert Q_PROJ in changed and changed == [c.path for c in explore.diff(old, explorer.layout).changed]
+    assert f"{Q_PROJ}</td>" in explorer._diff.value and "changed spec" in explorer._diff.value
+    assert 'background:#fff3c4' in re.search(rf'<tr[^>]*data-path="{Q_PROJ}"[^>]*>', explorer._table.value).group()
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda e: setattr(e.editor.fields["batch_axis"], "value", "FSDP, data"), "mesh axis 'data'"),
+    (lambda e: e.editor.add_rule("([", "TP, EMPTY"), "does not compile"),
+    (lambda e: e.editor.add_rule("embed_tokens", "TP"), "name 1 dimensions"),
+    (lambda e: e.editor.add_rule("embed_tokens", "TP, EMBD"), "Did you mean EMBED"),
+])
+def test_a_bad_edit_shows_an_inline_error_and_keeps_the_last_layout(explorer, edit, message):
+    layout, table = explorer.layout, explorer._table.value
+    edit(explorer)  # must not raise
+    assert message in explorer.error and "wb-error" in explorer._error.value
+    assert explorer.layout is layout and explorer.partition_axis is layout.partition_axis
+    assert explorer._table.value == table
+    # fixing it clears the error
+    explorer.edit(partition_axis=layout.partition_axis, rules=())
+    assert explorer.error == "" and explorer._error.value == ""
+
+
+def test_a_rule_with_semantic_axes_adds_their_field_to_the_editor(explorer):
+    explorer.editor.add_rule("embed_tokens", "VOCAB, EMBED")
+    assert explorer.error == ""
+    assert explorer.rules == (("embed_tokens", ("__VOCAB__", "__EMBED__")),)
+    assert {"vocab_axis", "hidden_state_axis"} <= set(explorer.editor.fields)
+    explorer.editor.fields["hidden_state_axis"].value = "fsdp"
+    assert explorer.layout["embed_tokens"].spec == PartitionSpec("tp", "fsdp")
+    explorer.editor._rules[0].remove.click()
+    assert explorer.rules == () and "hidden_state_axis" not in explorer.editor.fields
+
+
+def test_memory_controls_and_mode(explorer):
+    base = explorer.memory()
+    explorer._kv_on.value = True
+    with_kv = explorer.memory()
+    assert with_kv.kv_cache > 0 and with_kv.total == base.total + with_kv.kv_cache
+    explorer._optimizer.value = False
+    assert explorer.memory().optimizer == 0
+    figure = explorer._chart.outputs[0]["data"]["application/vnd.plotly.v1+json"]
+    assert figure["data"][1]["y"] == [0.0] * 8 and figure["data"][2]["y"][0] > 0
+    explorer.editor.mode.value = "__autoregressive__"
+    assert explorer.mode == "__autoregressive__" and explorer.error == ""
+
+
+def test_filter_box_filters_rows_and_a_bad_regex_is_an_inline_error(explorer):
+    explorer._filter.value = r"mlp/.*kernel"
+    assert len(table_specs(explorer)) == 6
+    explorer._filter.value = "(("
+    assert "not a regex" in explorer._filter_error.value and len(table_specs(explorer)) == 6
+
+
+def test_collectives_button_fills_the_panel_and_marks_it_stale_after_an_edit(explorer):
+    explorer._batch_t.value = 16
+    explorer._collectives_button.click()
+    panel = explorer._collectives_out.value
+    assert panel.count('class="wb-collective-row"') == len(explorer.collectives.by_axes()) > 0
+    assert "forward step, batch 8×16" in panel
+    explorer.editor.fields["tensor_parallel_axis"].value = "dp"
+    assert "stale" in explorer._collectives_out.value
+
+
+def test_set_mesh_re_resolves_and_a_mesh_without_the_axes_is_refused(explorer):
+    assert explorer.set_mesh(make_mesh(fsdp=1, tp=8))
+    assert explorer.layout[Q_PROJ].shard_shape == (64, 8) and "tp=8" in explorer._title.value
+    layout = explorer.layout
+    assert not explorer.set_mesh(AbstractMesh((8,), ("data",)))
+    assert "mesh axis" in explorer.error and "last valid mesh" in explorer.error and explorer.layout is layout
+
+
+def test_apply_reshards_the_live_model_as_the_layout_says(llama):
+    explorer = ShardingExplorer(llama, make_mesh(dp=2, fsdp=2, tp=2))
+    explorer.editor.fields["tensor_parallel_axis"].value = "fsdp"
+    explorer.editor.fields["fully_sharded_data_parallel_axis"].value = "tp"
+    explorer._apply_button.click()
+    assert "re-sharded 21 parameters" in explorer._apply_status.value and explorer.model is not llama
+    for path, var in nnx.to_flat_state(nnx.state(explorer.model, nnx.Param)):
+        assert var.get_value().sharding == NamedSharding(explorer.mesh, explorer.layout[path_str(path)].spec)
+    assert explorer.layout[Q_PROJ].spec == PartitionSpec(("tp", "sp"), "fsdp")
+
+
+def test_an_abstract_model_cannot_be_applied(explorer):
+    assert explorer._apply_button.disabled
+    assert explorer.apply() is None and "live model" in explorer._apply_status.value
+
+
+def test_static_html_and_display(explorer):
+    static = explorer._repr_html_()
+    assert static.count('class="wb-param-row"') == 21 and "wb-memory-bars" in static
+    assert layout_html(explorer.layout) in static
+    bundle = explorer._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["text/plain"] == ("ShardingExplorer(llama, 21 parameters, mesh dp=2, fsdp=2, ep=1, tp=2, sp=1, "
+                                    "MODE_TRAIN)")
+    assert jax.tree.leaves(nnx.state(explorer.model, nnx.Param))[0].__class__ is jax.ShapeDtypeStruct

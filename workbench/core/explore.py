@@ -1,0 +1,501 @@
+"""The sharding explorer's view model: a model's parameter layout on a mesh, and what it costs.
+
+A :class:`Layout` resolves every parameter of a model (live or abstract: only shapes are read,
+nothing is allocated) through a :class:`PartitionAxis`, regex override rules and a runtime mode:
+its PartitionSpec, shard shape, bytes per device and the reason for each dimension.
+:func:`memory_per_device` adds AdamW state and a KV cache, :func:`diff` compares two layouts,
+:func:`step_collectives` compiles one forward or train step from abstract inputs and lists the
+collectives XLA inserted, and :func:`apply` places a live model by a layout.
+
+>>> from workbench.core.mesh import make_mesh
+>>> from workbench.core.models import CausalLM, ModelConfig, tiny_config
+>>> model = CausalLM.lazy_init(ModelConfig.from_hf(tiny_config("llama")))  # shapes only
+>>> layout = Layout.of(model, make_mesh(dp=2, fsdp=2, tp=2))
+>>> layout["lm_head/kernel"].spec, layout["lm_head/kernel"].shard_shape
+(P(('fsdp', 'sp'), 'tp'), (32, 132))
+>>> memory_per_device(layout, optimizer=None).params   # bytes on each of the 8 devices
+108800
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from workbench.core import axes as ax
+from workbench.core.axes import (
+    BATCH,
+    KV_HEAD,
+    KV_HEAD_DIM,
+    KV_LENGTH,
+    LENGTH,
+    MODE_DECODE,
+    MODE_TRAIN,
+    DimDecision,
+    PartitionAxis,
+)
+from workbench.core.inspect import Collective, summarize
+from workbench.core.models.sharding import explain_params, path_str, shard_model
+
+ROLES = (ax.DP, ax.FSDP, ax.EP, ax.TP, ax.SP)
+ROLE_FIELDS = tuple(PartitionAxis().field_for(role) for role in ROLES)
+# The token batch of a step, and a KV cache: what they are resolved as (the cache in decode mode:
+# it exists only while generating, and prefill writes the same arrays decode reads).
+INPUT_AXES = (BATCH, LENGTH)
+KV_CACHE_AXES = (BATCH, KV_LENGTH, KV_HEAD, KV_HEAD_DIM)
+KV_CACHE_MODE = MODE_DECODE
+ADAM_MOMENT_DTYPE = np.dtype(np.float32)
+COUNTER_BYTES = 4  # AdamW's int32 step count, replicated
+KVCacheSize = tuple[int, int, tp.Any]  # (batch, max_length, dtype)
+
+
+# -- text forms of axis entries (what the rules editor reads and writes) -------------------------------
+_NAMES = {ax.label(name): name for name in ax.semantic_names()}
+
+
+def format_entry(value: ax.AxisEntry) -> str:
+    """A PartitionAxis field value as text: ``None``, ``tp``, ``FSDP, DP`` (roles by their label)."""
+    if value is None:
+        return "None"
+    values = (value,) if isinstance(value, str) else value
+    return ", ".join(ax.label(v) if v in _NAMES.values() else v for v in values)
+
+
+def parse_entry(text: str) -> ax.AxisEntry:
+    """The inverse of :func:`format_entry`: ``"None"``/empty -> None, ``"FSDP, dp"`` -> ``(FSDP, "dp")``."""
+    tokens = [t for t in re.split(r"[,\s]+", text.strip().strip("()[]")) if t]
+    if not tokens or tokens == ["None"]:
+        return None
+    out = []
+    for token in tokens:
+        if token in _NAMES and _NAMES[token] not in ROLES:
+            raise ValueError(f"{token} is a semantic axis; a field maps to mesh axes (e.g. tp) or roles "
+                             f"(DP, FSDP, EP, TP, SP)")
+        out.append(_NAMES.get(token, token))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def format_axes(axes: tp.Any) -> str:
+    """Semantic axes (a preset or a list) as text: ``[FSDP, SP], TP``."""
+    entries = axes.axes if hasattr(axes, "axes") else axes
+    return ", ".join(ax.label(e) if isinstance(e, str) or e is None else
+                     "[" + ", ".join(ax.label(n) for n in e) + "]" for e in entries)
+
+
+def parse_axes(text: str) -> tuple[ax.AxisEntry, ...]:
+    """Semantic axes from text, one entry per dimension: ``"[FSDP, SP], TP"``, ``"EMPTY, VOCAB"``."""
+    entries: list[ax.AxisEntry] = []
+    for group, name in re.findall(r"\[([^\]]*)\]|([^,\s\[\]]+)", text):
+        names = [n for n in re.split(r"[,\s]+", group) if n] if group or not name else [name]
+        resolved = tuple(_axis_name(n) for n in names)
+        entries.append(resolved[0] if len(resolved) == 1 else resolved or None)
+    if not entries:
+        raise ValueError("give one semantic axis per dimension, e.g. '[FSDP, SP], TP' or 'EMPTY, VOCAB'")
+    return tuple(entries)
+
+
+def _axis_name(token: str) -> str | None:
+    if token in ("EMPTY", "None", "_"):
+        return None
+    if token in _NAMES:
+        return _NAMES[token]
+    ax._check_name(token)  # raises with a close match
+    return token
+
+
+# -- the layout --------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ParamLayout:
+    """One parameter resolved on a mesh: its spec, the block each device holds, and why."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    axes: tuple[str, ...]
+    spec: PartitionSpec
+    shard_shape: tuple[int, ...]
+    bytes_per_device: int
+    reason: str
+    decisions: tuple[DimDecision, ...]
+
+    @property
+    def bytes(self) -> int:
+        """Unsharded size."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def _reason(decisions: tp.Sequence[DimDecision]) -> str:
+    """The per-dimension reasons in one string; a rule suffix common to all dimensions is said once."""
+    rule = re.search(r" \(rule '.*'\)$", decisions[0].reason) if decisions else None
+    suffix = rule.group() if rule and all(d.reason.endswith(rule.group()) for d in decisions) else ""
+    strip = lambda r: r[: len(r) - len(suffix)] if suffix else r
+    if all(not d.chosen and d.semantic == "EMPTY" for d in decisions):
+        text = "replicated: no dimension is named for sharding (EMPTY)"
+    else:
+        text = " | ".join(f"dim{d.dim} {d.semantic}: {strip(d.reason)}" for d in decisions)
+    return text + suffix
+
+
+def _shard_shape(decisions: tp.Sequence[DimDecision], sizes: dict[str, int]) -> tuple[int, ...]:
+    return tuple(d.size // math.prod(sizes[a] for a in d.chosen) for d in decisions)
+
+
+def _mesh_sizes(mesh: tp.Any) -> dict[str, int]:
+    return dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Every parameter of a model resolved on ``mesh`` by ``partition_axis``, ``rules`` and ``mode``.
+
+    Build it with :meth:`of`. ``params`` are in the model's parameter order; ``layout[path]`` finds one.
+    ``config`` is the model's config (it sizes a KV cache), or None.
+    """
+
+    mesh: Mesh | jax.sharding.AbstractMesh
+    partition_axis: PartitionAxis
+    mode: str
+    rules: tuple[tuple[str, tp.Any], ...]
+    params: tuple[ParamLayout, ...]
+    config: tp.Any = None
+
+    @classmethod
+    def of(cls, model: nnx.Module, mesh: Mesh | jax.sharding.AbstractMesh,
+           partition_axis: PartitionAxis | None = None, rules: tp.Sequence[tuple[str, tp.Any]] | None = None,
+           mode: str = MODE_TRAIN) -> Layout:
+        """Resolve ``model``'s parameters (arrays or ShapeDtypeStructs: only shapes are read).
+
+        Raises ``ValueError`` for what a user can get wrong: a rule that does not compile or names
+        the wrong number of dimensions, a field naming a mesh axis the mesh does not have (checked for
+        the parameters, the token batch ``(BATCH, LENGTH)`` and a KV cache, which the explorer shows too).
+        """
+        pa = PartitionAxis() if partition_axis is None else partition_axis
+        rules = tuple((pattern, axes) for pattern, axes in rules or ())
+        decisions = explain_params(model, mesh, pa, mode, rules)
+        for what, names, names_mode in (("the token batch", INPUT_AXES, mode), ("a KV cache", KV_CACHE_AXES,
+                                                                                KV_CACHE_MODE)):
+            try:  # every mesh axis these name must exist, even before a step or a cache is sized
+                pa.explain(names, names_mode, mesh=mesh)
+            except ValueError as err:
+                raise ValueError(f"{what} {format_axes(names)}: {err}") from None
+        sizes = _mesh_sizes(mesh)
+        params = []
+        for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+            name, dims = path_str(path), decisions[path_str(path)]
+            dtype = np.dtype(var.dtype)
+            shard = _shard_shape(dims, sizes)
+            params.append(ParamLayout(
+                path=name, shape=tuple(var.shape), dtype=dtype, axes=tuple(d.semantic for d in dims),
+                spec=PartitionSpec(*(d.spec_entry for d in dims)), shard_shape=shard,
+                bytes_per_device=math.prod(shard) * dtype.itemsize, reason=_reason(dims), decisions=tuple(dims)))
+        return cls(mesh, pa, mode, rules, tuple(params), getattr(model, "config", None))
+
+    def replace(self, model: nnx.Module, **changes: tp.Any) -> Layout:
+        """The layout of ``model`` with some of ``mesh, partition_axis, rules, mode`` changed."""
+        settings = dict(mesh=self.mesh, partition_axis=self.partition_axis, rules=self.rules, mode=self.mode)
+        unknown = sorted(set(changes) - set(settings))
+        if unknown:
+            raise ValueError(f"Layout.replace takes {sorted(settings)}; got {unknown}")
+        return Layout.of(model, **{**settings, **changes})
+
+    @functools.cached_property
+    def _index(self) -> dict[str, ParamLayout]:
+        return {p.path: p for p in self.params}
+
+    def __getitem__(self, path: str) -> ParamLayout:
+        if path not in self._index:
+            raise KeyError(f"no parameter {path!r}; paths look like {self.paths[:2]}")
+        return self._index[path]
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(p.path for p in self.params)
+
+    @property
+    def specs(self) -> dict[str, PartitionSpec]:
+        return {p.path: p.spec for p in self.params}
+
+    @property
+    def param_bytes(self) -> int:
+        """Parameter bytes on each device (every device holds the same: specs divide their dimensions)."""
+        return sum(p.bytes_per_device for p in self.params)
+
+    def shardings(self) -> dict[str, NamedSharding]:
+        return {p.path: NamedSharding(self.mesh, p.spec) for p in self.params}
+
+    def semantic_fields(self) -> tuple[str, ...]:
+        """The non-role PartitionAxis fields the parameters use in this mode, in first-use order."""
+        fields: dict[str, None] = {}
+        for p in self.params:
+            for d in p.decisions:
+                for f in (d.field or "").split(", "):
+                    if f and f not in ROLE_FIELDS:
+                        fields[f] = None
+        return tuple(fields)
+
+    def editor_fields(self) -> dict[str, tuple[str, ...]]:
+        """The PartitionAxis fields that change what this layout shows, grouped: the roles, those the
+        parameters use, those of a step's token batch, and those of a KV cache."""
+        pa = self.partition_axis
+        by_names = lambda names, mode: tuple(dict.fromkeys(pa.field_for(n, mode) for n in names))
+        return {"roles": ROLE_FIELDS, "parameters": self.semantic_fields(),
+                "inputs": by_names(INPUT_AXES, self.mode), "kv_cache": by_names(KV_CACHE_AXES, KV_CACHE_MODE)}
+
+    def table(self) -> str:
+        """Plain text: one line per parameter."""
+        rows = [("path", "shape", "axes", "spec", "shard", "bytes/device", "reason")]
+        rows += [(p.path, str(p.shape), ", ".join(p.axes), str(p.spec), str(p.shard_shape),
+                  f"{p.bytes_per_device:,}", p.reason) for p in self.params]
+        widths = [max(len(r[i]) for r in rows) for i in range(6)]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:6], widths, strict=True)) + "  " + r[6]
+                         for r in rows)
+
+
+# -- memory ------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes on each device (the same on every device): parameters, optimizer state, KV cache."""
+
+    params: int
+    optimizer: int = 0
+    kv_cache: int = 0
+    kv_spec: PartitionSpec | None = None
+    kv_reason: str = ""
+
+    @property
+    def total(self) -> int:
+        return self.params + self.optimizer + self.kv_cache
+
+
+def _kv_decisions(layout: Layout, batch: int, max_length: int) -> tuple[tuple[int, ...], list[DimDecision]]:
+    if layout.config is None:
+        raise ValueError("a KV cache is sized from the model's config; this layout has none (pass the model, "
+                         "not just its parameters)")
+    for name, value in (("batch", batch), ("max_length", max_length)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"KV cache {name} must be a positive int; got {value!r}")
+    c = layout.config
+    shape = (batch, max_length, c.num_key_value_heads, c.head_dim)
+    return shape, layout.partition_axis.explain(KV_CACHE_AXES, KV_CACHE_MODE, shape=shape, mesh=layout.mesh)
+
+
+def kv_cache_spec(layout: Layout, batch: int, max_length: int) -> tuple[tuple[int, ...], PartitionSpec, str]:
+    """Shape ``(B, S, KV, D)`` of one layer's keys (or values), its spec and the reason.
+
+    The cache is resolved as ``(BATCH, KV_LENGTH, KV_HEAD, KV_HEAD_DIM)`` in decode mode: by default
+    the batch over ``(fsdp, dp)``, the cached length over ``sp``, the key/value heads over ``tp``.
+    """
+    shape, decisions = _kv_decisions(layout, batch, max_length)
+    return shape, PartitionSpec(*(d.spec_entry for d in decisions)), _reason(decisions)
+
+
+def memory_per_device(layout: Layout, *, optimizer: str | None = "adamw",
+                      kv_cache: KVCacheSize | None = None) -> MemoryBreakdown:
+    """Bytes each device holds for the parameters, AdamW state and a KV cache, without allocating.
+
+    ``optimizer="adamw"``: two moments per parameter in float32 (what mixed-precision training keeps;
+    optax keeps them in the parameters' dtype, the same for float32 models) with the parameters'
+    shardings, plus its int32 step count. ``kv_cache=(batch, max_length, dtype)``: keys and values
+    of every layer, ``layers x 2 x (B, S, KV, D)``, sharded by :func:`kv_cache_spec`.
+    """
+    if optimizer not in ("adamw", None):
+        raise ValueError(f"optimizer must be 'adamw' or None; got {optimizer!r}")
+    opt = 0
+    if optimizer == "adamw":
+        opt = 2 * sum(math.prod(p.shard_shape) for p in layout.params) * ADAM_MOMENT_DTYPE.itemsize + COUNTER_BYTES
+    kv, kv_spec, kv_reason = 0, None, ""
+    if kv_cache is not None:
+        batch, max_length, dtype = kv_cache
+        _, decisions = _kv_decisions(layout, batch, max_length)
+        kv_spec, kv_reason = PartitionSpec(*(d.spec_entry for d in decisions)), _reason(decisions)
+        block = _shard_shape(decisions, _mesh_sizes(layout.mesh))
+        kv = 2 * layout.config.num_hidden_layers * math.prod(block) * np.dtype(dtype).itemsize
+    return MemoryBreakdown(layout.param_bytes, opt, kv, kv_spec, kv_reason)
+
+
+# -- differences -------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ParamChange:
+    path: str
+    old_spec: PartitionSpec
+    new_spec: PartitionSpec
+    old_bytes: int
+    new_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutDiff:
+    """Parameters whose spec (or block per device) changed, and the memory per device before and after."""
+
+    changed: tuple[ParamChange, ...]
+    old_memory: MemoryBreakdown
+    new_memory: MemoryBreakdown
+
+    @property
+    def delta(self) -> int:
+        """Change of the bytes on each device (new - old), all parts counted."""
+        return self.new_memory.total - self.old_memory.total
+
+
+def diff(old: Layout, new: Layout, *, optimizer: str | None = None, kv_cache: KVCacheSize | None = None
+         ) -> LayoutDiff:
+    """What changed from ``old`` to ``new`` (layouts of the same model), memory counted as
+    :func:`memory_per_device` with ``optimizer`` and ``kv_cache``."""
+    if old.paths != new.paths:
+        raise ValueError("diff compares two layouts of the same model; their parameter paths differ")
+    changed = tuple(ParamChange(a.path, a.spec, b.spec, a.bytes_per_device, b.bytes_per_device)
+                    for a, b in zip(old.params, new.params, strict=True)
+                    if a.spec != b.spec or a.shard_shape != b.shard_shape)
+    memory = lambda layout: memory_per_device(layout, optimizer=optimizer, kv_cache=kv_cache)
+    return LayoutDiff(changed, memory(old), memory(new))
+
+
+# -- collectives -------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class StepCollectives:
+    """The collectives of one compiled step: each record, and per kind their count and bytes per device.
+
+    ``warnings``: what XLA logged while compiling, e.g. the SPMD partitioner's "Involuntary full
+    rematerialization" (a tensor replicated, then re-partitioned, because no cheap resharding exists).
+    """
+
+    kind: str
+    batch: tuple[int, int]
+    input_spec: PartitionSpec
+    records: tuple[Collective, ...]
+    compile_seconds: float
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def summary(self) -> dict[str, dict[str, int]]:
+        return summarize(self.records)
+
+    def by_axes(self) -> list[tuple[str, tuple[str, ...], int, int]]:
+        """``(kind, mesh axes, count, bytes per device)`` per kind and mesh axes, largest bytes first."""
+        groups: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+        for r in self.records:
+            entry = groups.setdefault((r.kind, r.mesh_axes or ()), [0, 0])
+            entry[0] += 1
+            entry[1] += r.bytes
+        return sorted(((k, a, n, b) for (k, a), (n, b) in groups.items()), key=lambda g: (-g[3], g[0], g[1]))
+
+
+STEP_KINDS = ("forward", "train")
+
+
+def _abstract(model: nnx.Module, layout: Layout) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
+    """The model split into graphdef, ShapeDtypeStruct params placed as ``layout`` says, and other state."""
+    if not isinstance(layout.mesh, Mesh):
+        raise ValueError("compiling needs a concrete jax.sharding.Mesh (make_mesh(...)), not an AbstractMesh")
+    graphdef, params, other = nnx.split(model, nnx.Param, ...)
+    if tuple(path_str(p) for p, _ in nnx.to_flat_state(params)) != layout.paths:
+        raise ValueError("this layout was resolved for another model: the parameter paths differ")
+    shardings = layout.shardings()
+    params = nnx.map_state(lambda path, var: var.replace(jax.ShapeDtypeStruct(
+        var.shape, var.dtype, sharding=shardings[path_str(path)])), params)
+    replicated = NamedSharding(layout.mesh, PartitionSpec())
+    other = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), other)
+    return graphdef, params, other
+
+
+def step_collectives(model: nnx.Module, layout: Layout, *, kind: str = "forward",
+                     batch: tuple[int, int] = (8, 64)) -> StepCollectives:
+    """Compile one step of ``model`` placed as ``layout`` says, from abstract inputs, and list its collectives.
+
+    ``kind="forward"``: logits of a ``batch = (B, T)`` of token ids. ``kind="train"``: the causal LM
+    loss and its gradient, the gradients placed like their parameters (as a train step feeds them to
+    the optimizer). The ids are placed by resolving ``(BATCH, LENGTH)`` in the layout's mode.
+    Nothing is allocated: ``jax.jit(...).lower(ShapeDtypeStructs).compile()``.
+    """
+    from workbench.core.inspect import collectives_in
+    from workbench.core.models.loss import causal_lm_loss, labels_from
+
+    if kind not in STEP_KINDS:
+        raise ValueError(f"kind must be one of {STEP_KINDS}; got {kind!r}")
+    b, t = batch
+    graphdef, params, other = _abstract(model, layout)
+    spec = layout.partition_axis.resolve(INPUT_AXES, layout.mode, shape=(b, t), mesh=layout.mesh)
+    ids = jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=NamedSharding(layout.mesh, spec))
+
+    def forward(params, other, ids):
+        return nnx.merge(graphdef, params, other)(ids).logits
+
+    def loss_and_grad(params, other, ids):
+        loss = lambda p: causal_lm_loss(forward(p, other, ids), labels_from(ids))[0]
+        return jax.value_and_grad(loss)(params)
+
+    if kind == "forward":
+        fn = jax.jit(forward)
+    else:
+        grads = jax.tree.map(lambda s: s.sharding, params)
+        fn = jax.jit(loss_and_grad, out_shardings=(NamedSharding(layout.mesh, PartitionSpec()), grads))
+    # Never run, only read: on CPU, LLVM's -O0 compiles 3-4x faster, after the same HLO passes.
+    options = {"xla_backend_optimization_level": 0} if layout.mesh.devices.flat[0].platform == "cpu" else None
+    start = time.perf_counter()
+    with _stderr_lines() as log:
+        compiled = fn.lower(params, other, ids).compile(compiler_options=options)
+    seconds = time.perf_counter() - start
+    records = tuple(collectives_in(compiled.as_text(), layout.mesh))
+    warnings = tuple(_xla_warnings(log))
+    other = [line for line in log if not _XLA_LOG.match(line)]  # not XLA's: give it back to stderr
+    if other:
+        os.write(2, ("\n".join(other) + "\n").encode())
+    return StepCollectives(kind, (b, t), spec, records, seconds, warnings)
+
+
+@contextlib.contextmanager
+def _stderr_lines() -> tp.Iterator[list[str]]:
+    """The lines written to file descriptor 2 inside the block (XLA's C++ log), kept from the terminal."""
+    lines: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            lines.extend(capture.read().decode(errors="replace").splitlines())
+
+
+_XLA_LOG = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ [\w./-]+:\d+\] (.*)$")
+
+
+def _xla_warnings(lines: tp.Iterable[str]) -> tp.Iterator[str]:
+    """XLA's warnings and errors without their ``W1122 12:57:02.022634 11999 file.cc:656]`` prefix."""
+    for line in lines:
+        match = _XLA_LOG.match(line)
+        if match and match.group(1) in "WE":
+            yield match.group(2)
+
+
+# -- placing -----------------------------------------------------------------------------------------
+def apply(model: nnx.Module, layout: Layout) -> tuple[nnx.Module, float]:
+    """A copy of the live ``model`` placed as ``layout`` says, and the seconds it took (arrays ready)."""
+    if not isinstance(layout.mesh, Mesh):
+        raise ValueError("apply needs a concrete jax.sharding.Mesh (make_mesh(...)), not an AbstractMesh")
+    _abstract(model, layout)  # the same model
+    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+    if any(not isinstance(x, jax.Array) for x in leaves):
+        raise ValueError("apply needs a live model (arrays); this one is abstract (ShapeDtypeStructs): build it "
+                         "with real weights (e.g. workbench.models.tiny(...)) to place it")
+    start = time.perf_counter()
+    placed = shard_model(model, layout.mesh, layout.partition_axis, layout.mode, layout.rules)
+    jax.block_until_ready(jax.tree.leaves(nnx.state(placed, nnx.Param)))
+    return placed, time.perf_counter() - start

@@ -1,0 +1,364 @@
+"""ShardingExplorer: every parameter's PartitionSpec, bytes per device and collectives, edited live.
+
+A view over :mod:`workbench.core.explore`: each edit of the rules editor resolves a new
+:class:`~workbench.core.explore.Layout` (shapes only, nothing allocated) and re-renders the table,
+the memory chart and the diff; the collectives panel compiles one step on request; "apply"
+re-shards the live model. A bad edit shows an inline error and leaves the last valid layout.
+"""
+
+from __future__ import annotations
+
+import re
+import typing as tp
+
+import ipywidgets as widgets
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from workbench.core import explore
+from workbench.core.axes import MODE_TRAIN, PartitionAxis, label
+from workbench.core.mesh import describe_mesh
+from workbench.widgets._explorer_rules import RulesEditor
+from workbench.widgets._html import error_html, escape, format_bytes
+
+__all__ = ["ShardingExplorer", "collectives_html", "diff_html", "layout_html", "memory_figure", "memory_html"]
+
+_CELL = "padding:2px 6px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top"
+_PARTS = (("params", "parameters", "#4c78a8"), ("optimizer", "optimizer state (AdamW)", "#f58518"),
+          ("kv_cache", "KV cache", "#54a24b"))
+
+
+# -- static HTML (also the widget's panels) ------------------------------------------------------------
+def _spec_text(spec: tp.Any) -> str:
+    return str(spec).replace("PartitionSpec", "P")
+
+
+def layout_html(layout: explore.Layout, *, pattern: str = "", changed: tp.Collection[str] = ()) -> str:
+    """The parameter table; rows whose path matches ``pattern`` (regex search), ``changed`` ones marked."""
+    regex = re.compile(pattern) if pattern else None
+    head = ("path", "shape", "dtype", "semantic axes", "PartitionSpec", "shard", "bytes/device", "why")
+    rows = []
+    for p in layout.params:
+        if regex is not None and not regex.search(p.path):
+            continue
+        mark = ";background:#fff3c4" if p.path in changed else ""
+        cells = (p.path, "×".join(map(str, p.shape)), p.dtype.name, ", ".join(p.axes), _spec_text(p.spec),
+                 "×".join(map(str, p.shard_shape)), f"{p.bytes_per_device:,}", p.reason)
+        classes = ("wb-path", "", "", "", "wb-spec", "wb-shard", "wb-bytes", "wb-reason")
+        rows.append(f'<tr class="wb-param-row" data-path="{escape(p.path)}" style="{mark}">'
+                    + "".join(f'<td class="{c}" style="{_CELL}{"" if c == "wb-reason" else ";white-space:nowrap"}">'
+                              f"{escape(v)}</td>" for c, v in zip(classes, cells, strict=True))
+                    + "</tr>")
+    header = "".join(f'<th style="{_CELL};font-weight:600">{h}</th>' for h in head)
+    shown = f"{len(rows)} of {len(layout.params)}" if regex is not None else str(len(rows))
+    total = (f"{shown} parameters · {format_bytes(layout.param_bytes)} of parameters per device, "
+             f"{format_bytes(sum(p.bytes for p in layout.params))} unsharded · {label(layout.mode)}")
+    return (f'<div class="wb-explorer-table-wrap" style="max-height:420px;overflow:auto">'
+            f'<div style="font-size:12px;color:#555;margin:2px 0">{escape(total)}</div>'
+            f'<table class="wb-explorer-table" style="border-collapse:collapse;font-size:12px">'
+            f"<thead><tr>{header}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
+
+
+def memory_html(memory: explore.MemoryBreakdown, n_devices: int) -> str:
+    """A static stacked bar per device (an inline SVG), with the numbers beside it."""
+    parts = [(name, title, color, getattr(memory, name)) for name, title, color in _PARTS]
+    height, width, top = 90, 22, max(memory.total, 1)
+    bars = []
+    for d in range(n_devices):
+        y = height
+        for _, title, color, value in parts:
+            h = height * value / top
+            y -= h
+            if h > 0:
+                bars.append(f'<rect x="{d * (width + 4)}" y="{y:.1f}" width="{width}" height="{h:.1f}" '
+                            f'fill="{color}"><title>device {d}: {title} {value:,} B</title></rect>')
+        bars.append(f'<text x="{d * (width + 4) + width / 2}" y="{height + 12}" font-size="10" '
+                    f'text-anchor="middle">{d}</text>')
+    svg = (f'<svg class="wb-memory-bars" width="{n_devices * (width + 4)}" height="{height + 16}" '
+           f'role="img">{"".join(bars)}</svg>')
+    legend = "".join(f'<div><span style="display:inline-block;width:10px;height:10px;background:{color};'
+                     f'margin-right:4px"></span>{escape(title)}: {escape(format_bytes(value))}</div>'
+                     for _, title, color, value in parts if value)
+    return (f'<div class="wb-memory-static" style="display:flex;gap:16px;align-items:flex-end;font-size:12px">'
+            f'{svg}<div><div style="font-weight:600">memory per device: {escape(format_bytes(memory.total))}'
+            f"</div>{legend}</div></div>")
+
+
+def diff_html(d: explore.LayoutDiff | None) -> str:
+    """Which parameters changed spec, and the memory per device before and after."""
+    if d is None:
+        return '<div class="wb-diff" style="font-size:12px;color:#666">no edit yet</div>'
+    sign = "+" if d.delta >= 0 else "-"
+    memory = (f"memory per device {format_bytes(d.old_memory.total)} → {format_bytes(d.new_memory.total)} "
+              f"({sign}{format_bytes(abs(d.delta))})")
+    if not d.changed:
+        return f'<div class="wb-diff" style="font-size:12px">no parameter changed spec · {escape(memory)}</div>'
+    rows = "".join(f'<tr><td style="{_CELL}">{escape(c.path)}</td><td style="{_CELL}">{escape(_spec_text(c.old_spec))}'
+                   f' → <b>{escape(_spec_text(c.new_spec))}</b></td><td style="{_CELL}">{c.old_bytes:,} → '
+                   f"{c.new_bytes:,} B</td></tr>" for c in d.changed)
+    return (f'<div class="wb-diff" style="font-size:12px"><div>{len(d.changed)} parameter(s) changed spec · '
+            f'{escape(memory)}</div><table style="border-collapse:collapse">{rows}</table></div>')
+
+
+def collectives_html(sc: explore.StepCollectives, *, stale: bool = False) -> str:
+    """The collectives of one step per kind and mesh axes, with XLA's warnings condensed."""
+    rows = "".join(f'<tr class="wb-collective-row"><td style="{_CELL}">{escape(kind)}</td><td style="{_CELL}">'
+                   f'{escape(", ".join(axes) or "-")}</td><td style="{_CELL}">{n}</td><td style="{_CELL}">'
+                   f"{escape(format_bytes(b))}</td></tr>" for kind, axes, n, b in sc.by_axes())
+    total = sum(r.bytes for r in sc.records)
+    what = (f"{sc.kind} step, batch {sc.batch[0]}×{sc.batch[1]} tokens placed {_spec_text(sc.input_spec)}: "
+            f"{len(sc.records)} collectives, {format_bytes(total)} per device (compiled in {sc.compile_seconds:.2f} s)")
+    table = (f'<table style="border-collapse:collapse"><thead><tr><th style="{_CELL}">kind</th>'
+             f'<th style="{_CELL}">mesh axes</th><th style="{_CELL}">count</th><th style="{_CELL}">bytes/device</th>'
+             f"</tr></thead><tbody>{rows}</tbody></table>") if rows else "<div>no collective: every device "\
+        "computes its part alone</div>"
+    warned: dict[str, int] = {}
+    for w in sc.warnings:
+        first = w.split(". ")[0]
+        warned[first] = warned.get(first, 0) + 1
+    warnings = "".join(f'<div style="color:#8a5300">XLA warned ×{n}: {escape(w)}</div>' for w, n in warned.items())
+    note = '<div style="color:#b00020">stale: computed for an earlier layout; press "collectives" again</div>' \
+        if stale else ""
+    return (f'<div class="wb-collectives" style="font-size:12px;{"opacity:0.6" if stale else ""}">{note}'
+            f"<div>{escape(what)}</div>{table}{warnings}</div>")
+
+
+# -- the widget ------------------------------------------------------------------------------------------
+class ShardingExplorer:
+    """Every parameter of ``model`` resolved on ``mesh``, with controls that change the rules live.
+
+    ``model`` is a live model or an abstract one (``CausalLM.lazy_init(config)``); only shapes are
+    read until "apply". ``explorer.layout``, ``.partition_axis``, ``.rules`` and ``.mode`` are always
+    the last valid ones; ``.error`` is the inline error ('' when none); ``.model`` is the model,
+    re-sharded after :meth:`apply`. ``explorer.widget`` is the ipywidgets tree (displayed by
+    ``display(explorer)``); ``_repr_html_`` is a static table and memory picture.
+    """
+
+    def __init__(self, model: tp.Any, mesh: Mesh | jax.sharding.AbstractMesh,
+                 partition_axis: PartitionAxis | None = None, rules: tp.Sequence[tuple[str, tp.Any]] | None = None,
+                 mode: str = MODE_TRAIN, *, optimizer: bool = True, kv_cache: tuple[int, int] | None = None,
+                 batch: tuple[int, int] = (8, 64)):
+        self.model = model
+        self.layout = explore.Layout.of(model, mesh, partition_axis, rules, mode)  # raises on a bad start
+        self.error = ""
+        self.collectives: explore.StepCollectives | None = None
+        self.last_diff: explore.LayoutDiff | None = None
+        self._collectives_layout: explore.Layout | None = None
+        self._changed: tuple[str, ...] = ()
+        self._live = all(isinstance(x, jax.Array) for x in jax.tree.leaves(_params(model)))
+        self._kv_dtype = np.dtype(getattr(model, "dtype", np.float32))
+        kv_b, kv_s = kv_cache or (8, getattr(self.layout.config, "max_position_embeddings", 256))
+        self._build(optimizer, kv_cache is not None, kv_b, kv_s, batch)
+        self._render(first=True)
+
+    # -- state ---------------------------------------------------------------------------------------
+    @property
+    def partition_axis(self) -> PartitionAxis:
+        return self.layout.partition_axis
+
+    @property
+    def rules(self) -> tuple[tuple[str, tp.Any], ...]:
+        return self.layout.rules
+
+    @property
+    def mode(self) -> str:
+        return self.layout.mode
+
+    @property
+    def mesh(self) -> Mesh | jax.sharding.AbstractMesh:
+        return self.layout.mesh
+
+    def memory(self) -> explore.MemoryBreakdown:
+        """Bytes per device of the current layout, with the optimizer and KV cache the controls choose."""
+        return explore.memory_per_device(self.layout, **self._memory_options())
+
+    # -- actions (the buttons call these; each shows its error inline and returns False) -----------------
+    def edit(self, *, partition_axis: PartitionAxis | None = None,
+             rules: tp.Sequence[tuple[str, tp.Any]] | None = None, mode: str | None = None) -> bool:
+        """Change the layout from code (the controls follow); False and an inline error when it does not resolve."""
+        changes = {k: v for k, v in dict(partition_axis=partition_axis, mode=mode).items() if v is not None}
+        if rules is not None:
+            changes["rules"] = tuple(rules)
+        return self._try(lambda: self.layout.replace(self.model, **changes))
+
+    def set_mesh(self, mesh: Mesh | jax.sharding.AbstractMesh) -> bool:
+        """Resolve the same rules on another mesh (``mesh_view.on_change(explorer.set_mesh)``)."""
+        return self._try(lambda: self.layout.replace(self.model, mesh=mesh), what="mesh")
+
+    def compute_collectives(self) -> bool:
+        """Compile one step for the current layout (forward or train, as the toggle says) and show its collectives."""
+        self._collectives_out.value = '<div style="font-size:12px;color:#555">compiling…</div>'
+        try:
+            sc = explore.step_collectives(self.model, self.layout, kind=self._kind.value,
+                                          batch=(self._batch_b.value, self._batch_t.value))
+        except (ValueError, TypeError) as e:
+            self._collectives_out.value = error_html(f"collectives: {e}")
+            return False
+        self.collectives, self._collectives_layout = sc, self.layout
+        self._collectives_out.value = collectives_html(sc)
+        return True
+
+    def apply(self) -> float | None:
+        """Re-shard the live model as the layout says; the seconds it took (None, with an inline error, if not)."""
+        try:
+            model, seconds = explore.apply(self.model, self.layout)
+        except (ValueError, TypeError) as e:
+            self._apply_status.value = error_html(str(e))
+            return None
+        self.model = model
+        self._apply_status.value = (f'<span class="wb-apply-status" style="font-size:12px">re-sharded '
+                                    f"{len(self.layout.params)} parameters in {seconds * 1e3:.1f} ms</span>")
+        return seconds
+
+    # -- rendering ------------------------------------------------------------------------------------
+    def _build(self, optimizer: bool, kv_on: bool, kv_b: int, kv_s: int, batch: tuple[int, int]) -> None:
+        w = widgets
+        self._title = w.HTML()
+        self._error = w.HTML()
+        self.editor = RulesEditor(self.layout, self._on_edit)
+        self._optimizer = w.Checkbox(optimizer, description="AdamW state", indent=False)
+        self._kv_on = w.Checkbox(kv_on, description="KV cache", indent=False, layout=w.Layout(width="90px"))
+        self._kv_b = w.BoundedIntText(kv_b, min=1, max=1 << 20, description="batch", layout=w.Layout(width="130px"),
+                                      style={"description_width": "40px"})
+        self._kv_s = w.BoundedIntText(kv_s, min=1, max=1 << 24, description="length", layout=w.Layout(width="150px"),
+                                      style={"description_width": "45px"})
+        for control in (self._optimizer, self._kv_on, self._kv_b, self._kv_s):
+            control.observe(lambda _: self._render_memory(), names="value")
+        self._chart = w.Output(layout=w.Layout(width="560px", min_height="300px"))
+        self._chart.add_class("wb-memory-chart")
+        self._diff = w.HTML()
+        self._filter = w.Text(placeholder="filter paths (regex)", layout=w.Layout(width="300px"))
+        self._filter.observe(lambda _: self._render_table(), names="value")
+        self._filter_error = w.HTML()
+        self._table = w.HTML()
+        self._table.add_class("wb-explorer-table-html")
+        self._kind = w.ToggleButtons(options=explore.STEP_KINDS, value="forward", style={"button_width": "70px"})
+        self._batch_b = w.BoundedIntText(batch[0], min=1, max=1 << 16, description="B", layout=w.Layout(width="100px"),
+                                         style={"description_width": "15px"})
+        self._batch_t = w.BoundedIntText(batch[1], min=1, max=1 << 20, description="T", layout=w.Layout(width="110px"),
+                                         style={"description_width": "15px"})
+        self._collectives_button = go = w.Button(description="collectives", icon="exchange", button_style="info")
+        go.add_class("wb-collectives-button")
+        go.on_click(lambda _: self.compute_collectives())
+        self._collectives_out = w.HTML('<div style="font-size:12px;color:#666">press "collectives" to compile one '
+                                       "step from abstract inputs and list what XLA inserted</div>")
+        self._apply_button = apply = w.Button(
+            description="apply", icon="check", button_style="primary", disabled=not self._live,
+            tooltip="re-shard the model as the table says" if self._live else "an abstract model: no arrays to place")
+        apply.add_class("wb-apply-button")
+        apply.on_click(lambda _: self.apply())
+        self._apply_status = w.HTML()
+        section = lambda text: w.HTML(f'<div style="font-weight:600;margin-top:6px">{text}</div>')
+        memory_controls = w.HBox([self._optimizer, self._kv_on, self._kv_b, self._kv_s])
+        self.widget = w.VBox([
+            self._title, self._error,
+            w.HBox([self.editor.widget, w.VBox([memory_controls, self._chart])]),
+            section("change from the previous layout"), self._diff,
+            section("parameters"), w.HBox([self._filter, self._filter_error]), self._table,
+            section("collectives of one step"), w.HBox([self._kind, self._batch_b, self._batch_t, go]),
+            self._collectives_out, w.HBox([apply, self._apply_status])])
+        self.widget.add_class("wb-sharding-explorer")
+
+    def _render(self, first: bool = False) -> None:
+        name = getattr(self.layout.config, "model_type", type(self.model).__name__)
+        self._title.value = (f'<div style="font-size:13px"><b>ShardingExplorer</b> · {escape(name)} · '
+                             f"<code>{escape(describe_mesh(self.mesh))}</code></div>")
+        self._diff.value = diff_html(self.last_diff)
+        self._render_table()
+        self._render_memory()
+        if self.collectives is not None:
+            stale = self._collectives_layout is not self.layout
+            self._collectives_out.value = collectives_html(self.collectives, stale=stale)
+
+    def _render_table(self) -> None:
+        try:
+            html = layout_html(self.layout, pattern=self._filter.value, changed=self._changed)
+        except re.error as e:
+            self._filter_error.value = error_html(f"filter {self._filter.value!r} is not a regex: {e}")
+            return
+        self._filter_error.value = ""
+        self._table.value = html
+
+    def _memory_options(self) -> dict[str, tp.Any]:
+        kv = (self._kv_b.value, self._kv_s.value, self._kv_dtype) if self._kv_on.value else None
+        return {"optimizer": "adamw" if self._optimizer.value else None, "kv_cache": kv}
+
+    def _render_memory(self) -> None:
+        try:
+            memory = self.memory()
+        except ValueError as e:
+            self._show_error(str(e))
+            return
+        self._chart.outputs = ({"output_type": "display_data", "metadata": {},
+                                "data": {"application/vnd.plotly.v1+json": memory_figure(memory, self.mesh),
+                                         "text/plain": f"memory per device: {memory.total:,} B"}},)
+
+    # -- edits -----------------------------------------------------------------------------------------
+    def _on_edit(self) -> None:
+        def read() -> explore.Layout:
+            pa, rules, mode = self.editor.read(self.layout.partition_axis)
+            return self.layout.replace(self.model, partition_axis=pa, rules=rules, mode=mode)
+
+        self._try(read)
+
+    def _try(self, build: tp.Callable[[], explore.Layout], what: str = "edit") -> bool:
+        """Resolve a new layout; on success show it, else show why and keep the last valid one."""
+        try:
+            new = build()
+            d = explore.diff(self.layout, new, **self._memory_options())
+        except Exception as e:  # a callback must not raise: say why, keep the last valid layout
+            kind = "" if isinstance(e, ValueError | TypeError | KeyError | re.error) else f"{type(e).__name__}: "
+            self._show_error(f"{kind}{e} (still showing the last valid {'mesh' if what == 'mesh' else 'layout'})")
+            return False
+        self.layout, self.last_diff = new, d
+        self._changed = tuple(c.path for c in d.changed)
+        self._show_error("")
+        self.editor.show(new)
+        self._render()
+        return True
+
+    def _show_error(self, message: str) -> None:
+        self.error = message
+        self._error.value = error_html(message)
+
+    # -- display -----------------------------------------------------------------------------------------
+    def _repr_mimebundle_(self, **kwargs: tp.Any) -> dict[str, tp.Any]:
+        return {**self.widget._repr_mimebundle_(**kwargs), "text/plain": repr(self)}
+
+    def _repr_html_(self) -> str:
+        return (f'<div class="wb-sharding-explorer-static"><div style="font-size:13px"><b>ShardingExplorer</b> · '
+                f"<code>{escape(describe_mesh(self.mesh))}</code></div>"
+                f"{memory_html(self.memory(), self.mesh.size)}{layout_html(self.layout)}</div>")
+
+    def __repr__(self) -> str:
+        name = getattr(self.layout.config, "model_type", type(self.model).__name__)
+        shape = ", ".join(f"{a}={n}" for a, n in zip(self.mesh.axis_names, self.mesh.axis_sizes, strict=True))
+        return f"ShardingExplorer({name}, {len(self.layout.params)} parameters, mesh {shape}, {label(self.mode)})"
+
+
+def _params(model: tp.Any) -> tp.Any:
+    from flax import nnx
+
+    return nnx.state(model, nnx.Param)
+
+
+def memory_figure(memory: explore.MemoryBreakdown, mesh: tp.Any) -> dict[str, tp.Any]:
+    """The plotly figure of ``memory`` as a dict (``plotly.graph_objects.Figure(d)`` builds it): one
+    stacked bar per device. A plain dict, so an edit re-renders without building a Figure object."""
+    unit, scale = next((u, s) for u, s in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10), ("B", 1))
+                       if memory.total >= s or s == 1)
+    devices = [str(d.id) for d in np.asarray(mesh.devices).flat] if isinstance(mesh, Mesh) else \
+        [str(i) for i in range(mesh.size)]
+    data = [{"type": "bar", "name": title, "x": devices, "y": [round(getattr(memory, name) / scale, 3)] * len(devices),
+             "marker": {"color": color}, "hovertemplate": f"{title}: {getattr(memory, name):,} B<extra>device %{{x}}"
+                                                          "</extra>"}
+            for name, title, color in _PARTS]
+    axis = {"gridcolor": "#e5e5e5", "zerolinecolor": "#cccccc"}
+    layout = {"barmode": "stack", "height": 300, "width": 560, "margin": {"l": 55, "r": 10, "t": 40, "b": 40},
+              "title": {"text": f"memory per device: {format_bytes(memory.total)}", "font": {"size": 13}, "x": 0.02},
+              "xaxis": {"title": {"text": "device"}, "type": "category", **axis},
+              "yaxis": {"title": {"text": unit}, "rangemode": "tozero", **axis},
+              "legend": {"orientation": "h", "y": -0.25, "traceorder": "normal"}, "plot_bgcolor": "white",
+              "paper_bgcolor": "white"}
+    return {"data": data, "layout": layout, "config": {"displayModeBar": False}}
