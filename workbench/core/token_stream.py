@@ -1,0 +1,106 @@
+"""``TokenStream``: a streamer for ``generate`` that records tokens, can be stopped from another thread,
+and tells a listener (throttled) as tokens arrive.
+
+``generate`` hands a streamer the prompt ``(B, P)`` first, then each step's tokens ``(B,)`` from a host
+callback inside the compiled decode loop, and stops after a step when ``should_stop()`` is True. So
+``stream.stop()`` from any thread (a widget's stop button) ends decoding after the current step, and
+the partial result is still returned.
+
+>>> stream = TokenStream()
+>>> stream.put(np.array([[5, 6]])); stream.put(np.array([7])); stream.put(np.array([8])); stream.end()
+>>> stream.prompt_BP.tolist(), stream.new_BN.tolist(), stream.num_steps, stream.finished
+([[5, 6]], [[7, 8]], 2, True)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import typing as tp
+
+import numpy as np
+
+__all__ = ["TokenStream"]
+
+
+class TokenStream:
+    """Collects what ``generate`` streams; ``stop()`` asks it to end after the current step.
+
+    ``on_update(stream)`` runs after the prompt and the first step, then at most every ``min_interval_s``
+    seconds as steps arrive, and once at ``end()``; it runs on the thread that calls ``put`` (inside
+    ``generate``, a host-callback thread). An exception it raises is kept in ``callback_error`` (decoding
+    goes on).
+    """
+
+    def __init__(self, on_update: tp.Callable[[TokenStream], tp.Any] | None = None, *, min_interval_s: float = 0.1):
+        if min_interval_s < 0:
+            raise ValueError(f"min_interval_s must be >= 0; got {min_interval_s}")
+        self._on_update = on_update
+        self._min_interval_s = float(min_interval_s)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._prompt: np.ndarray | None = None
+        self._steps: list[np.ndarray] = []
+        self._last_update = -np.inf
+        self.finished = False
+        self.callback_error: BaseException | None = None
+
+    # -- the streamer protocol ------------------------------------------------------------------------
+    def put(self, tokens: tp.Any) -> None:
+        tokens = np.asarray(tokens)
+        with self._lock:
+            if self._prompt is None and not self._steps and tokens.ndim == 2:
+                self._prompt = tokens.copy()
+                force = True
+            else:
+                self._steps.append(tokens.reshape(-1).copy())
+                force = len(self._steps) == 1  # the first token shows at once (it ends the compile wait)
+        self._notify(force)
+
+    def end(self) -> None:
+        self.finished = True
+        self._notify(True)
+
+    def should_stop(self) -> bool:
+        return self._stop.is_set()
+
+    # -- control and results --------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask ``generate`` to stop after the current step (safe from any thread)."""
+        self._stop.set()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def prompt_BP(self) -> np.ndarray | None:
+        """The prompt as ``generate`` got it (left padding included), or None before it arrived."""
+        return self._prompt
+
+    @property
+    def num_steps(self) -> int:
+        """Steps streamed so far (new tokens per row)."""
+        return len(self._steps)
+
+    @property
+    def new_BN(self) -> np.ndarray:
+        """The new tokens ``(B, num_steps)`` int32 (after a row's EOS: pad tokens, as in ``sequences``)."""
+        with self._lock:
+            steps = list(self._steps)
+        if not steps:
+            rows = 0 if self._prompt is None else self._prompt.shape[0]
+            return np.zeros((rows, 0), np.int32)
+        return np.stack(steps, axis=1).astype(np.int32)
+
+    def _notify(self, force: bool) -> None:
+        if self._on_update is None:
+            return
+        now = time.perf_counter()
+        if not force and now - self._last_update < self._min_interval_s:
+            return
+        self._last_update = now
+        try:
+            self._on_update(self)
+        except Exception as e:  # a listener's bug must not abort the compiled loop
+            self.callback_error = e

@@ -1,0 +1,236 @@
+"""ModuleTree: an NNX model rendered with treescope, its parameter counts per subtree, and each parameter's
+sharding; choosing a parameter shows its :class:`~workbench.widgets.sharding_view.ShardingView`.
+
+The rows and totals come from :mod:`workbench.core.tree_view` (tested without a widget). treescope's
+HTML needs its scripts to run, so it goes into an ``ipywidgets.Output`` as display data (an
+``ipywidgets.HTML`` value would not run them).
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+import ipywidgets as widgets
+
+from workbench.core.axes import MODE_TRAIN, PartitionAxis
+from workbench.core.layout import format_spec
+from workbench.core.tree_view import ParamRow, SubtreeTotal, format_count, param_rows, subtree_totals
+from workbench.widgets._html import error_html, escape, format_bytes
+
+__all__ = ["ModuleTree", "param_summary_html", "tree_totals_html"]
+
+_MONO = "font-family:var(--jp-code-font-family,monospace);font-size:12px"
+
+
+def _spec_text(row: ParamRow) -> str:
+    return "not placed" if row.spec is None else f"P({format_spec(row.spec)})"
+
+
+def _row_label(row: ParamRow) -> str:
+    """The dropdown label of a parameter: path, shape, dtype, spec."""
+    return f"{row.path}  {tuple(row.shape)} {row.dtype.name}  {_spec_text(row)}"
+
+
+def _leaf_html(row: ParamRow) -> str:
+    axes = "" if row.axes is None else f" · axes ({', '.join(row.axes)})"
+    shard = ""
+    if row.shard_shape is not None:
+        shard = f" · shard {tuple(row.shard_shape)} = {format_bytes(row.bytes_per_device)}/device"
+    return (f'<div class="wb-param" data-path="{escape(row.path)}" style="margin-left:14px">'
+            f"<b>{escape(row.name)}</b> {escape(tuple(row.shape))} {escape(row.dtype.name)} · "
+            f"{escape(format_count(row.count))} · {escape(format_bytes(row.nbytes))}{escape(axes)} · "
+            f"{escape(_spec_text(row))}{escape(shard)}</div>")
+
+
+def _total_text(total: SubtreeTotal) -> str:
+    per = "" if total.bytes_per_device is None else f", {format_bytes(total.bytes_per_device)}/device"
+    arrays = f"{total.num_arrays} array{'s' * (total.num_arrays != 1)}"
+    return f"{format_count(total.count)} params ({total.count:,}) · {format_bytes(total.nbytes)}{per} · {arrays}"
+
+
+def tree_totals_html(rows: tp.Sequence[ParamRow], open_depth: int = 1) -> str:
+    """Foldable parameter counts per subtree (``<details>``, no script needed), leaves with their spec."""
+    totals = subtree_totals(rows)
+    by_parent: dict[str, list[tuple[str, str | ParamRow]]] = {}
+    for prefix in totals:
+        if prefix:
+            parent = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+            by_parent.setdefault(parent, []).append((prefix, prefix))
+    for row in rows:
+        parent = row.path.rsplit("/", 1)[0] if "/" in row.path else ""
+        by_parent.setdefault(parent, []).append((row.path, row))
+    order: dict[str, int] = {}  # a subtree sits where its first parameter does
+    for i, row in enumerate(rows):
+        parts = row.path.split("/")
+        for depth in range(1, len(parts) + 1):
+            order.setdefault("/".join(parts[:depth]), i)
+
+    def node(prefix: str) -> str:
+        total = totals[prefix]
+        name = prefix.rsplit("/", 1)[-1] if prefix else "model"
+        children = sorted(by_parent.get(prefix, []), key=lambda kv: order[kv[0]])
+        inner = "".join(_leaf_html(c) if isinstance(c, ParamRow) else node(c) for _, c in children)
+        is_open = " open" if total.depth < open_depth else ""
+        return (f'<details class="wb-subtree" data-path="{escape(prefix)}"{is_open} style="margin-left:14px">'
+                f"<summary><b>{escape(name)}</b> · {escape(_total_text(total))}</summary>{inner}</details>")
+
+    if not rows:
+        return '<div class="wb-module-totals">no nnx.Param in this module</div>'
+    return f'<div class="wb-module-totals" style="{_MONO};margin-left:-14px">{node("")}</div>'
+
+
+def param_summary_html(row: ParamRow) -> str:
+    """One parameter in words: shape, semantic axes, spec and where it came from, and why per dimension."""
+    where = {"placed": "as placed (the array's NamedSharding)",
+             "resolved": "resolved from its semantic axes on the mesh given"}.get(row.source or "", "")
+    lines = [f"<b>{escape(row.path)}</b> {escape(tuple(row.shape))} {escape(row.dtype.name)} · "
+             f"{escape(f'{row.count:,}')} params · {escape(format_bytes(row.nbytes))}"]
+    if row.axes is not None:
+        lines.append(f"semantic axes: ({escape(', '.join(row.axes))})")
+    lines.append(f"spec: {escape(_spec_text(row))} {escape(where)}")
+    lines.extend(f"&nbsp;&nbsp;{escape(r)}" for r in row.reasons)
+    return f'<div class="wb-param-summary" style="{_MONO}">' + "<br>".join(lines) + "</div>"
+
+
+class ModuleTree(widgets.VBox):
+    """An NNX model as a treescope tree, with parameter counts per subtree and each parameter's sharding.
+
+    ``mesh=None`` shows the specs the parameters are placed with (``shard_model`` / ``lazy_init(...,
+    mesh=...)``); with ``mesh`` (a ``Mesh`` or ``AbstractMesh``) it shows what ``shard_model(model, mesh,
+    partition_axis, mode, rules)`` would place, and why. Choose a parameter in the dropdown to see its
+    blocks per device in a :class:`ShardingView` (its spec editor is a what-if: the model is unchanged).
+    """
+
+    def __init__(self, model: tp.Any, *, mesh: tp.Any = None, partition_axis: PartitionAxis | None = None,
+                 mode: str = MODE_TRAIN, rules: tp.Any = None, open_depth: int = 1, **kwargs: tp.Any):
+        self.model = model
+        self._rows = param_rows(model, mesh, partition_axis, mode, rules)  # bad rules / mesh raise here
+        self._by_path = {r.path: r for r in self._rows}
+        self._totals = subtree_totals(self._rows)
+        self._mesh = mesh
+        self._error_text = ""
+        self._sharding_view: tp.Any = None
+        self._header = widgets.HTML(self._header_html())
+        self._tree = widgets.Output(layout=widgets.Layout(max_height="320px", overflow="auto",
+                                                          border="1px solid #ddd"))
+        self._tree.add_class("wb-treescope")
+        self._render_tree()
+        self._counts = widgets.HTML(tree_totals_html(self._rows, open_depth))
+        self._choose = widgets.Dropdown(options=[("choose a parameter…", "")] + [(_row_label(r), r.path)
+                                                                             for r in self._rows],
+                                        value="", description="parameter", layout=widgets.Layout(width="720px"),
+                                        style={"description_width": "70px"})
+        self._choose.add_class("wb-param-choose")
+        self._summary = widgets.HTML("")
+        self._detail = widgets.VBox([])
+        self._detail.add_class("wb-param-detail")
+        self._error = widgets.HTML("")
+        tabs = widgets.Tab(children=[self._tree, self._counts])
+        tabs.set_title(0, "tree (treescope)")
+        tabs.set_title(1, "parameter counts")
+        super().__init__([self._header, tabs, self._choose, self._error, self._summary, self._detail], **kwargs)
+        self.add_class("wb-module-tree")
+        self._choose.observe(self._on_choose, names="value")
+
+    # -- public --------------------------------------------------------------------------------------------
+    @property
+    def rows(self) -> list[ParamRow]:
+        return list(self._rows)
+
+    @property
+    def totals(self) -> dict[str, SubtreeTotal]:
+        return dict(self._totals)
+
+    @property
+    def selected(self) -> str:
+        """The chosen parameter's path ('' when none)."""
+        return self._choose.value
+
+    @property
+    def sharding_view(self) -> tp.Any:
+        """The ShardingView of the chosen parameter (None when none is shown)."""
+        return self._sharding_view
+
+    @property
+    def error(self) -> str:
+        return self._error_text
+
+    def select(self, path: str) -> bool:
+        """Choose parameter ``path`` (what the dropdown does); False, with an inline error, if unknown."""
+        if path and path not in self._by_path:
+            close = [p for p in self._by_path if path in p][:5]
+            self._show_error(f"no parameter {path!r}" + (f"; did you mean {', '.join(close)}?" if close else
+                                                         f"; the paths look like {self._rows[0].path!r}"))
+            return False
+        self._choose.value = path
+        return True
+
+    def _repr_html_(self) -> str:
+        return (f'<div class="wb-module-tree-static">{self._header_html()}'
+                f"{tree_totals_html(self._rows, open_depth=1)}</div>")
+
+    def __repr__(self) -> str:
+        total = self._totals.get("")
+        return f"ModuleTree({type(self.model).__name__}, {0 if total is None else total.count:,} parameters)"
+
+    # -- internals -------------------------------------------------------------------------------------------
+    def _header_html(self) -> str:
+        total = self._totals.get("")
+        count = 0 if total is None else total.count
+        config = getattr(self.model, "config", None)
+        family = f" ({config.model_type})" if hasattr(config, "model_type") else ""
+        placed = {r.source for r in self._rows} - {None}
+        mesh = next((r.sharding.mesh for r in self._rows if r.sharding is not None), None)
+        on = ""
+        if mesh is not None:
+            split = [f"{n} {s}" for n, s in zip(mesh.axis_names, mesh.axis_sizes, strict=True) if s > 1]
+            on = f" on mesh {' × '.join(split) or 'of 1 device'}"
+        where = ("not placed on a mesh (pass mesh= to see how it would shard)" if not placed else
+                 f"specs resolved{on}" if "resolved" in placed else f"specs as placed{on}")
+        per = "" if total is None or total.bytes_per_device is None else \
+            f" · {format_bytes(total.bytes_per_device)} per device"
+        return (f'<div class="wb-module-header" style="font-size:13px"><b>{escape(type(self.model).__name__)}'
+                f"{escape(family)}</b> · {escape(format_count(count))} parameters ({count:,}) · "
+                f"{escape(format_bytes(0 if total is None else total.nbytes))}{escape(per)} · "
+                f"{escape(where)}</div>")
+
+    def _render_tree(self) -> None:
+        from IPython.display import HTML
+
+        try:
+            import treescope
+
+            html = treescope.render_to_html(self.model, ignore_exceptions=True, compressed=True)
+        except Exception as e:  # the counts and specs stay usable without the picture
+            html = error_html(f"treescope could not render this model: {type(e).__name__}: {e}")
+        self._tree.append_display_data(HTML(html))
+
+    def _on_choose(self, change: dict) -> None:
+        path = change["new"]
+        self._show_error("")
+        self._sharding_view = None
+        if not path:
+            self._summary.value, self._detail.children = "", ()
+            return
+        row = self._by_path[path]
+        self._summary.value = param_summary_html(row)
+        if row.sharding is None:
+            self._detail.children = (widgets.HTML(
+                '<div class="wb-note" style="font-size:12px">this parameter is not placed on a mesh: build the '
+                "tree with ModuleTree(model, mesh=make_mesh(...)) to see how it would shard, or pass "
+                "shard_model(model, mesh)</div>"),)
+            return
+        try:
+            from workbench.widgets.sharding_view import ShardingView  # built lazily: only when chosen
+
+            view = ShardingView((row.shape, row.dtype, row.sharding), mesh=row.sharding.mesh, name="W")
+        except Exception as e:  # keep the tree usable whatever the view does
+            self._detail.children = ()
+            self._show_error(f"cannot show the sharding of {path}: {type(e).__name__}: {e}")
+            return
+        self._sharding_view = view
+        self._detail.children = (view,)
+
+    def _show_error(self, message: str) -> None:
+        self._error_text = message
+        self._error.value = error_html(message)
