@@ -101,8 +101,16 @@ def explorer_section(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
+def attention_lab_section(args: argparse.Namespace) -> list[Row]:
+    """Attention lab: cold switch per implementation (compile included), warm switch (see its module)."""
+    from _attention_lab_latency import attention_lab_latency
+
+    return attention_lab_latency(args.edits)
+
+
 SECTIONS: dict[str, tp.Callable[[argparse.Namespace], list[Row]]] = {
     "sharding explorer": explorer_section,
+    "attention lab": attention_lab_section,
 }
 
 

@@ -1,0 +1,212 @@
+"""AttentionLab: its callbacks called directly, as the browser would call them."""
+
+import base64
+import json
+import types
+
+import numpy as np
+import pytest
+from IPython.core.events import EventManager, available_events
+
+from workbench.core.attention_lab import ModelComparison, ModelRun, attention_weights, make_inputs
+from workbench.core.operations import AttentionOutput, Capabilities, OperationImpl, OperationRegistry
+from workbench.core.operations.attention.common import CAUSAL, GQA, AttentionImplMixin, dense_attention
+from workbench.widgets import attention_lab as view
+from workbench.widgets.attention_lab import AttentionLab
+
+SMALL = dict(seq_len=64, gqa_ratio=4, runs=1)
+
+
+def make_impl(name: str, kernel_path: str):
+    """A dense implementation registered under ``name`` whose outputs say ``kernel_path``."""
+
+    class Late(AttentionImplMixin, OperationImpl):
+        capabilities = Capabilities(features={CAUSAL, GQA}, description=f"{name}: registered late")
+
+        @classmethod
+        def get_impl_name(cls):
+            return name
+
+        def forward_native(self, query, key, value, **kwargs):
+            return AttentionOutput(dense_attention(self.prepare(query, key, value, **kwargs))[0], None, kernel_path)
+
+    return OperationRegistry.register(Late, override=True)
+
+
+@pytest.fixture
+def late_impl():
+    names = []
+
+    def register(name: str, kernel_path: str = "late/native"):
+        names.append(name)
+        return make_impl(name, kernel_path)
+
+    yield register
+    for name in names:
+        if name in OperationRegistry.list_implementations():
+            OperationRegistry.unregister(name)
+
+
+class FakeShell:
+    """What the lab's refresh hook needs of IPython: ``events``."""
+
+    def __init__(self):
+        self.events = EventManager(self, available_events)
+
+
+def plotted_z(out) -> np.ndarray:
+    """The heatmap an Output shows, decoded from plotly's typed-array JSON."""
+    z = out.outputs[0]["data"]["application/vnd.plotly.v1+json"]["data"][0]["z"]
+    shape = [int(n) for n in str(z["shape"]).split(",")]  # plotly writes "64, 64"
+    return np.frombuffer(base64.b64decode(z["bdata"]), np.dtype(z["dtype"])).reshape(shape)
+
+
+def test_the_lab_shows_every_implementation_and_the_comparison():
+    lab = AttentionLab(**SMALL)
+    assert lab.implementations == OperationRegistry.list_implementations()
+    assert dict((v, k) for k, v in lab._impl.options)["sdpa"] == "sdpa · no logits_soft_cap, return_weights"
+    assert (lab.impl, lab.reference, lab.error) == ("flash", "vanilla", "")
+    assert "flash/native" in lab._results.value and "vanilla/native" in lab._results.value
+    assert "blockwise online softmax" in lab._capabilities.value
+    # heatmaps: vanilla's weights (flash returns none) and |flash - vanilla| of head 0
+    q, k, _ = lab.inputs()
+    np.testing.assert_array_equal(plotted_z(lab._weights_out), attention_weights(q, k, head=0))
+    np.testing.assert_array_equal(plotted_z(lab._diff_out), lab.comparison.output_difference(0))
+    assert "(vanilla)" in lab.weights_figure.layout.title.text
+    assert repr(lab) == "AttentionLab(impl='flash', reference='vanilla', T=64, H=8, KV=2, D=64, float32)"
+
+
+def test_choosing_implementations_and_head_re_renders():
+    lab = AttentionLab(**SMALL)
+    lab._impl.value = "sdpa"  # what the menu does
+    assert lab.comparison.impl.kernel_path == "sdpa/xla" and "sdpa/xla" in lab._results.value
+    assert lab.comparison.max_abs_diff < 2e-5
+    lab._reference.value = "flash"
+    assert lab.comparison.reference.kernel_path == "flash/native"
+    lab._head.value = 5
+    q, k, _ = lab.inputs()
+    np.testing.assert_array_equal(plotted_z(lab._weights_out), attention_weights(q, k, head=5))
+    np.testing.assert_array_equal(plotted_z(lab._diff_out), lab.comparison.output_difference(5))
+    assert lab.difference_figure.layout.title.text.startswith("|sdpa − flash|, head 5")
+    lab._impl.value = "vanilla"  # vanilla returns weights: the heatmap shows its own
+    assert "(vanilla)" in lab.weights_figure.layout.title.text
+
+
+def test_an_implementation_registered_later_appears_without_rebuilding(monkeypatch, late_impl):
+    import IPython
+
+    shell = FakeShell()
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    lab = AttentionLab(**SMALL)
+    late_impl("late_after_cell")
+    assert "late_after_cell" not in lab.implementations
+    before = lab.comparison
+    shell.events.trigger("post_run_cell", None)  # IPython runs this after every cell
+    assert "late_after_cell" in lab.implementations and "late_after_cell" in [n for _, n in lab._reference.options]
+    assert lab.comparison is before  # the implementations on show did not change: no recomputation
+
+    late_impl("late_after_click")
+    lab._refresh_button.click()
+    assert "late_after_click" in lab.implementations
+    late_impl("late_after_edit")
+    lab._head.value = 1  # any interaction re-reads the registry
+    assert "late_after_edit" in lab.implementations
+
+    lab._impl.value = "late_after_cell"
+    assert lab.comparison.impl.kernel_path == "late/native" and lab.comparison.max_abs_diff < 2e-5
+    late_impl("late_after_cell", "late/v2")  # the cell re-run with a changed class: re-rendered
+    shell.events.trigger("post_run_cell", None)
+    assert lab.comparison.impl.kernel_path == "late/v2"
+    OperationRegistry.unregister("late_after_cell")  # gone: the menu falls back to vanilla, nothing raises
+    shell.events.trigger("post_run_cell", None)
+    assert "late_after_cell" not in lab.implementations and lab.impl == "vanilla"
+    assert lab.error == "'late_after_cell' is no longer registered; the menu shows 'vanilla' instead"
+    assert lab.comparison.impl.name == "vanilla"
+    lab._head.value = 2
+    assert lab.update() and lab.error == ""  # said once
+    lab.close()
+    assert not shell.events.callbacks["post_run_cell"]  # closing the lab removes its hook
+
+
+def test_an_unsupported_option_is_a_row_not_an_error():
+    lab = AttentionLab(impl="sdpa", **SMALL)
+    lab._soft_cap.value = 5.0
+    assert lab.error == "" and lab.comparison.impl.unsupported.startswith("unsupported: logits_soft_cap")
+    assert "unsupported: logits_soft_cap; supported by: flash" in lab._results.value
+    assert lab.difference_figure.layout.title.text.startswith("no difference: unsupported")
+    assert lab.comparison.reference.ok  # vanilla has the soft cap
+
+
+def test_a_bad_edit_shows_inline_and_keeps_the_last_valid_results():
+    lab = AttentionLab(**SMALL)
+    before, table = lab.comparison, lab._results.value
+    lab._window.value = -2
+    assert "sliding_window must be a positive int; got -2" in lab.error and "wb-error" in lab._error.value
+    assert lab.comparison is before and lab._results.value == table
+    lab._head.value = 1  # the heatmaps still follow the last valid results; the error stays said
+    assert lab.difference_figure.layout.title.text.endswith(f"head 1 (max {before.max_abs_diff:.2e})")
+    assert "sliding_window must be a positive int" in lab.error
+    lab._window.value = 8
+    assert lab.error == "" and lab.comparison.options.sliding_window == 8
+    assert not lab.set_options(causal=False, dtype="float64")  # nothing set when one value is refused
+    assert lab.error == "dtype must be one of float32, bfloat16, float16; got 'float64'"
+    assert lab._causal.value and lab.comparison.options.sliding_window == 8
+    assert lab.set_options(sliding_window=0, causal=True)  # 0 = off
+    assert lab.comparison.options.sliding_window is None and lab.error == ""
+
+
+def test_given_inputs_fix_the_shapes():
+    q, k, v = make_inputs(seq_len=48, heads=4, kv_heads=4, head_dim=16)
+    lab = AttentionLab(query=q, key=k, value=v, impl="vanilla", runs=1)
+    assert lab._seq_len.disabled and lab._gqa.disabled
+    assert lab.inputs()[0].shape == (1, 48, 4, 16) and [v for _, v in lab._head.options] == [0, 1, 2, 3]
+    assert "T=48, H=4, KV=4, D=16" in lab._repr_html_()
+    lab._dtype.value = "bfloat16"
+    assert lab.comparison.impl.output.dtype == np.dtype("bfloat16") and lab.error == ""
+    with pytest.raises(ValueError, match="pass query, key and value together"):
+        AttentionLab(query=q)
+
+
+def test_use_in_model_shows_logits_and_generations_side_by_side(monkeypatch):
+    """The button's wiring, with ``model_comparison`` (tested in tests/core) replaced by a recorder."""
+    calls = []
+
+    def fake_model_comparison(model, impl, ids, mask, **kwargs):
+        calls.append((model, impl, np.asarray(ids).tolist(), np.asarray(mask).tolist(), kwargs))
+        if impl == "paged":
+            raise ValueError("paged reads a paged KV cache: ...")
+        logits = np.zeros((1, 3, 4), np.float32)
+        runs = [ModelRun(name, f"<{name} model>", logits + d, [[7, 8]], ["ab"]) for name, d in ((impl, 1e-3), (kwargs[
+            "reference"], 0.0))]
+        return ModelComparison(*runs, 1e-3, np.full(3, 1e-3))
+
+    monkeypatch.setattr(view, "model_comparison", fake_model_comparison)
+    model = types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=264))  # all the lab reads of it
+    lab = AttentionLab(model, max_new_tokens=3, **SMALL)
+    lab._prompt.value = "Hi!"
+    lab._use_button.click()
+    assert calls == [(model, "flash", [[72, 105, 33]], [[1, 1, 1]],
+                      {"reference": "vanilla", "max_new_tokens": 3, "tokenizer": lab.tokenizer})]
+    assert lab.error == "" and lab.model_with_attention == "<flash model>"
+    html = lab._model_html.value
+    assert "logits max |Δ| 1.00e-03" in html and "vanilla (reference)" in html and "7 8" in html
+    assert "wb-attention-model" in lab._repr_html_()
+
+    result = lab.model_result
+    lab._impl.value = "paged"
+    assert not lab.use_in_model("another prompt")
+    assert lab.error == "use in model: ValueError: paged reads a paged KV cache: ..." and lab.model_result is result
+    assert lab._prompt.value == "another prompt"
+    assert not AttentionLab(**SMALL).use_in_model()  # no model: said inline
+
+
+def test_static_html_escapes_and_reports_the_state(late_impl):
+    late_impl("<b>late</b>", "<i>path</i>")
+    lab = AttentionLab(impl="<b>late</b>", **SMALL)
+    static = lab._repr_html_()
+    assert "&lt;b&gt;late&lt;/b&gt;" in static and "&lt;i&gt;path&lt;/i&gt;" in static and "<b>late</b>" not in static
+    assert "causal=True" in static and "wb-attention-results" in static
+    bundle = lab._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    json.dumps(lab.difference_figure.to_plotly_json(), default=str)  # the figure is plain data
+    assert view.comparison_html(lab.comparison).count("<tr>") == 3
