@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 # Jupyter refuses to run as root unless told (containers, CI machines).
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test lint chromium notebooks benchmarks clean
+.PHONY: lab test lint chromium notebooks screenshots benchmarks clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,8 +43,14 @@ chromium:
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check .
 
+# Two pytest workers (one per core here); a test file stays on one worker.
+JOBS ?= 2
 test: $(VENV)/.test-installed chromium lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(JOBS) --dist loadfile
+
+# Refresh the committed screenshots (README) from the browser tests.
+screenshots: $(VENV)/.test-installed chromium
+	WORKBENCH_SCREENSHOTS=$(CURDIR)/docs/screenshots $(BIN)/pytest tests/browser
 
 # Re-execute the notebooks in place so their stored outputs match the code (nbval compares them).
 notebooks: $(VENV)/.test-installed
@@ -55,6 +61,8 @@ benchmarks: $(VENV)/.test-installed
 	$(BIN)/python benchmarks/import_time.py
 	$(BIN)/python benchmarks/attention.py
 	$(BIN)/python benchmarks/parallel_linear.py
+	$(BIN)/python benchmarks/generate.py
+	$(BIN)/python benchmarks/widgets.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

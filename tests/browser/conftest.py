@@ -336,6 +336,12 @@ def model_errors(cells: list[dict]) -> list[str]:
 
 
 
+def screenshot_path(name: str) -> Path:
+    """Where a browser test saves screenshot ``name``: ``$WORKBENCH_SCREENSHOTS`` (``make screenshots``
+    sets it to docs/screenshots, the committed pictures the README shows), else build/screenshots."""
+    return Path(os.environ.get("WORKBENCH_SCREENSHOTS", REPO_ROOT / "build" / "screenshots")) / name
+
+
 def lab_screenshot(page: tp.Any, path: Path, *, scroll_to: int = 0) -> None:
     """Screenshot of the current notebook: file browser collapsed, scrolled to cell ``scroll_to``."""
     page.evaluate("""async (index) => {

@@ -15,9 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO_ROOT, lab_screenshot, model_errors, notebook_errors, run_notebook_in_lab
+from .conftest import (
+    REPO_ROOT,
+    lab_screenshot,
+    model_errors,
+    notebook_errors,
+    run_notebook_in_lab,
+    screenshot_path,
+)
 
-SCREENSHOT = REPO_ROOT / "docs" / "screenshots" / "attention_lab.png"
+SCREENSHOT = screenshot_path("attention_lab.png")
 
 CELLS = [
     """import workbench as wb

@@ -12,9 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO_ROOT, lab_screenshot, model_errors, notebook_errors, run_notebook_in_lab
+from .conftest import (
+    REPO_ROOT,
+    lab_screenshot,
+    model_errors,
+    notebook_errors,
+    run_notebook_in_lab,
+    screenshot_path,
+)
 
-SCREENSHOT = REPO_ROOT / "docs" / "screenshots" / "sharding_explorer.png"
+SCREENSHOT = screenshot_path("sharding_explorer.png")
 Q_PROJ = "layers/0/self_attn/q_proj/kernel"
 N_PARAMS = 21  # tiny Llama: embeddings, 2 x (7 kernels + 2 norms), final norm, head
 

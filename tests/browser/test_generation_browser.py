@@ -7,10 +7,9 @@ from __future__ import annotations
 import re
 import time
 
-from .conftest import REPO_ROOT, model_errors, notebook_errors, run_notebook_in_lab
+from .conftest import model_errors, notebook_errors, run_notebook_in_lab, screenshot_path
 
 NOTEBOOK = "tests/browser/notebooks/generation_widgets.ipynb"
-SHOTS = REPO_ROOT / "docs" / "screenshots"
 MAX_NEW = 4000
 PROMPT_LEN = 16  # "In the beginning": 16 bytes, a multiple of the default pad_to
 Q = "layers/0/self_attn/q_proj/kernel"
@@ -82,7 +81,7 @@ def test_module_tree_and_generation_view(lab_page, lab_server):
     notation = page.get_attribute(".wb-param-detail .wb-notation", "data-notation")
     assert notation == "W[I_{fsdp,sp}, J_tp]", notation
     assert "sharded 4 ways over tp" in page.inner_text(".wb-module-tree .wb-param-summary")
-    _screenshot(page, ".wb-module-tree", SHOTS / "module_tree.png", height=1200)
+    _screenshot(page, ".wb-module-tree", screenshot_path("module_tree.png"), height=1200)
 
     # GenerationView: generate, watch tokens stream in, stop the long run half-way
     page.click(".wb-generation-view .wb-gen-generate")
@@ -112,5 +111,5 @@ def test_module_tree_and_generation_view(lab_page, lab_server):
     second = _wait_status(page, "wb-gen-stopped")
     assert _stopped_after(second) < MAX_NEW and "no compile (program reused)" in second, second
     assert page.inner_text(".wb-generation-view .wb-gen-new")
-    _screenshot(page, ".wb-generation-view", SHOTS / "generation_view.png")
+    _screenshot(page, ".wb-generation-view", screenshot_path("generation_view.png"))
     print(f"\n{NOTEBOOK}: done in {time.monotonic() - start:.1f} s; first run stopped after {n} tokens")

@@ -18,10 +18,11 @@ from .conftest import (
     notebook_errors,
     notebook_output_text,
     run_notebook_in_lab,
+    screenshot_path,
 )
 
 TOUR = REPO_ROOT / "notebooks" / "00_tour.ipynb"
-SCREENSHOT = REPO_ROOT / "docs" / "screenshots" / "lab_tour.png"
+SCREENSHOT = screenshot_path("lab_tour.png")
 
 # Used only while notebooks/00_tour.ipynb does not exist yet.
 _FALLBACK_CELLS = [

@@ -7,10 +7,16 @@ import re
 import time
 import typing as tp
 
-from .conftest import REPO_ROOT, lab_screenshot, model_errors, notebook_errors, run_notebook_in_lab
+from .conftest import (
+    lab_screenshot,
+    model_errors,
+    notebook_errors,
+    run_notebook_in_lab,
+    screenshot_path,
+)
 
 NOTEBOOK = "notebooks/01_meshes_and_partition_specs.ipynb"
-SCREENSHOT = REPO_ROOT / "docs" / "screenshots" / "mesh_and_sharding_views.png"
+SCREENSHOT = screenshot_path("mesh_and_sharding_views.png")
 TIMEOUT_MS = 30_000
 
 # What the views show, read from the DOM of the current notebook (widget views only: the static
