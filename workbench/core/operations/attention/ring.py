@@ -161,14 +161,27 @@ def ring_attention(call: AttentionCall, mesh: Mesh, axis: str) -> Array:
         k_BKSD, v_BKSD = keys_to_tiles(k_BSKD), keys_to_tiles(v_BSKD)  # rotate in tile layout
         q_idx, k_idx = jnp.arange(tq), jnp.arange(sk)
         kv_seg = local.get("kv_segment_ids")
-        carry = SoftmaxCarry.init(b, kv, h // kv, tq, d)
-        for step in range(sp):
+
+        def fold(step, carry, k_BKSD, v_BKSD, kv_seg):
             k_off = ((i - step) % sp) * sk  # the block held now came from device i - step
             tile = _tile_call(call, local, q_BTHD, k_BSKD, v_BSKD, kv_seg, i * tq, k_off)
-            carry = tile_update(carry, q_BKGTD, k_BKSD, v_BKSD, tile, q_idx, k_idx)
-            if step < sp - 1:
-                k_BKSD, v_BKSD, kv_seg = jax.lax.ppermute((k_BKSD, v_BKSD, kv_seg), axis, perm)
-        return tile_finish(carry, q_BTHD.dtype)
+            return tile_update(carry, q_BKGTD, k_BKSD, v_BKSD, tile, q_idx, k_idx)
+
+        def step_then_pass(step, state):
+            carry, k_BKSD, v_BKSD, kv_seg = state
+            carry = fold(step, carry, k_BKSD, v_BKSD, kv_seg)
+            return (carry, *jax.lax.ppermute((k_BKSD, v_BKSD, kv_seg), axis, perm))
+
+        # A loop, not sp unrolled copies: compile time stays flat as sp grows. The last block is
+        # folded after it, so no block is passed on needlessly.
+        # The loop carry must vary over the same mesh axes as what the fold adds to it: a 0.0 computed
+        # from q, k and v carries exactly their axes (where() hides any inf/nan in them).
+        corner = (q_BTHD[0, 0, 0, 0] + k_BSKD[0, 0, 0, 0] + v_BSKD[0, 0, 0, 0]).astype(jnp.float32)
+        anchor = jnp.where(True, 0.0, corner)
+        init = jax.tree.map(lambda z: z + anchor, SoftmaxCarry.init(b, kv, h // kv, tq, d))
+        state = (init, k_BKSD, v_BKSD, kv_seg)
+        carry, k_BKSD, v_BKSD, kv_seg = jax.lax.fori_loop(0, sp - 1, step_then_pass, state)
+        return tile_finish(fold(sp - 1, carry, k_BKSD, v_BKSD, kv_seg), q_BTHD.dtype)
 
     fn = jax.shard_map(body, mesh=mesh, in_specs=(seq_spec, seq_spec, seq_spec, {n: specs[n] for n in local}),
                        out_specs=seq_spec)
