@@ -158,30 +158,26 @@ def ring_attention(call: AttentionCall, mesh: Mesh, axis: str) -> Array:
         sk, kv = k_BSKD.shape[1], k_BSKD.shape[2]
         i = jax.lax.axis_index(axis)
         q_BKGTD = queries_to_tiles(q_BTHD, kv)
-        k_BKSD, v_BKSD = keys_to_tiles(k_BSKD), keys_to_tiles(v_BSKD)  # rotate in tile layout
         q_idx, k_idx = jnp.arange(tq), jnp.arange(sk)
-        kv_seg = local.get("kv_segment_ids")
 
-        def fold(step, carry, k_BKSD, v_BKSD, kv_seg):
+        def fold(step, carry: SoftmaxCarry, blocks: tuple) -> SoftmaxCarry:
+            k_BKSD, v_BKSD, kv_seg = blocks
             k_off = ((i - step) % sp) * sk  # the block held now came from device i - step
             tile = _tile_call(call, local, q_BTHD, k_BSKD, v_BSKD, kv_seg, i * tq, k_off)
             return tile_update(carry, q_BKGTD, k_BKSD, v_BKSD, tile, q_idx, k_idx)
 
-        def step_then_pass(step, state):
-            carry, k_BKSD, v_BKSD, kv_seg = state
-            carry = fold(step, carry, k_BKSD, v_BKSD, kv_seg)
-            return (carry, *jax.lax.ppermute((k_BKSD, v_BKSD, kv_seg), axis, perm))
+        def pass_then_fold(step, state: tuple) -> tuple:
+            carry, blocks = state
+            blocks = jax.lax.ppermute(blocks, axis, perm)
+            return fold(step, carry, blocks), blocks
 
-        # A loop, not sp unrolled copies: compile time stays flat as sp grows. The last block is
-        # folded after it, so no block is passed on needlessly.
-        # The loop carry must vary over the same mesh axes as what the fold adds to it: a 0.0 computed
-        # from q, k and v carries exactly their axes (where() hides any inf/nan in them).
-        corner = (q_BTHD[0, 0, 0, 0] + k_BSKD[0, 0, 0, 0] + v_BSKD[0, 0, 0, 0]).astype(jnp.float32)
-        anchor = jnp.where(True, 0.0, corner)
-        init = jax.tree.map(lambda z: z + anchor, SoftmaxCarry.init(b, kv, h // kv, tq, d))
-        state = (init, k_BKSD, v_BKSD, kv_seg)
-        carry, k_BKSD, v_BKSD, kv_seg = jax.lax.fori_loop(0, sp - 1, step_then_pass, state)
-        return tile_finish(fold(sp - 1, carry, k_BKSD, v_BKSD, kv_seg), q_BTHD.dtype)
+        # A loop, not sp unrolled steps: one step's logits are live at a time (unrolled, XLA fuses the
+        # row sums of all steps into one kernel and keeps every step's tile until the end). Folding the
+        # device's own block first makes the carry vary over the mesh like the loop body's result.
+        blocks = (keys_to_tiles(k_BSKD), keys_to_tiles(v_BSKD), local.get("kv_segment_ids"))  # tile layout
+        carry = fold(0, SoftmaxCarry.init(b, kv, h // kv, tq, d), blocks)
+        carry, _ = jax.lax.fori_loop(1, sp, pass_then_fold, (carry, blocks))
+        return tile_finish(carry, q_BTHD.dtype)
 
     fn = jax.shard_map(body, mesh=mesh, in_specs=(seq_spec, seq_spec, seq_spec, {n: specs[n] for n in local}),
                        out_specs=seq_spec)
