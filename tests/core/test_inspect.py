@@ -253,3 +253,21 @@ def test_cpu_measured_is_cached_and_plausible():
     hw = wi.cpu_measured()
     assert hw is wi.cpu_measured()
     assert 1e8 < hw.flops < 1e14 and 1e8 < hw.hbm_bandwidth < 1e12
+
+
+def test_collectives_in_loops_carry_their_trip_counts(mesh):
+    def body(a):
+        def hop(_, x):
+            return jax.lax.ppermute(x, "tp", [(i, (i + 1) % 4) for i in range(4)])
+
+        def outer(_, x):
+            return jax.lax.fori_loop(0, 3, hop, x)
+
+        return jax.lax.fori_loop(0, 2, outer, a)
+
+    records = wi.collectives(explicit(mesh, body, P("dp", "tp"), P("dp", "tp")), X)
+    permutes = [r for r in records if r.kind == "collective-permute"]
+    assert permutes and all(r.trips == 6 for r in permutes)  # 3 hops in each of 2 outer trips
+    once = wi.summarize(records)["collective-permute"]
+    counted = wi.summarize(records, count_trips=True)["collective-permute"]
+    assert counted == {"count": once["count"], "runs": 6 * once["count"], "bytes": 6 * once["bytes"]}

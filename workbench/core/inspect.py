@@ -65,7 +65,9 @@ class Collective:
     ``shape`` is the result shape, or one shape per operand for a tuple result; ``bytes`` the result's
     bytes on each device; ``replica_groups`` and ``source_target_pairs`` hold HLO device ids (positions in
     ``mesh.devices.flat``); ``mesh_axes`` the mesh axes along which devices of one group differ (``None``
-    without a mesh). ``asynchronous`` marks a ``*-start`` (its ``*-done`` is not listed).
+    without a mesh). ``asynchronous`` marks a ``*-start`` (its ``*-done`` is not listed). ``trips`` is
+    how many times it runs per execution of the program: the trip counts XLA records
+    (``known_trip_count``) of the while loops around it, multiplied; 1 outside loops.
     """
 
     kind: str
@@ -77,6 +79,7 @@ class Collective:
     source_target_pairs: tuple[tuple[int, int], ...] | None = None
     mesh_axes: tuple[str, ...] | None = None
     asynchronous: bool = False
+    trips: int = 1
 
     @property
     def group_size(self) -> int:
@@ -101,6 +104,8 @@ def _braces(groups: tp.Sequence[tp.Sequence[int]]) -> str:
 _KINDS = "all-gather|reduce-scatter|all-reduce|all-to-all|collective-permute"
 _INSTRUCTION = re.compile(rf"^\s*(?:ROOT\s+)?%?(?P<name>[^\s=]+)\s*=\s*(?P<shape>.*?)\s(?P<kind>{_KINDS})"
                           rf"(?P<start>-start)?\((?P<rest>.*)$")
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[^\s(]+)\s.*\{\s*$")
+_WHILE = re.compile(r"\swhile\(.*?body=%?(?P<body>[^\s,]+).*?known_trip_count\D*(?P<n>\d+)")
 _ARRAY = re.compile(r"(\w+)\[([\d,<=]*)\](?:\{[^}]*\})?")
 _EXPLICIT = re.compile(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}")
 _IOTA = re.compile(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
@@ -223,7 +228,7 @@ def collectives_in(hlo_text: str, mesh: Mesh | None = None) -> list[Collective]:
     """The collectives of an optimised HLO module's text (``compiled.as_text()``), in text order.
 
     With ``mesh`` (the one the program runs on), each record's ``mesh_axes`` names the axes its groups
-    span. Collectives inside loop bodies appear once, not once per iteration.
+    span. A collective inside a loop body appears once, with ``trips`` saying how often it runs.
     """
     header = re.search(r"^HloModule .*$", hlo_text, re.M)
     count = lambda key: int(m.group(1)) if header and (m := re.search(rf"{key}=(\d+)", header.group())) else 1
@@ -231,8 +236,13 @@ def collectives_in(hlo_text: str, mesh: Mesh | None = None) -> list[Collective]:
     if mesh is not None and n_devices not in (1, mesh.size):
         raise ValueError(f"collectives: the program runs on {n_devices} devices but the mesh has {mesh.size}; "
                          f"pass the mesh it was compiled for")
+    trips = _loop_trips(hlo_text)
     records = []
+    computation = None
     for line in hlo_text.splitlines():
+        if (header_match := _COMPUTATION.match(line)) is not None:
+            computation = header_match["name"]
+            continue
         if not (match := _INSTRUCTION.match(line)):
             continue
         kind, rest, asynchronous = match["kind"], match["rest"], bool(match["start"])
@@ -248,8 +258,25 @@ def collectives_in(hlo_text: str, mesh: Mesh | None = None) -> list[Collective]:
             groups = _replica_groups(rest, n_devices)
         axes = None if mesh is None else _spanned_axes(groups or pairs or (), mesh)
         records.append(Collective(kind, match["name"], shape, ",".join(dtypes), nbytes, groups, pairs, axes,
-                                  asynchronous))
+                                  asynchronous, trips.get(computation, 1)))
     return records
+
+
+def _loop_trips(hlo_text: str) -> dict[str, int]:
+    """Computation name -> runs per program execution, for while-loop bodies with a known trip count
+    (nested loops multiply). Other computations are absent (once)."""
+    loops: list[tuple[str, str, int]] = []  # (computation holding the while, body, trip count)
+    computation = None
+    for line in hlo_text.splitlines():
+        if (header_match := _COMPUTATION.match(line)) is not None:
+            computation = header_match["name"]
+        elif (m := _WHILE.search(line)) is not None and computation is not None:
+            loops.append((computation, m["body"], int(m["n"])))
+    trips: dict[str, int] = {}
+    for _ in range(len(loops)):  # outer loops first, whatever the text order
+        for outer, body, n in loops:
+            trips[body] = trips.get(outer, 1) * n
+    return trips
 
 
 def _compiled(fn: tp.Any, args: tp.Sequence[tp.Any], kwargs: dict[str, tp.Any]) -> jax.stages.Compiled:
@@ -278,13 +305,19 @@ def collectives(fn: tp.Any, *args: tp.Any, mesh: Mesh | None = None, **kwargs: t
     return collectives_in(compiled.as_text(), mesh if mesh is not None else _find_mesh(compiled, (args, kwargs)))
 
 
-def summarize(records: tp.Iterable[Collective]) -> dict[str, dict[str, int]]:
-    """Per kind: how many collectives and their total result bytes per device."""
+def summarize(records: tp.Iterable[Collective], *, count_trips: bool = False) -> dict[str, dict[str, int]]:
+    """Per kind: how many collective instructions (``count``) and their result bytes per device.
+
+    With ``count_trips``, a collective in a loop counts once per trip: ``runs`` is added and ``bytes``
+    is over one execution of the program (ring attention's 2 permutes run ``sp - 1`` times each).
+    """
     out: dict[str, dict[str, int]] = {}
     for r in records:
-        entry = out.setdefault(r.kind, {"count": 0, "bytes": 0})
+        entry = out.setdefault(r.kind, {"count": 0, "runs": 0, "bytes": 0} if count_trips else {"count": 0, "bytes": 0})
         entry["count"] += 1
-        entry["bytes"] += r.bytes
+        if count_trips:
+            entry["runs"] += r.trips
+        entry["bytes"] += r.bytes * (r.trips if count_trips else 1)
     return out
 
 
