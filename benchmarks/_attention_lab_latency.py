@@ -89,15 +89,6 @@ def attention_lab_latency(switches: int = 10, seq_len: int = 256) -> list[Row]:
     return rows
 
 
-def _print_rows(heads: list[str], rows: list[Row]) -> None:
-    widths = [max(len(r[i]) for r in [heads, *rows]) for i in range(len(heads))]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
-    print(line(heads))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows:
-        print(line(list(r)))
-
-
 def _serialising_comms() -> None:
     """Widget messages serialised to JSON as the kernel's session would (there is no front end here)."""
     import json
@@ -120,11 +111,11 @@ def main() -> None:
     args = parser.parse_args()
     workbench.simulate_devices(8)  # before any JAX computation
     _serialising_comms()
-    from _header import header
+    from _header import header, print_rows
 
     load = os.getloadavg()[0]
     print(header("attention lab: kernel-side latency of switching implementation (T=256, 8 simulated devices)"))
-    _print_rows(["quantity", "measured", "target", "status"], attention_lab_latency(args.switches))
+    print_rows(["quantity", "measured", "target", "status"], attention_lab_latency(args.switches))
     print(f"\n(1-minute load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on "
           f"{os.cpu_count()} cores)")
 

@@ -17,3 +17,13 @@ def header(title: str) -> str:
         f"backend {jax.default_backend()}: {jax.device_count()} x {device.device_kind}",
         "",
     ])
+
+
+def print_rows(heads: list[str], rows: list[tuple[str, ...]]) -> None:
+    """A markdown table, columns padded to their widest cell."""
+    widths = [max(len(r[i]) for r in [heads, *rows]) for i in range(len(heads))]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+    print(line(heads))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print(line(list(r)))

@@ -31,7 +31,7 @@ import workbench  # cheap: nothing of JAX runs before simulate_devices
 workbench.simulate_devices(8)  # before any JAX computation
 
 import comm  # noqa: E402
-from _header import header  # noqa: E402
+from _header import header, print_rows  # noqa: E402
 
 Row = tuple[str, str, str, str]
 SENT = {"messages": 0, "bytes": 0}
@@ -112,15 +112,6 @@ SECTIONS: dict[str, tp.Callable[[argparse.Namespace], list[Row]]] = {
     "sharding explorer": explorer_section,
     "attention lab": attention_lab_section,
 }
-
-
-def print_rows(heads: list[str], rows: list[Row]) -> None:
-    widths = [max(len(r[i]) for r in [heads, *rows]) for i in range(len(heads))]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
-    print(line(heads))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows:
-        print(line(list(r)))
 
 
 def main() -> None:

@@ -7,13 +7,16 @@ reason, except under ``CI=true``, where they fail: CI must never pass by skippin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import typing as tp
 import urllib.error
@@ -334,6 +337,23 @@ def model_errors(cells: list[dict]) -> list[str]:
                     found.append(f"cell {cell['index']} (stderr): {text[-2000:]}")
     return found
 
+
+
+@contextlib.contextmanager
+def temp_notebook(name: str, sources: tp.Sequence[str]) -> tp.Iterator[str]:
+    """A notebook of code cells ``sources`` in a throwaway folder inside the lab root (Jupyter refuses
+    hidden paths); yields its path relative to the root and removes the folder afterwards."""
+    directory = Path(tempfile.mkdtemp(prefix=f"_browser_{Path(name).stem}_", dir=REPO_ROOT))
+    cells = [{"cell_type": "code", "execution_count": None, "id": f"cell-{i}", "metadata": {}, "outputs": [],
+              "source": src} for i, src in enumerate(sources)]
+    nb = {"cells": cells, "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python",
+                                                      "name": "python3"}}, "nbformat": 4, "nbformat_minor": 5}
+    path = directory / name
+    path.write_text(json.dumps(nb, indent=1))
+    try:
+        yield path.relative_to(REPO_ROOT).as_posix()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def screenshot_path(name: str) -> Path:

@@ -7,21 +7,17 @@ serves): notebooks/07 runs the same steps with a model and is executed by nbval 
 
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
 from .conftest import (
-    REPO_ROOT,
     lab_screenshot,
     model_errors,
     notebook_errors,
     run_notebook_in_lab,
     screenshot_path,
+    temp_notebook,
 )
 
 SCREENSHOT = screenshot_path("attention_lab.png")
@@ -75,17 +71,8 @@ _RESULT_ROWS_JS = """() => [...document.querySelectorAll('.wb-attention-results 
 
 @pytest.fixture
 def lab_notebook():
-    directory = Path(tempfile.mkdtemp(prefix="_browser_attention_lab_", dir=REPO_ROOT))
-    cells = [{"cell_type": "code", "execution_count": None, "id": f"cell-{i}", "metadata": {}, "outputs": [],
-              "source": src} for i, src in enumerate(CELLS)]
-    nb = {"cells": cells, "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python",
-                                                      "name": "python3"}}, "nbformat": 4, "nbformat_minor": 5}
-    path = directory / "attention_lab.ipynb"
-    path.write_text(json.dumps(nb, indent=1))
-    try:
-        yield path.relative_to(REPO_ROOT).as_posix()
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    with temp_notebook("attention_lab.ipynb", CELLS) as path:
+        yield path
 
 
 def _wait_for_row(page, implementation: str, kernel_path: str, timeout_ms: int = 60_000) -> list[list[str]]:

@@ -3,22 +3,18 @@ browser (the tensor-parallel axis) reaches the kernel and re-renders the table w
 
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
 import time
 import typing as tp
-from pathlib import Path
 
 import pytest
 
 from .conftest import (
-    REPO_ROOT,
     lab_screenshot,
     model_errors,
     notebook_errors,
     run_notebook_in_lab,
     screenshot_path,
+    temp_notebook,
 )
 
 SCREENSHOT = screenshot_path("sharding_explorer.png")
@@ -40,18 +36,8 @@ _CELLS = [
 
 @pytest.fixture
 def explorer_notebook() -> tp.Iterator[str]:
-    """The notebook, in a throwaway folder inside the lab root (Jupyter refuses hidden paths), removed after."""
-    directory = Path(tempfile.mkdtemp(prefix="_browser_explorer_", dir=REPO_ROOT))
-    cells = [{"cell_type": "code", "execution_count": None, "id": f"cell-{i}", "metadata": {}, "outputs": [],
-              "source": src} for i, src in enumerate(_CELLS)]
-    nb = {"cells": cells, "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python",
-                                                      "name": "python3"}}, "nbformat": 4, "nbformat_minor": 5}
-    path = directory / "sharding_explorer.ipynb"
-    path.write_text(json.dumps(nb, indent=1))
-    try:
-        yield path.relative_to(REPO_ROOT).as_posix()
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    with temp_notebook("sharding_explorer.ipynb", _CELLS) as path:
+        yield path
 
 
 _SPEC_JS = """(path) => {

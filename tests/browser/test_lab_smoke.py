@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
 import time
-import typing as tp
-from pathlib import Path
-
-import pytest
 
 from .conftest import (
     REPO_ROOT,
@@ -24,42 +17,8 @@ from .conftest import (
 TOUR = REPO_ROOT / "notebooks" / "00_tour.ipynb"
 SCREENSHOT = screenshot_path("lab_tour.png")
 
-# Used only while notebooks/00_tour.ipynb does not exist yet.
-_FALLBACK_CELLS = [
-    "import jax\nimport workbench as wb\nprint(len(jax.devices()), 'devices')",
-    "mesh = wb.make_mesh(dp=2, tp=4)\nprint(wb.describe_mesh(mesh))",
-]
-
-
-def _fallback_notebook(directory: Path) -> Path:
-    cells = [{"cell_type": "code", "execution_count": None, "id": f"cell-{i}", "metadata": {},
-              "outputs": [], "source": src} for i, src in enumerate(_FALLBACK_CELLS)]
-    nb = {"cells": cells, "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python",
-                                                      "name": "python3"}},
-          "nbformat": 4, "nbformat_minor": 5}
-    path = directory / "browser_smoke.ipynb"
-    path.write_text(json.dumps(nb, indent=1))
-    return path
-
-
-@pytest.fixture
-def smoke_notebook(tmp_path: Path) -> tp.Iterator[tuple[str, Path]]:
-    """(path relative to the lab root, where to save the screenshot)."""
-    if TOUR.exists():
-        yield TOUR.relative_to(REPO_ROOT).as_posix(), SCREENSHOT
-        return
-    # The lab serves the repository root, so the stand-in goes in a throwaway folder inside it
-    # (not a hidden one: Jupyter refuses hidden paths), removed afterwards.
-    directory = Path(tempfile.mkdtemp(prefix="_browser_smoke_", dir=REPO_ROOT))
-    try:
-        path = _fallback_notebook(directory)
-        yield path.relative_to(REPO_ROOT).as_posix(), tmp_path / "lab_smoke.png"
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def test_tour_runs_in_jupyterlab(lab_page, lab_server, smoke_notebook):
-    relative_path, screenshot = smoke_notebook
+def test_tour_runs_in_jupyterlab(lab_page, lab_server):
+    relative_path, screenshot = TOUR.relative_to(REPO_ROOT).as_posix(), SCREENSHOT
     start = time.monotonic()
     cells = run_notebook_in_lab(lab_page, lab_server, relative_path)
     ran_s = time.monotonic() - start

@@ -9,8 +9,7 @@ Names load lazily (``import workbench.models`` imports neither JAX nor flax); th
 
 from __future__ import annotations
 
-import importlib
-import typing as tp
+from workbench._lazy import lazy_exports
 
 _LAZY = {
     "from_pretrained": "workbench.core.models.checkpoint",
@@ -25,13 +24,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> tp.Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

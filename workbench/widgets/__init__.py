@@ -7,8 +7,7 @@ workbench.widgets`` imports neither ipywidgets nor plotly until a widget is used
 
 from __future__ import annotations
 
-import importlib
-import typing as tp
+from workbench._lazy import lazy_exports
 
 _LAZY = {
     "MeshView": "workbench.widgets.mesh_view",
@@ -22,11 +21,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> tp.Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_LAZY[name]), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -8,10 +8,10 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from tests.core.models.tiny_llama import batch, logits, tiny_model
 from workbench.core.axes import EMPTY, FSDP, SP, TP, ColumnWise, DynamicShardingAxes, RowWise
 from workbench.core.linear import ColumnParallelLinear, ParallelLinear, RowParallelLinear, TensorParallelConfig
 from workbench.core.mesh import make_mesh
-from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.lora import (
     LoRALinear,
     LoRAParam,
@@ -21,25 +21,8 @@ from workbench.core.models.lora import (
     unwrap_lora_to_layers,
 )
 
-TINY = dict(model_type="llama", vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)
 N_LINEAR = 2 * 7 + 1  # q k v o gate up down per layer, plus lm_head
 HI = jax.lax.Precision.HIGHEST
-
-
-def _logits(out):
-    return np.asarray(getattr(out, "logits", out))
-
-
-def tiny_model(seed=0):
-    return CausalLM(ModelConfig.from_hf(TINY), rngs=nnx.Rngs(seed))
-
-
-def batch():
-    rng = np.random.default_rng(0)
-    ids = jnp.asarray(rng.integers(0, TINY["vocab_size"], (2, 8)))
-    mask = jnp.asarray(np.array([[1] * 8, [0] * 3 + [1] * 5]))
-    return ids, mask
 
 
 def snapshot(model):
@@ -72,12 +55,12 @@ def randomize_b(model, seed=1):
 def test_fresh_adapters_leave_logits_bit_identical_and_input_untouched():
     model = tiny_model()
     ids, mask = batch()
-    want = _logits(model(ids, mask))
+    want = logits(model(ids, mask))
     snap = snapshot(model)
     lora = apply_lora_to_layers(model, 4)
     assert_untouched(model, snap)
     assert type(model.layers[0].self_attn.q_proj) is ColumnParallelLinear
-    np.testing.assert_array_equal(_logits(lora(ids, mask)), want)
+    np.testing.assert_array_equal(logits(lora(ids, mask)), want)
     assert len([m for _, m in nnx.iter_graph(lora) if isinstance(m, LoRALinear)]) == N_LINEAR
 
 
@@ -154,7 +137,7 @@ def test_split_and_merge_lora_params_round_trip():
     b_of(adapters)[...] = jnp.ones_like(b_of(adapters)[...])
     assert not np.any(np.asarray(lora.layers[1].mlp.up_proj.lora_b[...]))
     ids, mask = batch()
-    assert not np.allclose(_logits(tuned(ids, mask)), _logits(lora(ids, mask)))
+    assert not np.allclose(logits(tuned(ids, mask)), logits(lora(ids, mask)))
 
 
 def test_unwrap_folds_adapters_into_kernels():
@@ -173,8 +156,8 @@ def test_unwrap_folds_adapters_into_kernels():
     assert q.kernel.semantic_axes == ColumnWise
     ids, mask = batch()
     with jax.default_matmul_precision("highest"):
-        want, got = _logits(tuned(ids, mask)), _logits(plain(ids, mask))
-    assert np.abs(want - _logits(model(ids, mask))).max() > 1e-2  # the adapters do something
+        want, got = logits(tuned(ids, mask)), logits(plain(ids, mask))
+    assert np.abs(want - logits(model(ids, mask))).max() > 1e-2  # the adapters do something
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
@@ -182,7 +165,7 @@ def test_gradient_step_on_adapters_only():
     model = tiny_model()
     lora = apply_lora_to_layers(model, 4, "self_attn")
     ids, mask = batch()
-    before = _logits(lora(ids, mask))
+    before = logits(lora(ids, mask))
     base_kernels = nnx.to_pure_dict(nnx.state(lora, nnx.Not(LoRAParam)))
 
     def loss_fn(m):
@@ -199,20 +182,20 @@ def test_gradient_step_on_adapters_only():
     flat = nnx.to_flat_state(grads)
     assert flat and all(isinstance(v, LoRAParam) for _, v in flat)
     assert any(p[-1] == "lora_b" and np.any(np.asarray(v[...])) for p, v in flat)
-    assert np.abs(_logits(trained(ids, mask)) - before).max() > 1e-4
+    assert np.abs(logits(trained(ids, mask)) - before).max() > 1e-4
     jax.tree.map(np.testing.assert_array_equal, nnx.to_pure_dict(nnx.state(trained, nnx.Not(LoRAParam))),
                  base_kernels)
-    np.testing.assert_array_equal(_logits(lora(ids, mask)), before)  # the step worked on a clone
+    np.testing.assert_array_equal(logits(lora(ids, mask)), before)  # the step worked on a clone
 
 
 def test_split_merge_and_jit():
     tuned = randomize_b(apply_lora_to_layers(tiny_model(), 4))
     ids, mask = batch()
-    eager = _logits(tuned(ids, mask))
+    eager = logits(tuned(ids, mask))
     graphdef, state = nnx.split(tuned)
     merged = nnx.merge(graphdef, state)
     assert isinstance(merged.layers[0].mlp.down_proj, LoRALinear) and merged.layers[0].mlp.down_proj.scale == 1.0
-    np.testing.assert_array_equal(_logits(merged(ids, mask)), eager)
+    np.testing.assert_array_equal(logits(merged(ids, mask)), eager)
     jitted = jax.jit(lambda s, i, m: getattr(o := nnx.merge(graphdef, s)(i, m), "logits", o))(state, ids, mask)
     np.testing.assert_allclose(np.asarray(jitted), eager, rtol=1e-5, atol=1e-5)
     via_nnx = nnx.jit(lambda m, i, k: getattr(o := m(i, k), "logits", o))(tuned, ids, mask)

@@ -7,31 +7,14 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from tests.core.models.tiny_llama import batch, logits, tiny_model
 from workbench.core.axes import FSDP, SP, TP, ColumnWise, RowWise
 from workbench.core.linear import ColumnParallelLinear, ParallelLinear, TensorParallelConfig
 from workbench.core.mesh import make_mesh
-from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.lora import LoRALinear, LoRAParam, apply_lora_to_layers, unwrap_lora_to_layers
 from workbench.core.models.quantize import Int8Linear, QuantizedParam, quantize, quantize_int8
 
-TINY = dict(model_type="llama", vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)
 HI = jax.lax.Precision.HIGHEST
-
-
-def _logits(out):
-    return np.asarray(getattr(out, "logits", out))
-
-
-def tiny_model(seed=0):
-    return CausalLM(ModelConfig.from_hf(TINY), rngs=nnx.Rngs(seed))
-
-
-def batch():
-    rng = np.random.default_rng(0)
-    ids = jnp.asarray(rng.integers(0, TINY["vocab_size"], (2, 8)))
-    mask = jnp.asarray(np.array([[1] * 8, [0] * 3 + [1] * 5]))
-    return ids, mask
 
 
 def pairs(model, quantized):
@@ -105,7 +88,7 @@ def test_tiny_llama_logits_error_and_bytes():
     quant = quantize(model)
     ids, mask = batch()
     with jax.default_matmul_precision("highest"):
-        want, got = _logits(model(ids, mask)), _logits(quant(ids, mask))
+        want, got = logits(model(ids, mask)), logits(quant(ids, mask))
     keep = np.asarray(mask, bool)
     rel = np.abs(got - want)[keep].max() / np.abs(want)[keep].max()
     kern_f = nbytes([m.kernel[...] for _, m, _ in pairs(model, quant)])
@@ -138,11 +121,11 @@ def test_pattern_bits_and_errors():
 def test_split_merge_and_jit():
     quant = quantize(tiny_model())
     ids, mask = batch()
-    eager = _logits(quant(ids, mask))
+    eager = logits(quant(ids, mask))
     graphdef, state = nnx.split(quant)
     merged = nnx.merge(graphdef, state)
     assert isinstance(merged.lm_head, Int8Linear) and merged.lm_head.kernel[...].dtype == jnp.int8
-    np.testing.assert_array_equal(_logits(merged(ids, mask)), eager)
+    np.testing.assert_array_equal(logits(merged(ids, mask)), eager)
     jitted = jax.jit(lambda s, i, m: getattr(o := nnx.merge(graphdef, s)(i, m), "logits", o))(state, ids, mask)
     np.testing.assert_allclose(np.asarray(jitted), eager, rtol=1e-5, atol=1e-5)
     via_nnx = nnx.jit(lambda m, i, k: getattr(o := m(i, k), "logits", o))(quant, ids, mask)

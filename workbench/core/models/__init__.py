@@ -6,8 +6,7 @@ Hugging Face conversion never imports torch or transformers.
 
 from __future__ import annotations
 
-import importlib
-import typing as tp
+from workbench._lazy import lazy_exports
 
 _LAZY = {
     "ModelConfig": "workbench.core.models.config",
@@ -41,11 +40,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> tp.Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_LAZY[name]), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -117,7 +117,8 @@ class ModelMethods:
         return {"input_ids": input_ids, "attention_mask": mask, **kwargs}
 
     def can_generate(self) -> bool:
-        return hasattr(self, "lm_head")  and not hasattr(self, "score")
+        """False for a classifier (a ``score`` head, no language-model head)."""
+        return not hasattr(self, "score")
 
     @property
     def config_class(self) -> type:
