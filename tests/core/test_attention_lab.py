@@ -231,8 +231,13 @@ def tiny_llama():
 
     graphdef, state = nnx.split(nnx.eval_shape(lambda: tiny("llama", num_hidden_layers=1)))
     rng = np.random.default_rng(0)  # norm weights 1, matrices N(0, 0.1)
-    draw = lambda x: jnp.ones(x.shape, x.dtype) if x.ndim == 1 else jnp.asarray(rng.normal(0, 0.1, x.shape), x.dtype)
-    return nnx.merge(graphdef, jax.tree.map(draw, state))
+
+    def draw(path, var):
+        norm = any("norm" in str(part) for part in path)
+        x = var.get_value()
+        return var.replace(jnp.ones(x.shape, x.dtype) if norm else jnp.asarray(rng.normal(0, 0.1, x.shape), x.dtype))
+
+    return nnx.merge(graphdef, nnx.map_state(draw, state))
 
 
 def test_model_comparison_switches_attention_without_touching_the_model():
@@ -267,3 +272,20 @@ def test_model_comparison_switches_attention_without_touching_the_model():
         lab.model_comparison(model, "paged", ids, mask)
     with pytest.raises(ValueError, match=r"attention_mask has shape \(1, 3\); it must be \(B, T\) = \(1, 8\)"):
         lab.model_comparison(model, "flash", ids, mask[:, :3])
+
+
+def test_model_comparison_decodes_with_a_hugging_face_tokenizer(smollm2_hf_tokenizer, smollm2_dir):
+    from workbench.core.models.presets import tiny
+    from workbench.core.models.tokenizer import as_tokenizer
+
+    hf = smollm2_hf_tokenizer
+    model = tiny("llama", num_hidden_layers=1, vocab_size=49152)  # random, with SmolLM2's BPE vocab
+    ref = hf(["Hello world", "日本語 🙂"], padding=True, padding_side="left", add_special_tokens=False,
+             return_tensors="np")
+    for tokenizer in (hf, smollm2_dir):  # a transformers tokenizer, or the directory holding it
+        result = lab.model_comparison(model, "vanilla", ref["input_ids"], ref["attention_mask"], max_new_tokens=3,
+                                      tokenizer=tokenizer)
+        for run in (result.impl, result.reference):
+            assert run.text == hf.batch_decode(run.new_tokens, skip_special_tokens=True)
+    assert as_tokenizer(hf)(["Hello world"])["input_ids"].tolist() == [hf.encode("Hello world",
+                                                                                 add_special_tokens=False)]

@@ -96,7 +96,9 @@ def test_reason_says_which_axis_was_dropped_and_why():
     row = layout["embed_tokens"]  # RowWise: (TP, [FSDP, SP]); 260 % 8 != 0
     assert row.spec == PartitionSpec(None, ("fsdp", "sp"))  # size-1 axes are kept: they split nothing
     assert row.reason.startswith("dim0 TP: tp dropped: 260 not divisible by 8; replicated | dim1 [FSDP, SP]: ")
-    assert layout["layers/0/input_layernorm/weight"].reason == "replicated: no dimension is named for sharding (EMPTY)"
+    # stacked over layers: LAYERS maps to layer_axis (None by default), the feature dimension is EMPTY
+    assert layout["layers/input_layernorm/weight"].reason == ("dim0 LAYERS: layer_axis = None: replicated | "
+                                                              "dim1 EMPTY: not sharded (EMPTY)")
 
 
 def test_rules_override_semantic_axes_and_the_rule_is_named_once():
@@ -105,7 +107,7 @@ def test_rules_override_semantic_axes_and_the_rule_is_named_once():
     row = layout["embed_tokens"]
     assert row.spec == PartitionSpec("tp", "fsdp") and row.axes == ("VOCAB", "EMBED")
     assert row.reason.count("(rule 'embed_tokens')") == 1 and row.reason.endswith("(rule 'embed_tokens')")
-    assert layout.editor_fields()["parameters"] == ("vocab_axis", "hidden_state_axis")
+    assert layout.editor_fields()["parameters"] == ("vocab_axis", "hidden_state_axis", "layer_axis")
     assert layout.editor_fields()["kv_cache"] == ("decode_batch_axis", "decode_key_sequence_axis",
                                                   "decode_kv_head_axis", "decode_attention_kv_dim_axis")
 
@@ -140,12 +142,12 @@ def test_memory_per_device_against_abstract_trees(llama):
     # KV cache: the model's own cache, batch over (fsdp, dp) and kv heads over tp
     cache = jax.eval_shape(lambda: llama.init_cache(8, 128, dtype=jnp.bfloat16))
     shape, spec, reason = explore.kv_cache_spec(layout, 8, 128)
-    assert shape == cache.keys[0].shape and spec == PartitionSpec(("fsdp", "dp"), "sp", "tp", None)
+    assert shape == cache.keys.shape[1:] and spec == PartitionSpec(("fsdp", "dp"), "sp", "tp", None)
     assert "dim0 BATCH: sharded 4 ways over fsdp×dp" in reason and "dim2 KV_HEAD: sharded 2 ways over tp" in reason
-    kv_tree = (cache.keys, cache.values)
-    reference = memory_per_device(kv_tree, NamedSharding(mesh, spec))
+    kv_tree = (cache.keys, cache.values)  # (L, B, S, KV, D): every layer's slice laid out as one layer's
+    reference = memory_per_device(kv_tree, NamedSharding(mesh, PartitionSpec(None, *spec)))
     assert set(reference.per_device.values()) == {memory.kv_cache}
-    assert reference.logical == sum(k.size * k.dtype.itemsize for k in (*cache.keys, *cache.values))
+    assert reference.logical == cache.keys.size * cache.keys.dtype.itemsize * 2
     assert explore.memory_per_device(layout, optimizer=None).total == layout.param_bytes
 
 
@@ -193,8 +195,11 @@ def test_fsdp_gathers_weights_in_the_forward_and_all_reduces_gradients(llama1):
     layout = explore.Layout.of(llama, make_mesh(fsdp=8), rules=EMBED_RULE)
     forward = explore.step_collectives(llama, layout, kind="forward", batch=(8, 16))
     assert {(r.kind, r.mesh_axes) for r in forward.records} == {("all-gather", ("fsdp",))}
-    kernels = sorted(p.shape for p in layout.params if p.shard_shape != p.shape)
-    assert sorted(r.shape for r in forward.records) == kernels  # each fsdp-split kernel gathered whole, once
+    # each fsdp-split kernel gathered whole, once; a stacked one a layer at a time, inside the layer scan
+    n = llama.config.num_hidden_layers
+    kernels = sorted((p.shape[1:], n) if p.path.startswith("layers/") else (p.shape, 1)
+                     for p in layout.params if p.shard_shape != p.shape)
+    assert sorted((r.shape, r.trips) for r in forward.records) == kernels
     train = explore.step_collectives(llama, layout, kind="train", batch=(8, 16))
     kinds = {(r.kind, r.mesh_axes) for r in train.records}
     assert ("all-gather", ("fsdp",)) in kinds

@@ -210,3 +210,31 @@ def test_static_html_escapes_and_reports_the_state(late_impl):
     assert "application/vnd.jupyter.widget-view+json" in bundle
     json.dumps(lab.difference_figure.to_plotly_json(), default=str)  # the figure is plain data
     assert view.comparison_html(lab.comparison).count("<tr>") == 3
+
+
+def test_use_in_model_encodes_with_a_hugging_face_tokenizer(monkeypatch, smollm2_hf_tokenizer, smollm2_dir):
+    from workbench.core.models.tokenizer import HFTokenizer
+
+    hf = smollm2_hf_tokenizer
+    calls = []
+
+    def fake_model_comparison(model, impl, ids, mask, **kwargs):
+        calls.append((np.asarray(ids).tolist(), np.asarray(mask).tolist(), kwargs["tokenizer"]))
+        new = hf.encode(" Paris.", add_special_tokens=False)
+        runs = [ModelRun(name, None, np.zeros((1, 2, 4), np.float32), [new], [kwargs["tokenizer"].decode(new)])
+                for name in (impl, kwargs["reference"])]
+        return ModelComparison(*runs, 0.0, np.zeros(2))
+
+    monkeypatch.setattr(view, "model_comparison", fake_model_comparison)
+    model = types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=49152))  # SmolLM2's vocab
+    for tokenizer in (hf, smollm2_dir):
+        lab = AttentionLab(model, tokenizer=tokenizer, **SMALL)
+        assert isinstance(lab.tokenizer, HFTokenizer)
+        assert lab.use_in_model("Hello world, 日本語") and lab.error == ""
+        ids = hf("Hello world, 日本語", add_special_tokens=False)["input_ids"]
+        assert calls[-1][:2] == ([ids], [[1] * len(ids)]) and calls[-1][2] is lab.tokenizer
+        assert "&#x27; Paris.&#x27;" in lab._model_html.value  # the decoded continuation, as repr, escaped
+    # a real vocab gets no byte tokenizer by default: byte ids would mean nothing to it
+    lab = AttentionLab(model, **SMALL)
+    assert lab.tokenizer is None and not lab.use_in_model("Hi")
+    assert "no tokenizer: pass AttentionLab(model, tokenizer=...)" in lab.error

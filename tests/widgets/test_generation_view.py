@@ -19,7 +19,7 @@ from workbench.core.models.config import ModelConfig
 from workbench.core.models.generation import GenerationConfig
 from workbench.core.models.presets import tiny, tiny_config
 from workbench.core.models.sharding import lazy_init
-from workbench.core.models.tokenizer import ByteTokenizer
+from workbench.core.models.tokenizer import ByteTokenizer, HFTokenizer
 from workbench.core.token_stream import TokenStream
 from workbench.widgets._cache_html import cache_html
 from workbench.widgets.generation_view import GenerationView, default_tokenizer
@@ -193,3 +193,99 @@ def test_static_html_and_long_caches(model):
         GenerationView(model, cache="ring")
     with pytest.raises(TypeError, match="generate"):
         GenerationView(object())
+
+
+# -- a Hugging Face tokenizer (the real SmolLM2 one): chat template, BPE text -------------------------------------
+@pytest.fixture(scope="module")
+def hf(smollm2_hf_tokenizer):
+    return smollm2_hf_tokenizer
+
+
+@pytest.fixture(scope="module")
+def bpe_model():
+    """A random 1-layer tiny Llama with SmolLM2's vocab: its tokens are arbitrary BPE pieces."""
+    return tiny("llama", num_hidden_layers=1, vocab_size=49152)
+
+
+def chat_ids(hf, text):
+    return hf.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                  return_dict=False)
+
+
+def test_hf_tokenizer_chat_checkbox_and_prompt_ids(bpe_model, hf, smollm2_dir):
+    view = GenerationView(bpe_model, tokenizer=hf, prompt="Hi")
+    assert isinstance(view.tokenizer, HFTokenizer) and view.tokenizer.hf is hf
+    assert view.chat.value and not view.chat.disabled and view.chat.layout.display != "none"
+    assert view.chat in view.children[3].children
+    ids, mask = view.prompt_inputs()
+    ref = chat_ids(hf, "Hi")
+    assert ids.shape == (1, 32) and ids[0, 32 - len(ref):].tolist() == ref  # left padded to a multiple of 16
+    assert ids[0, :32 - len(ref)].tolist() == [hf.pad_token_id] * (32 - len(ref))
+    assert mask.sum() == len(ref) and mask[0, -1] == 1
+    config = view.generation_config()
+    assert (config.eos_token_id, config.pad_token_id) == ((hf.eos_token_id,), hf.pad_token_id) == ((2,), 2)
+
+    view.chat.value = False  # the text as is, no special tokens added
+    ids, mask = view.prompt_inputs()
+    plain = hf("Hi", add_special_tokens=False)["input_ids"]
+    assert ids[0, 16 - len(plain):].tolist() == plain and mask.sum() == len(plain)
+
+    view.chat.value, view.batch.value = True, True
+    view.prompt.value = "Hi\nWhat is 2+2?"
+    ids, mask = view.prompt_inputs()
+    rows = [chat_ids(hf, "Hi"), chat_ids(hf, "What is 2+2?")]
+    assert [r[m.astype(bool)].tolist() for r, m in zip(ids, mask, strict=True)] == rows
+
+    from_dir = GenerationView(bpe_model, tokenizer=smollm2_dir, chat=False)  # a local directory works too
+    assert isinstance(from_dir.tokenizer, HFTokenizer) and not from_dir.chat.value
+
+
+def test_byte_tokenizer_has_no_chat_checkbox(model):
+    view = make_view(model)
+    assert view.chat.layout.display == "none" and view.chat.disabled and not view.chat.value
+    with pytest.raises(ValueError, match="chat=True needs a tokenizer with a chat template"):
+        GenerationView(model, chat=True)
+
+
+def test_hf_streamed_text_is_decoded_whole_and_never_garbled(bpe_model, hf):
+    view = GenerationView(bpe_model, tokenizer=hf, prompt="Hi", cache_length=64, refresh_s=0)
+    view.max_new_tokens.value, view.stop_at_eos.value = 12, False
+    texts = record(view._text)
+    view.generate()
+    assert view.wait(TIMEOUT_S) and view.error == ""
+    new = view.new_tokens[0].tolist()
+    assert len(new) == 12 and view.text == [hf.decode(new, skip_special_tokens=True)]
+    shown = {}
+    for value in texts:  # what the view showed after n streamed tokens
+        steps = int(re.search(r'data-steps="(\d+)"', value).group(1))
+        shown[steps] = html.unescape(re.search(r'class="wb-gen-new"[^>]*>(.*?)</span>', value, re.S).group(1))
+        prompt = html.unescape(re.search(r'class="wb-gen-prompt-text"[^>]*>(.*?)</span>', value, re.S).group(1))
+        assert prompt == hf.decode(chat_ids(hf, "Hi"))  # a chat prompt shows its template's markers
+    assert sorted(shown) == list(range(13))
+    for n, text in shown.items():
+        expected = hf.decode(new[:n], skip_special_tokens=True)
+        assert text == (expected if n == 12 else expected.rstrip("\ufffd")), n
+
+
+def test_real_smollm2_answers_in_chat_like_transformers(smollm2_dir, hf):
+    """The packaged model, loaded by the workbench, greedy in the view: the tokens transformers generates."""
+    import torch
+    import transformers
+
+    from workbench.core.models.checkpoint import from_pretrained
+
+    question = "What is the capital of France?"
+    ids = chat_ids(hf, question)
+    reference_model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32,
+                                                                        local_files_only=True)
+    expected = reference_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                        max_new_tokens=12, do_sample=False)[0, len(ids):].tolist()
+    assert expected[-1] == hf.eos_token_id and "Paris" in hf.decode(expected)
+
+    view = GenerationView(from_pretrained(smollm2_dir), tokenizer=smollm2_dir, prompt=question, cache_length=64)
+    view.max_new_tokens.value = 12
+    assert view.chat.value  # on by default: the tokenizer has a chat template
+    view.generate()
+    assert view.wait(TIMEOUT_S) and view.error == ""
+    assert view.new_tokens[0, :len(expected)].tolist() == expected
+    assert view.text[0] == hf.decode(expected, skip_special_tokens=True) and "Paris" in view.text[0]

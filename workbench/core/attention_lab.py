@@ -413,7 +413,9 @@ def model_comparison(model: tp.Any, impl: str, input_ids: tp.Any, attention_mask
     """``model.with_attention(impl)`` against ``model.with_attention(reference)``: logits and greedy tokens.
 
     ``input_ids (B, T)`` int; ``attention_mask`` 1 = token (left padding), None = all ones. The
-    model passed in is left as it is; both switched models are returned in the runs.
+    model passed in is left as it is; both switched models are returned in the runs. ``tokenizer``
+    (ours, a Hugging Face one, or a local directory: anything ``as_tokenizer`` takes) decodes the
+    continuations into ``ModelRun.text``.
     """
     ids = jnp.asarray(input_ids)
     if ids.ndim != 2 or not jnp.issubdtype(ids.dtype, jnp.integer):
@@ -422,6 +424,10 @@ def model_comparison(model: tp.Any, impl: str, input_ids: tp.Any, attention_mask
     if mask.shape != ids.shape:
         raise ValueError(f"attention_mask has shape {mask.shape}; it must be (B, T) = {ids.shape} like input_ids")
     max_new_tokens = _positive_int("max_new_tokens", max_new_tokens)
+    if tokenizer is not None:
+        from workbench.core.models.tokenizer import as_tokenizer
+
+        tokenizer = as_tokenizer(tokenizer)
     ref = _model_run(model, reference, ids, mask, max_new_tokens, tokenizer)
     run = _model_run(model, impl, ids, mask, max_new_tokens, tokenizer)
     keep = np.asarray(mask, bool)[:, :, None]

@@ -43,6 +43,8 @@ EXPERT = "__EXPERT__"
 EXPERT_GATE = "__EXPERT_GATE__"
 BIAS_HEAD_SEQ = "__BIAS_HEAD_SEQ__"
 BIAS_KV_SEQ = "__BIAS_KV_SEQ__"
+# The leading axis of a model's stacked decoder blocks (scanned layers); pipeline stages split it.
+LAYERS = "__LAYERS__"
 
 # Parallelism roles: a spec may name the role directly (``ColumnWise = [[FSDP, SP], TP]``).
 DATA_PARALLEL = "__DATA_PARALLEL__"
@@ -95,6 +97,7 @@ _SEMANTIC_FIELDS = {
     EXPERT_GATE: ("expert_gate_axis", "expert_gate_axis"),
     BIAS_HEAD_SEQ: ("bias_head_sequence_axis", "bias_head_sequence_axis"),
     BIAS_KV_SEQ: ("bias_key_sequence_axis", "bias_key_sequence_axis"),
+    LAYERS: ("layer_axis", "layer_axis"),
 }
 # Python names users type, for messages and tables.
 _LABELS = {
@@ -223,6 +226,7 @@ class PartitionAxis:
     expert_gate_axis: AxisEntry = None
     bias_head_sequence_axis: AxisEntry = None
     bias_key_sequence_axis: AxisEntry = None
+    layer_axis: AxisEntry = None
 
     decode_batch_axis: AxisEntry = (FSDP, DP)
     decode_query_sequence_axis: AxisEntry = None

@@ -49,7 +49,7 @@ from workbench.core.axes import (
     PartitionAxis,
 )
 from workbench.core.inspect import Collective, summarize
-from workbench.core.models.sharding import explain_params, path_str, shard_model
+from workbench.core.models.sharding import explain_params, path_str, shard_model, with_mesh
 
 ROLES = (ax.DP, ax.FSDP, ax.EP, ax.TP, ax.SP)
 ROLE_FIELDS = tuple(PartitionAxis().field_for(role) for role in ROLES)
@@ -382,15 +382,28 @@ class StepCollectives:
 
     @property
     def summary(self) -> dict[str, dict[str, int]]:
-        return summarize(self.records)
+        """Per kind: instructions (``count``), times they run in one step (``runs``: a collective in the
+        layer scan runs once per layer) and bytes per device over the whole step."""
+        return summarize(self.records, count_trips=True)
+
+    @property
+    def runs(self) -> int:
+        """Collectives run in one step (each instruction times its loop trips)."""
+        return sum(r.trips for r in self.records)
+
+    @property
+    def bytes_per_device(self) -> int:
+        """Result bytes per device of every collective run in one step."""
+        return sum(r.bytes * r.trips for r in self.records)
 
     def by_axes(self) -> list[tuple[str, tuple[str, ...], int, int]]:
-        """``(kind, mesh axes, count, bytes per device)`` per kind and mesh axes, largest bytes first."""
+        """``(kind, mesh axes, runs, bytes per device)`` per kind and mesh axes, largest bytes first; a
+        collective inside the layer scan counts once per layer it runs for."""
         groups: dict[tuple[str, tuple[str, ...]], list[int]] = {}
         for r in self.records:
             entry = groups.setdefault((r.kind, r.mesh_axes or ()), [0, 0])
-            entry[0] += 1
-            entry[1] += r.bytes
+            entry[0] += r.trips
+            entry[1] += r.bytes * r.trips
         return sorted(((k, a, n, b) for (k, a), (n, b) in groups.items()), key=lambda g: (-g[3], g[0], g[1]))
 
 
@@ -401,7 +414,7 @@ def _abstract(model: nnx.Module, layout: Layout) -> tuple[nnx.GraphDef, nnx.Stat
     """The model split into graphdef, ShapeDtypeStruct params placed as ``layout`` says, and other state."""
     if not isinstance(layout.mesh, Mesh):
         raise ValueError("compiling needs a concrete jax.sharding.Mesh (make_mesh(...)), not an AbstractMesh")
-    graphdef, params, other = nnx.split(model, nnx.Param, ...)
+    graphdef, params, other = nnx.split(with_mesh(model, layout.mesh, layout.partition_axis), nnx.Param, ...)
     if tuple(path_str(p) for p, _ in nnx.to_flat_state(params)) != layout.paths:
         raise ValueError("this layout was resolved for another model: the parameter paths differ")
     shardings = layout.shardings()

@@ -10,6 +10,19 @@ the partial result is still returned.
 >>> stream.put(np.array([[5, 6]])); stream.put(np.array([7])); stream.put(np.array([8])); stream.end()
 >>> stream.prompt_BP.tolist(), stream.new_BN.tolist(), stream.num_steps, stream.finished
 ([[5, 6]], [[7, 8]], 2, True)
+
+With a ``tokenizer`` (ours or a Hugging Face one), ``text()`` is each row's new text and ``new_text()``
+what was added since the last call, ready to print. Each is decoded from the row's whole id list, never
+token by token, so a character split over several tokens (byte-level BPE, UTF-8 bytes) is never
+garbled: until the stream ends, an unfinished character at the end is held back.
+
+>>> from workbench.core.models.tokenizer import ByteTokenizer
+>>> stream = TokenStream(tokenizer=ByteTokenizer())
+>>> stream.put(np.array([[104]])); stream.put(np.array([0xC3]))
+>>> stream.new_text()  # "é" is 0xC3 0xA9: its first byte alone is held back
+['']
+>>> stream.put(np.array([0xA9])); stream.new_text()
+['é']
 """
 
 from __future__ import annotations
@@ -20,7 +33,16 @@ import typing as tp
 
 import numpy as np
 
-__all__ = ["TokenStream"]
+__all__ = ["TokenStream", "stable_text"]
+
+_INCOMPLETE = "\ufffd"  # what a decoder gives for the first bytes of a character that later tokens finish
+
+
+def stable_text(tokenizer: tp.Any, ids: tp.Iterable[int], *, final: bool = False) -> str:
+    """``tokenizer.decode(ids)`` (the whole list at once), without a trailing unfinished character unless
+    ``final``: the part of the text that more tokens will not change."""
+    text = tokenizer.decode([int(i) for i in ids])
+    return text if final else text.rstrip(_INCOMPLETE)
 
 
 class TokenStream:
@@ -30,11 +52,23 @@ class TokenStream:
     seconds as steps arrive, and once at ``end()``; it runs on the thread that calls ``put`` (inside
     ``generate``, a host-callback thread). An exception it raises is kept in ``callback_error`` (decoding
     goes on).
+
+    ``tokenizer`` (anything :func:`~workbench.core.models.tokenizer.as_tokenizer` takes) enables ``text()``
+    and ``new_text()``; e.g. print as it generates::
+
+        stream = TokenStream(lambda s: print(s.new_text()[0], end=""), tokenizer=tok, min_interval_s=0)
     """
 
-    def __init__(self, on_update: tp.Callable[[TokenStream], tp.Any] | None = None, *, min_interval_s: float = 0.1):
+    def __init__(self, on_update: tp.Callable[[TokenStream], tp.Any] | None = None, *, min_interval_s: float = 0.1,
+                 tokenizer: tp.Any = None):
         if min_interval_s < 0:
             raise ValueError(f"min_interval_s must be >= 0; got {min_interval_s}")
+        if tokenizer is not None:
+            from workbench.core.models.tokenizer import as_tokenizer
+
+            tokenizer = as_tokenizer(tokenizer)
+        self.tokenizer = tokenizer
+        self._emitted: list[int] = []
         self._on_update = on_update
         self._min_interval_s = float(min_interval_s)
         self._lock = threading.Lock()
@@ -92,6 +126,25 @@ class TokenStream:
             rows = 0 if self._prompt is None else self._prompt.shape[0]
             return np.zeros((rows, 0), np.int32)
         return np.stack(steps, axis=1).astype(np.int32)
+
+    def text(self) -> list[str]:
+        """Each row's new text so far, decoded from its whole id list; an unfinished character at the end
+        is held back until the stream ends (special tokens, e.g. EOS and padding after it, are dropped)."""
+        if self.tokenizer is None:
+            raise ValueError("this TokenStream has no tokenizer: build it with TokenStream(..., tokenizer=tok)")
+        return [stable_text(self.tokenizer, row, final=self.finished) for row in self.new_BN]
+
+    def new_text(self) -> list[str]:
+        """Per row, the text added since the previous call (all of it on the first call): print these
+        pieces one after the other and the result is ``text()``."""
+        texts = self.text()
+        if len(self._emitted) < len(texts):
+            self._emitted += [0] * (len(texts) - len(self._emitted))
+        out = []
+        for i, text in enumerate(texts):
+            out.append(text[self._emitted[i]:])
+            self._emitted[i] = max(self._emitted[i], len(text))
+        return out
 
     def _notify(self, force: bool) -> None:
         if self._on_update is None:

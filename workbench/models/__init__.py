@@ -19,6 +19,7 @@ _LAZY = {
     "ModelConfig": "workbench.core.models.config",
     "GenerationConfig": "workbench.core.models.generation",
     "tiny": "workbench.core.models.presets",
+    "local_checkpoint": "workbench.core.models.zoo",
 }
 
 __all__ = sorted(_LAZY)

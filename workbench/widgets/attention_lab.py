@@ -100,8 +100,10 @@ class AttentionLab(widgets.VBox):
     Without ``query``/``key``/``value`` the lab draws its own inputs (sequence length and GQA ratio
     from the controls, 8 query heads of 64 dims); with them, their shapes are fixed and only the dtype
     changes. With a ``model`` (a ``CausalLM``), "use in model" runs the prompt through
-    ``model.with_attention(impl)`` and ``model.with_attention(reference)``. The model passed in is
-    never changed: the switched one is :attr:`model_with_attention`.
+    ``model.with_attention(impl)`` and ``model.with_attention(reference)``, encoded by ``tokenizer``
+    (ours, a Hugging Face one, or a local directory such as ``local_checkpoint()``; by default a
+    ``ByteTokenizer`` for the tiny presets' byte vocab). The model passed in is never changed: the
+    switched one is :attr:`model_with_attention`.
     """
 
     def __init__(self, model: tp.Any = None, query: jax.Array | None = None, key: jax.Array | None = None,
@@ -123,6 +125,10 @@ class AttentionLab(widgets.VBox):
         self.model = model
         self.runs = runs
         self.max_new_tokens = max_new_tokens
+        if tokenizer is not None:
+            from workbench.core.models.tokenizer import as_tokenizer
+
+            tokenizer = as_tokenizer(tokenizer)  # ours, a Hugging Face tokenizer, or a local directory
         self.tokenizer = tokenizer if tokenizer is not None or model is None else self._default_tokenizer(model)
         self.comparison: Comparison | None = None
         self.model_result: ModelComparison | None = None
@@ -367,10 +373,11 @@ class AttentionLab(widgets.VBox):
     # -- internals ---------------------------------------------------------------------------------
     @staticmethod
     def _default_tokenizer(model: tp.Any) -> tp.Any:
-        from workbench.core.models.tokenizer import ByteTokenizer
+        """A ``ByteTokenizer`` for a byte-vocab model only (as GenerationView): byte ids mean nothing to a
+        real model's vocab, whose tokenizer must be passed."""
+        from workbench.widgets.generation_view import default_tokenizer
 
-        vocab = getattr(getattr(model, "config", None), "vocab_size", 0)
-        return ByteTokenizer() if vocab >= ByteTokenizer.vocab_size else None
+        return default_tokenizer(model)
 
     def _current_classes(self) -> tuple:
         return tuple(OperationRegistry.get(n) if n in self.implementations else None

@@ -19,7 +19,7 @@ import ipywidgets as widgets
 import numpy as np
 
 from workbench.core.cache_view import cache_fill, streamed_fill
-from workbench.core.token_stream import TokenStream
+from workbench.core.token_stream import TokenStream, stable_text
 from workbench.widgets._cache_html import cache_html
 from workbench.widgets._html import error_html, escape
 
@@ -41,8 +41,11 @@ def default_tokenizer(model: tp.Any) -> tp.Any:
 class GenerationView(widgets.VBox):
     """Generate from a prompt with every GenerationConfig control, watching tokens and the KV cache.
 
-    ``tokenizer`` encodes the prompt and decodes the tokens; by default a ``ByteTokenizer`` for the
-    tiny presets' byte vocab, else the prompt is token ids (``12 7 99``). With "one prompt per line"
+    ``tokenizer`` encodes the prompt and decodes the tokens: ours, a Hugging Face tokenizer, or a local
+    directory holding one (e.g. ``local_checkpoint()``), through ``as_tokenizer``; by default a
+    ``ByteTokenizer`` for the tiny presets' byte vocab, else the prompt is token ids (``12 7 99``). When
+    the tokenizer has a chat template, a "chat" checkbox (``chat``: on by default) formats the prompt as
+    a user message and the assistant's turn, as an instruct model expects. With "one prompt per line"
     each line is a row of the batch (left padded). "pad to a multiple of" left-pads the prompt so
     prompts of similar length share one compiled program: the loop compiles once per
     (config, prompt length, cache shape), and the first run of each says so on screen.
@@ -51,15 +54,19 @@ class GenerationView(widgets.VBox):
 
     def __init__(self, model: tp.Any, tokenizer: tp.Any = None, *, prompt: str = "", generation_config: tp.Any = None,
                  cache: str = "contiguous", cache_length: int | None = None, page_size: int = 16, pad_to: int = 16,
-                 refresh_s: float = 0.1, **kwargs: tp.Any):
+                 refresh_s: float = 0.1, chat: bool | None = None, **kwargs: tp.Any):
         from workbench.core.models.generation import GenerationConfig
+        from workbench.core.models.tokenizer import as_tokenizer
 
         if not callable(getattr(model, "generate", None)):
             raise TypeError(f"GenerationView needs a model with generate() (a CausalLM); got {type(model).__name__}")
         if cache not in ("contiguous", "paged"):
             raise ValueError(f"cache must be 'contiguous' or 'paged'; got {cache!r}")
         self.model = model
-        self.tokenizer = tokenizer if tokenizer is not None else default_tokenizer(model)
+        self.tokenizer = as_tokenizer(tokenizer) if tokenizer is not None else default_tokenizer(model)
+        has_template = bool(getattr(self.tokenizer, "has_chat_template", False))
+        if chat and not has_template:
+            raise ValueError(f"chat=True needs a tokenizer with a chat template; {self.tokenizer!r} has none")
         self._refresh_s = refresh_s
         cfg = generation_config or GenerationConfig()
         max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", 256)
@@ -78,6 +85,13 @@ class GenerationView(widgets.VBox):
         self.prompt.add_class("wb-gen-prompt")
         self.batch = widgets.Checkbox(value=False, description="one prompt per line", indent=False,
                                       layout=small("150px"))
+        self.chat = widgets.Checkbox(value=has_template if chat is None else chat, disabled=not has_template,
+                                     description="chat", indent=False, layout=small("70px"),
+                                     tooltip="format the prompt with the tokenizer's chat template (a user message, "
+                                             "then the assistant's turn)")
+        self.chat.add_class("wb-gen-chat")
+        if not has_template:
+            self.chat.layout.display = "none"
         self.max_new_tokens = widgets.BoundedIntText(value=cfg.max_new_tokens, min=1, max=1_000_000,
                                                      description="max_new_tokens", style=style, layout=small("175px"))
         self.do_sample = widgets.Checkbox(value=cfg.do_sample, description="do_sample", indent=False,
@@ -123,7 +137,8 @@ class GenerationView(widgets.VBox):
             widgets.HBox([self.max_new_tokens, self.do_sample, self.temperature, self.top_k, self.top_p, self.min_p],
                          layout=wrap),
             widgets.HBox([self.repetition_penalty, self.num_beams, self.seed, self.stop_at_eos], layout=wrap),
-            widgets.HBox([self.cache_kind, self.cache_length, self.page_size, self.pad_to, self.batch], layout=wrap),
+            widgets.HBox([self.cache_kind, self.cache_length, self.page_size, self.pad_to, self.batch, self.chat],
+                         layout=wrap),
         ]
         super().__init__([self.prompt, *controls, widgets.HBox([self.generate_button, self.stop_button]),
                           self._status, self._error, self._text, self._cache], **kwargs)
@@ -179,7 +194,10 @@ class GenerationView(widgets.VBox):
         texts = [t for t in text.splitlines() if t.strip()] if self.batch.value else [text]
         if not texts or not any(t.strip() for t in texts):
             raise ValueError("the prompt is empty: type a prompt" + (" (one per line)" if self.batch.value else ""))
-        rows = [self._encode(t) for t in texts]
+        chat = self.chat.value
+        if chat and not getattr(self.tokenizer, "has_chat_template", False):
+            raise ValueError("chat is on but the tokenizer has no chat template: untick chat")
+        rows = [self.tokenizer.apply_chat_template(t) if chat else self._encode(t) for t in texts]
         if any(not r for r in rows):
             raise ValueError("a prompt encodes to no tokens: type at least one character")
         pad_id = self._pad_id()
@@ -209,9 +227,11 @@ class GenerationView(widgets.VBox):
         streaming = config.num_beams == 1
         key = (config, ids.shape, cache_desc)
         compiling = key not in self._seen
-        stream = TokenStream(self._on_stream if streaming else None, min_interval_s=self._refresh_s)
+        stream = TokenStream(self._on_stream if streaming else None, min_interval_s=self._refresh_s,
+                             tokenizer=self.tokenizer)
         self._stream = stream
-        self._run_info = {"config": config, "mask": mask, "cache_desc": cache_desc, "key": key}
+        self._run_info = {"config": config, "mask": mask, "cache_desc": cache_desc, "key": key,
+                          "chat": self.chat.value}
         what = "the prefill and the decode loop" if streaming else "beam search"
         self._set_status(
             f"⏳ compiling {what} for this config, prompt length ({ids.shape[1]}) and cache (first run; later runs "
@@ -268,7 +288,7 @@ class GenerationView(widgets.VBox):
             if not stream.stop_requested:
                 n = stream.num_steps
                 self._set_status(f"generating… {n} token{'s' * (n != 1)}", css="wb-gen-running")
-        self._text.value = self._text_html(stream.prompt_BP, info["mask"], stream.new_BN)
+        self._text.value = self._text_html(stream.prompt_BP, info["mask"], stream.new_BN, final=stream.finished)
 
     # -- internals ----------------------------------------------------------------------------------------------
     def _run(self, ids: np.ndarray, mask: np.ndarray, config: tp.Any, cache: tp.Any, stream: TokenStream) -> None:
@@ -345,20 +365,29 @@ class GenerationView(widgets.VBox):
             ids.append(int(item))
         return ids
 
-    def _decode(self, ids: tp.Iterable[int]) -> str:
-        if self.tokenizer is not None:
-            return self.tokenizer.decode([int(i) for i in ids])
-        return " ".join(str(int(i)) for i in ids)
+    def _decode(self, ids: tp.Iterable[int], *, final: bool = True, specials: bool = False) -> str:
+        """Text of ``ids`` (decoded whole: a multi-token character stays whole); while streaming
+        (``final=False``) without an unfinished last character; ``specials`` keeps special tokens (a chat
+        prompt's template markers). Without a tokenizer: the ids joined by spaces."""
+        if self.tokenizer is None:
+            return " ".join(str(int(i)) for i in ids)
+        ids = [int(i) for i in ids]
+        if specials:
+            return self.tokenizer.decode(ids, skip_special_tokens=False)
+        return stable_text(self.tokenizer, ids, final=final)
 
-    def _text_html(self, ids_BP: np.ndarray, mask_BP: np.ndarray, new_BN: np.ndarray) -> str:
+    def _text_html(self, ids_BP: np.ndarray, mask_BP: np.ndarray, new_BN: np.ndarray, *, final: bool = True) -> str:
         rows = []
+        chat = bool(self._run_info.get("chat"))
         for b in range(ids_BP.shape[0]):
-            prompt = self._decode(np.asarray(ids_BP[b])[np.asarray(mask_BP[b]).astype(bool)])
-            new = self._decode(new_BN[b]) if b < new_BN.shape[0] else ""
+            prompt = self._decode(np.asarray(ids_BP[b])[np.asarray(mask_BP[b]).astype(bool)], specials=chat)
+            new = self._decode(new_BN[b], final=final) if b < new_BN.shape[0] else ""
             rows.append(f'<div class="wb-gen-row" data-row="{b}" style="white-space:pre-wrap;margin:2px 0">'
                         f'<span class="wb-gen-prompt-text" style="color:#777">{escape(prompt)}</span>'
                         f'<span class="wb-gen-new" style="color:#0b5394;font-weight:600">{escape(new)}</span></div>')
-        return (f'<div class="wb-gen-output" style="{_MONO};border-left:3px solid #ccc;padding-left:6px;'
+        # data-steps changes with every streamed step, even while a held-back character leaves the text as it was
+        return (f'<div class="wb-gen-output" data-steps="{new_BN.shape[1]}" style="{_MONO};border-left:3px solid #ccc;'
+                f'padding-left:6px;'
                 f'overflow-wrap:anywhere;max-height:240px;overflow-y:auto">'
                 f'{"".join(rows)}</div>')
 

@@ -98,7 +98,8 @@ def test_cache_is_a_pytree_with_static_sizes():
     model = model_for("llama")
     cache = model.init_cache(2, 8)
     assert isinstance(cache, KVCache) and (cache.batch_size, cache.max_length) == (2, 8)
-    assert len(jax.tree.leaves(cache)) == 2 * 2 + 3
+    assert len(jax.tree.leaves(cache)) == 2 + 3  # stacked keys and values (layers first), mask, positions, index
+    assert cache.keys.shape == (2, 2, 8, 2, 16) and cache.num_layers == 2
     meta = model.create_cache_metadata(2, 8)
     assert meta["nbytes"] == cache.nbytes == 2 * 2 * 2 * 8 * 2 * 16 * 4
     paged = model.init_ragged_pages(batch_size=2, page_size=4, num_pages=6, max_model_length=10)

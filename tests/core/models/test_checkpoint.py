@@ -137,7 +137,7 @@ def test_bfloat16_checkpoint(tmp_path):
     ours = from_pretrained(tmp_path / "hf", dtype=jnp.bfloat16, progress=False)
     params = dict(nnx.to_flat_state(nnx.state(ours, nnx.Param)))
     assert {v.get_value().dtype for v in params.values()} == {jnp.dtype(jnp.bfloat16)}
-    q = params[("layers", 0, "self_attn", "q_proj", "kernel")].get_value()  # bf16 -> bf16: bit for bit
+    q = params[("layers", "self_attn", "q_proj", "kernel")].get_value()[0]  # bf16 -> bf16: bit for bit
     hf_q = hf.model.layers[0].self_attn.q_proj.weight.detach().float().numpy()
     np.testing.assert_array_equal(np.asarray(q, np.float32), hf_q.T)
     ids, mask = batch()

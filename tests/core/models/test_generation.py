@@ -122,13 +122,8 @@ def model_calls(out, ids):
 
 
 def hf_kwargs(config: GenerationConfig) -> dict:
-    kw = dict(max_new_tokens=config.max_new_tokens, do_sample=False, num_beams=config.num_beams,
-              eos_token_id=list(config.eos_token_id) if config.eos_token_id else None,
-              pad_token_id=config.pad_token_id, length_penalty=config.length_penalty,
-              early_stopping=config.early_stopping)
-    if config.repetition_penalty is not None:
-        kw["repetition_penalty"] = config.repetition_penalty
-    return kw
+    """The fields ``config`` sets, as ``generate`` kwargs: HF fills the rest by its own rules, we by ours."""
+    return {"do_sample": False, **config.to_hf()}
 
 
 GREEDY_CASES = [

@@ -23,10 +23,9 @@ def llama():
 
 def hf_generate(hf, ids, mask, config: GenerationConfig):
     with torch.no_grad():
-        return hf.generate(torch.tensor(ids), attention_mask=torch.tensor(mask), do_sample=False,
-                           max_new_tokens=config.max_new_tokens, num_beams=config.num_beams,
-                           eos_token_id=config.eos_token_id[0], pad_token_id=config.pad_token_id,
-                           length_penalty=config.length_penalty, early_stopping=config.early_stopping).numpy()
+        # the fields our config sets; both sides fill the rest from the model's generation config, then defaults
+        return hf.generate(torch.tensor(ids), attention_mask=torch.tensor(mask), **{"do_sample": False,
+                                                                                   **config.to_hf()}).numpy()
 
 
 def ours_generate(model, ids, mask, config, **kw):

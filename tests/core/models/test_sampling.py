@@ -116,6 +116,8 @@ def test_config_replace_from_hf_and_pad():
     hf_config = transformers.GenerationConfig(do_sample=True, temperature=0.6, top_p=0.9, eos_token_id=[1, 7],
                                               max_new_tokens=12, num_beams=1)
     ours = GenerationConfig.from_hf(hf_config)
+    assert ours.top_k is None  # unset: filled when generating, with HF's default of 50
+    ours = ours.resolved(prompt_len=4)
     assert (ours.do_sample, ours.temperature, ours.top_p, ours.top_k, ours.eos_token_id, ours.max_new_tokens) == (
         True, 0.6, 0.9, 50, (1, 7), 12)
     assert GenerationConfig.from_hf({"num_beams": 4, "early_stopping": "never", "foo": 1}).num_beams == 4

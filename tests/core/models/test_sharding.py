@@ -37,16 +37,17 @@ def test_shard_model_places_every_param_by_its_spec(family, mesh_axes):
         got = nnx.jit(lambda m, ids: m(ids).logits)(sharded, ids)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5)
     gathered = sharded.gather_model()
-    leaf = nnx.state(gathered, nnx.Param)["layers"][0]["self_attn"]["q_proj"]["kernel"].get_value()
+    leaf = nnx.state(gathered, nnx.Param)["layers"]["self_attn"]["q_proj"]["kernel"].get_value()
     assert len(leaf.sharding.device_set) == 1
 
 
 def test_expert_weights_split_over_ep():
     mesh = make_mesh(ep=4, fsdp=2)
     specs = param_specs(model_for("mixtral"), mesh)
-    assert specs["layers/0/mlp/gate_proj"] == PartitionSpec("ep", "fsdp", "tp")  # tp has size 1 here
-    assert specs["layers/0/mlp/down_proj"] == PartitionSpec("ep", "tp", "fsdp")
-    assert specs["layers/0/mlp/router_kernel"] == PartitionSpec(None, None)
+    # stacked over layers: the LAYERS axis (first) is replicated by default
+    assert specs["layers/mlp/gate_proj"] == PartitionSpec(None, "ep", "fsdp", "tp")  # tp has size 1 here
+    assert specs["layers/mlp/down_proj"] == PartitionSpec(None, "ep", "tp", "fsdp")
+    assert specs["layers/mlp/router_kernel"] == PartitionSpec(None, None, None)
 
 
 def test_rules_override_and_are_named_in_the_reason():
@@ -55,15 +56,16 @@ def test_rules_override_and_are_named_in_the_reason():
     rules = [(r"mlp/down_proj/kernel", ColumnWise), (r"embed_tokens", DynamicShardingAxes((None, None), MODE_TRAIN))]
     explained = explain_params(model, mesh, rules=rules)
     specs = param_specs(model, mesh, rules=rules)
-    assert specs["layers/0/mlp/down_proj/kernel"] == PartitionSpec(("fsdp", "sp"), "tp")
+    # a rule written for one layer's (D, F) kernel applies to the stacked (L, D, F) one, LAYERS in front
+    assert specs["layers/mlp/down_proj/kernel"] == PartitionSpec(None, ("fsdp", "sp"), "tp")
     assert specs["embed_tokens"] == PartitionSpec(None, None)
-    assert "rule 'mlp/down_proj/kernel'" in explained["layers/1/mlp/down_proj/kernel"][0].reason
-    assert param_specs(model, mesh)["layers/0/mlp/down_proj/kernel"] == PartitionSpec("tp", ("fsdp", "sp"))
+    assert "rule 'mlp/down_proj/kernel'" in explained["layers/mlp/down_proj/kernel"][1].reason
+    assert param_specs(model, mesh)["layers/mlp/down_proj/kernel"] == PartitionSpec(None, "tp", ("fsdp", "sp"))
     with pytest.raises(ValueError, match="does not compile"):
         param_specs(model, mesh, rules=[("(", ColumnWise)])
     with pytest.raises(ValueError, match=r"a rule is \(regex, semantic axes\)"):
         param_specs(model, mesh, rules=["mlp"])
-    with pytest.raises(ValueError, match=r"layers/0/self_attn/q_proj/kernel.*rule"):
+    with pytest.raises(ValueError, match=r"layers/self_attn/q_proj/kernel.*rule"):
         param_specs(model, mesh, rules=[("q_proj/kernel", Replicated)])  # rank 1 axes for a 2-D kernel
 
 

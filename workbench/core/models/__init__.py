@@ -29,6 +29,8 @@ _LAZY = {
     "tiny_config": "workbench.core.models.presets",
     "ByteTokenizer": "workbench.core.models.tokenizer",
     "CharTokenizer": "workbench.core.models.tokenizer",
+    "local_checkpoint": "workbench.core.models.zoo",
+    "as_tokenizer": "workbench.core.models.tokenizer",
     "TrainState": "workbench.core.models.training",
     "make_train_step": "workbench.core.models.training",
     "train": "workbench.core.models.training",

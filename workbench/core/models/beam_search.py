@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from workbench.core.models.cache import index32
 from workbench.core.models.sampling import decode_loop, history_mask, is_eos, process_logits
 
 if tp.TYPE_CHECKING:
@@ -78,10 +79,10 @@ def beam_programs(graphdef, config: GenerationConfig, prompt_len: int):
         beam_BW, tok_BW = top_i_BW // v, (top_i_BW % v).astype(jnp.int32)
         new = s.cur_len - prompt_len
         top_seq_BWL = jax.lax.dynamic_update_slice(_gather(s.running_seq_BKL, beam_BW), tok_BW[:, :, None],
-                                                   (0, 0, s.cur_len))
+                                                   index32(0, 0, s.cur_len))
         rows_BW = (beam_BW + jnp.arange(b)[:, None] * k).astype(jnp.int32)
         top_idx_BWN = jax.lax.dynamic_update_slice(_gather(s.running_idx_BKN, beam_BW), rows_BW[:, :, None],
-                                                   (0, 0, new))
+                                                   index32(0, 0, new))
         hits_BW = (s.cur_len + 1 >= length) | is_eos(tok_BW, config.eos_token_id)
 
         # the best num_beams continuations that did not finish keep running

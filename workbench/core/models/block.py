@@ -6,6 +6,8 @@ implementation is a string change. Kernels carry semantic axes (``ColumnWise`` f
 gate/up, ``RowWise`` for o and down), which a ``PartitionAxis`` resolves into PartitionSpecs.
 With a KV cache the cache object writes the new keys and values and runs attention over
 what it holds (see ``cache.py``); the block does not know which kind of cache it has.
+Nothing in a block depends on its layer index: per-layer differences (the sliding window) are
+call arguments, so the model stacks one block's parameters and scans them (``stack.py``).
 """
 
 from __future__ import annotations
@@ -21,25 +23,30 @@ from workbench.core.linear import ColumnParallelLinear, RowParallelLinear
 from workbench.core.models.config import ModelConfig
 from workbench.core.models.rope import apply_rope
 from workbench.core.operations import OperationMetadata, OperationRegistry
+from workbench.core.operations.attention.common import accumulation_dtype
 
 Array = jax.Array
 
+if tp.TYPE_CHECKING:
+    from workbench.core.models.cache import LayerCache
+
 
 class RMSNorm(nnx.Module):
-    """``weight * x / rms(x)`` over the last axis, normalised in float32 as Hugging Face does; keeps x's dtype."""
+    """``weight * x / rms(x)`` over the last axis, normalised in float32 as Hugging Face does (float64 for a
+    float64 ``x``); keeps x's dtype."""
 
     def __init__(self, dim: int, *, eps: float = 1e-6, param_dtype=jnp.float32):
         self.weight = nnx.Param(jnp.ones((dim,), param_dtype), semantic_axes=Replicated)
         self.eps = eps
 
     def __call__(self, x: Array) -> Array:
-        x32 = x.astype(jnp.float32)
+        x32 = x.astype(accumulation_dtype(x.dtype))
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         return (self.weight[...] * x32.astype(x.dtype)).astype(x.dtype)
 
 
 class LayerNorm(nnx.Module):
-    """``weight * (x - mean) / std + bias`` in float32 (GPT-2); keeps x's dtype."""
+    """``weight * (x - mean) / std + bias`` in float32, or float64 for a float64 ``x`` (GPT-2); keeps x's dtype."""
 
     def __init__(self, dim: int, *, eps: float = 1e-5, param_dtype=jnp.float32):
         self.weight = nnx.Param(jnp.ones((dim,), param_dtype), semantic_axes=Replicated)
@@ -47,7 +54,7 @@ class LayerNorm(nnx.Module):
         self.eps = eps
 
     def __call__(self, x: Array) -> Array:
-        x32 = x.astype(jnp.float32)
+        x32 = x.astype(accumulation_dtype(x.dtype))
         mean = jnp.mean(x32, axis=-1, keepdims=True)
         var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
         y = (x32 - mean) * jax.lax.rsqrt(var + self.eps) * self.weight[...] + self.bias[...]
@@ -64,9 +71,13 @@ def _linear(kind, in_f: int, out_f: int, bias: bool, dtype, param_dtype, rngs: n
 
 
 class Attention(nnx.Module):
-    """Multi-head attention with grouped key/value heads and (optionally) rotary positions."""
+    """Multi-head attention with grouped key/value heads and (optionally) rotary positions.
 
-    def __init__(self, config: ModelConfig, layer: int, *, attn_mechanism: str = "vanilla", dtype=jnp.float32,
+    The block is the same for every layer; what differs per layer (the sliding window) comes as
+    a call argument, so one block's parameters can be stacked and scanned over the layers.
+    """
+
+    def __init__(self, config: ModelConfig, *, attn_mechanism: str = "vanilla", dtype=jnp.float32,
                  param_dtype=jnp.float32, rngs: nnx.Rngs):
         c = config
         h, kv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
@@ -80,15 +91,13 @@ class Attention(nnx.Module):
         else:
             self.q_norm = self.k_norm = nnx.data(None)
         self.num_heads, self.num_kv_heads, self.head_dim = h, kv, d
-        self.layer = layer
         self.rotary = c.position_embedding == "rope"
-        self.sliding_window = c.layer_window(layer)
         OperationRegistry.get(attn_mechanism)  # fail now, naming the registered ones
         self.attn_mechanism = attn_mechanism
 
-    def __call__(self, x_BTD: Array, cos_BTD: Array | None, sin_BTD: Array | None, mask_B1TS: Array | None,
-                 cache_step: tp.Any = None) -> tuple[Array, tp.Any]:
-        """Output ``(B, T, D)`` and this layer's cache update (None without a cache)."""
+    def __call__(self, x_BTD: Array, cos_BTD: Array | None, sin_BTD: Array | None, mask_B1TS: Array | None, *,
+                 sliding_window: int | None = None, cache: LayerCache | None = None) -> tuple[Array, tp.Any]:
+        """Output ``(B, T, D)`` and the cache arrays after this layer's write (None without a cache)."""
         b, t, _ = x_BTD.shape
         q_BTHD = self.q_proj(x_BTD).reshape(b, t, self.num_heads, self.head_dim)
         k_BTKD = self.k_proj(x_BTD).reshape(b, t, self.num_kv_heads, self.head_dim)
@@ -97,14 +106,14 @@ class Attention(nnx.Module):
             q_BTHD, k_BTKD = self.q_norm(q_BTHD), self.k_norm(k_BTKD)
         if self.rotary:
             q_BTHD, k_BTKD = apply_rope(q_BTHD, cos_BTD, sin_BTD), apply_rope(k_BTKD, cos_BTD, sin_BTD)
-        if cache_step is None:
+        if cache is None:
             op = OperationRegistry.create(self.attn_mechanism, OperationMetadata())
-            out = op(q_BTHD, k_BTKD, v_BTKD, mask=mask_B1TS, causal=True, sliding_window=self.sliding_window)
-            out_BTHD, update = out.attention_outputs, None
+            out = op(q_BTHD, k_BTKD, v_BTKD, mask=mask_B1TS, causal=True, sliding_window=sliding_window)
+            out_BTHD, kv = out.attention_outputs, None
         else:
-            out_BTHD, update = cache_step.attend(self.layer, q_BTHD, k_BTKD, v_BTKD, attn_mechanism=self.attn_mechanism,
-                                                 sliding_window=self.sliding_window)
-        return self.o_proj(out_BTHD.reshape(b, t, self.num_heads * self.head_dim)), update
+            out_BTHD, kv = cache.step.attend(cache.kv, cache.layer, q_BTHD, k_BTKD, v_BTKD,
+                                             attn_mechanism=self.attn_mechanism, sliding_window=sliding_window)
+        return self.o_proj(out_BTHD.reshape(b, t, self.num_heads * self.head_dim)), kv
 
 
 class MLP(nnx.Module):
@@ -135,25 +144,46 @@ def make_mlp(config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.
 
 
 class DecoderBlock(nnx.Module):
-    """Pre-norm residual block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+    """Pre-norm residual block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``.
 
-    def __init__(self, config: ModelConfig, layer: int, *, attn_mechanism: str = "vanilla", dtype=jnp.float32,
+    A model holds its blocks stacked (see :mod:`.stack`): one ``DecoderBlock`` whose parameters
+    have a leading ``layers`` axis; indexing the stack gives a one-layer block like this one.
+    """
+
+    def __init__(self, config: ModelConfig, *, attn_mechanism: str = "vanilla", dtype=jnp.float32,
                  param_dtype=jnp.float32, rngs: nnx.Rngs):
         self.input_layernorm = make_norm(config, param_dtype=param_dtype)
-        self.self_attn = Attention(config, layer, attn_mechanism=attn_mechanism, dtype=dtype,
-                                   param_dtype=param_dtype, rngs=rngs)
+        self.self_attn = Attention(config, attn_mechanism=attn_mechanism, dtype=dtype, param_dtype=param_dtype,
+                                   rngs=rngs)
         self.post_attention_layernorm = make_norm(config, param_dtype=param_dtype)
         self.mlp = make_mlp(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.moe = config.mlp_type == "moe"
+        self.num_layers: int | None = None  # set on a stack of layers (stack.stack_blocks)
 
-    def __call__(self, x_BTD: Array, cos_BTD: Array | None, sin_BTD: Array | None, mask_B1TS: Array | None,
-                 cache_step: tp.Any = None) -> tuple[Array, tp.Any, Array | None]:
-        """New hidden states, this layer's cache update, and router logits ``(B*T, E)`` for a MoE (else None)."""
-        attn_BTD, update = self.self_attn(self.input_layernorm(x_BTD), cos_BTD, sin_BTD, mask_B1TS, cache_step)
+    def __len__(self) -> int:
+        from workbench.core.models.stack import num_stacked
+
+        return num_stacked(self)
+
+    def __getitem__(self, index: int) -> DecoderBlock:
+        """Layer ``index`` of a stack, as a one-layer block holding copies of its parameter slices."""
+        from workbench.core.models.stack import layer_view
+
+        return layer_view(self, index)
+
+    def __iter__(self) -> tp.Iterator[DecoderBlock]:
+        return (self[i] for i in range(len(self)))
+
+    def __call__(self, x_BTD: Array, cos_BTD: Array | None, sin_BTD: Array | None, mask_B1TS: Array | None, *,
+                 sliding_window: int | None = None, cache: LayerCache | None = None
+                 ) -> tuple[Array, tp.Any, Array | None]:
+        """New hidden states, the cache arrays after this layer, and router logits ``(B*T, E)`` for a MoE."""
+        attn_BTD, kv = self.self_attn(self.input_layernorm(x_BTD), cos_BTD, sin_BTD, mask_B1TS,
+                                      sliding_window=sliding_window, cache=cache)
         x_BTD = x_BTD + attn_BTD
         h_BTD = self.post_attention_layernorm(x_BTD)
         if self.moe:
             mlp_BTD, router_NE = self.mlp(h_BTD)
         else:
             mlp_BTD, router_NE = self.mlp(h_BTD), None
-        return x_BTD + mlp_BTD, update, router_NE
+        return x_BTD + mlp_BTD, kv, router_NE

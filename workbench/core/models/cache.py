@@ -2,15 +2,18 @@
 (``PagedKVCache``). Both are pytrees passed to the model and returned updated.
 
 One model call with a cache has three steps, so the model never needs to know the kind:
-``step = cache.begin(mask_BT)`` (positions of the new tokens, slots or pages to write),
-``out, update = step.attend(layer, q, k, v, ...)`` per layer (write, then attend over all that
-is cached), ``cache = step.finish(updates)``.
+``step = cache.begin(mask_BT)`` (positions of the new tokens, slots or pages to write);
+``kv = step.arrays()``, the stacked key/value arrays the layer scan carries; per layer
+``out, kv = step.attend(kv, layer, q, k, v, ...)`` writes the new tokens of that layer (only
+them: ``dynamic_update_slice`` or a scatter into the carried arrays) and attends over what the
+layer holds; then ``cache = step.finish(kv)``.
 
-Layouts: ``KVCache.keys[layer]`` is ``(B, S, KV, D)``, slot ``s`` holding the ``s``-th token
-written for every row (left padding included, marked invalid in ``valid_BS``).
-``PagedKVCache.key_pages[layer]`` is ``(num_pages, page_size, KV, D)``; row ``b``'s token at
-position ``p`` lives at ``key_pages[page_table[b, p // page_size], p % page_size]`` and padding
-is never stored, so each row holds ``lengths[b]`` tokens (a ragged batch).
+Layouts (layers stacked first, like the model's parameters): ``KVCache.keys`` is
+``(L, B, S, KV, D)``, slot ``s`` holding the ``s``-th token written for every row (left padding
+included, marked invalid in ``valid_BS``); ``keys[layer]`` is one layer's ``(B, S, KV, D)``.
+``PagedKVCache.key_pages`` is ``(L, num_pages, page_size, KV, D)``; row ``b``'s token at position
+``p`` lives at ``key_pages[layer, page_table[b, p // page_size], p % page_size]`` and padding is
+never stored, so each row holds ``lengths[b]`` tokens (a ragged batch).
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from workbench.core.operations import OperationMetadata, OperationRegistry
+from workbench.core.operations.attention.common import KV_LENGTHS
 
 Array = jax.Array
+INDEX = jnp.int32  # every cache index and position: int32 whatever jax_enable_x64 says
 
 
 def _pytree(data: tuple[str, ...], meta: tuple[str, ...] = ()):
@@ -36,21 +41,36 @@ def _pytree(data: tuple[str, ...], meta: tuple[str, ...] = ()):
 
 def _new_positions(start_B: Array, mask_BT: Array) -> tuple[Array, Array]:
     """Positions of the new tokens ``(B, T)`` (padding clamped to the row's start) and tokens per row."""
-    keep_BT = mask_BT.astype(jnp.int32)
-    return start_B[:, None] + jnp.maximum(jnp.cumsum(keep_BT, axis=1) - 1, 0), keep_BT.sum(axis=1)
+    keep_BT = mask_BT.astype(INDEX)
+    return start_B[:, None] + jnp.maximum(jnp.cumsum(keep_BT, axis=1, dtype=INDEX) - 1, 0), keep_BT.sum(axis=1,
+                                                                                                    dtype=INDEX)
+
+
+def index32(*index: tp.Any) -> tuple[Array, ...]:
+    """Start indices for ``dynamic_update_slice`` all int32 (Python ints would be int64 under x64)."""
+    return tuple(jnp.asarray(i, INDEX) for i in index)
+
+
+def _layer(x: Array, layer: tp.Any) -> Array:
+    """``x[layer]`` for a static or traced layer index."""
+    return x[layer] if isinstance(layer, int) else jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False)
+
+
+def _as(x: Array, dtype) -> Array:
+    return x if x.dtype == dtype else x.astype(dtype)
 
 
 @_pytree(("keys", "values", "valid_BS", "positions_B", "index"))
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-    """Contiguous cache: per layer ``(B, max_length, KV, D)`` keys and values.
+    """Contiguous cache: ``(L, B, max_length, KV, D)`` keys and values for all layers.
 
     ``valid_BS`` marks slots holding real tokens, ``positions_B`` is each row's next position,
     ``index`` the number of slots written (the same for every row).
     """
 
-    keys: tuple[Array, ...]
-    values: tuple[Array, ...]
+    keys: Array
+    values: Array
     valid_BS: Array
     positions_B: Array
     index: Array
@@ -58,14 +78,17 @@ class KVCache:
     @classmethod
     def create(cls, num_layers: int, batch_size: int, max_length: int, num_kv_heads: int, head_dim: int,
                dtype=jnp.float32) -> KVCache:
-        for name, value in (("batch_size", batch_size), ("max_length", max_length)):
+        for name, value in (("num_layers", num_layers), ("batch_size", batch_size), ("max_length", max_length)):
             if not isinstance(value, int | np.integer) or value < 1:
                 raise ValueError(f"{name} must be a positive int; got {value!r}")
-        shape = (batch_size, max_length, num_kv_heads, head_dim)
-        return cls(keys=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-                   values=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+        shape = (num_layers, batch_size, max_length, num_kv_heads, head_dim)
+        return cls(keys=jnp.zeros(shape, dtype), values=jnp.zeros(shape, dtype),
                    valid_BS=jnp.zeros((batch_size, max_length), bool),
-                   positions_B=jnp.zeros((batch_size,), jnp.int32), index=jnp.zeros((), jnp.int32))
+                   positions_B=jnp.zeros((batch_size,), INDEX), index=jnp.zeros((), INDEX))
+
+    @property
+    def num_layers(self) -> int:
+        return self.keys.shape[0]
 
     @property
     def batch_size(self) -> int:
@@ -77,15 +100,17 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(x.nbytes for x in (*self.keys, *self.values))
+        return self.keys.nbytes + self.values.nbytes
 
     def reorder(self, index_B: Array) -> KVCache:
         """Rows gathered by ``index_B`` (beam search keeps the cache of the beams it continues)."""
-        take = lambda x: jnp.take(x, index_B, axis=0)
-        return dataclasses.replace(self, keys=tuple(map(take, self.keys)), values=tuple(map(take, self.values)),
-                                   valid_BS=take(self.valid_BS), positions_B=take(self.positions_B))
+        return dataclasses.replace(self, keys=jnp.take(self.keys, index_B, axis=1),
+                                   values=jnp.take(self.values, index_B, axis=1),
+                                   valid_BS=jnp.take(self.valid_BS, index_B, axis=0),
+                                   positions_B=jnp.take(self.positions_B, index_B, axis=0))
 
-    def begin(self, mask_BT: Array) -> _ContiguousStep:
+    def check_fits(self, mask_BT: Array) -> None:
+        """Raise a ValueError if ``mask_BT``'s tokens do not fit (needs concrete values; a no-op when traced)."""
         b, t = mask_BT.shape
         if b != self.batch_size:
             raise ValueError(f"the cache holds {self.batch_size} rows but the input has {b}; "
@@ -93,8 +118,11 @@ class KVCache:
         if not isinstance(self.index, jax.core.Tracer) and int(self.index) + t > self.max_length:
             raise ValueError(f"{t} new tokens do not fit: the cache holds {int(self.index)} of max_length="
                              f"{self.max_length}; init_cache with a larger max_length")
+
+    def begin(self, mask_BT: Array) -> _ContiguousStep:
+        self.check_fits(mask_BT)
         positions_BT, count_B = _new_positions(self.positions_B, mask_BT)
-        valid_BS = jax.lax.dynamic_update_slice(self.valid_BS, mask_BT.astype(bool), (0, self.index))
+        valid_BS = jax.lax.dynamic_update_slice(self.valid_BS, mask_BT.astype(bool), index32(0, self.index))
         return _ContiguousStep(self, positions_BT, valid_BS, count_B)
 
 
@@ -105,45 +133,56 @@ class _ContiguousStep:
     valid_BS: Array
     count_B: Array
 
-    def mask(self, t: int, sliding_window: int | None) -> Array:
-        """``(B, 1, T, S)``: valid slots at or before each query's slot (and inside its window)."""
-        q_T = self.cache.index + jnp.arange(t)
-        s_S = jnp.arange(self.cache.max_length)
-        visible_TS = s_S[None, :] <= q_T[:, None]
-        if sliding_window is not None:
-            visible_TS &= s_S[None, :] > q_T[:, None] - sliding_window
-        return self.valid_BS[:, None, None, :] & visible_TS[None, None]
+    def arrays(self) -> tuple[Array, Array]:
+        return self.cache.keys, self.cache.values
 
-    def attend(self, layer: int, q_BTHD: Array, k_BTKD: Array, v_BTKD: Array, *, attn_mechanism: str,
-               sliding_window: int | None) -> tuple[Array, tuple[Array, Array]]:
-        start = (0, self.cache.index, 0, 0)
-        keys = jax.lax.dynamic_update_slice(self.cache.keys[layer], k_BTKD.astype(self.cache.keys[layer].dtype), start)
-        values = jax.lax.dynamic_update_slice(self.cache.values[layer],
-                                              v_BTKD.astype(self.cache.values[layer].dtype), start)
+    def attend(self, kv: tuple[Array, Array], layer: tp.Any, q_BTHD: Array, k_BTKD: Array, v_BTKD: Array, *,
+               attn_mechanism: str, sliding_window: int | None) -> tuple[Array, tuple[Array, Array]]:
+        """Write this layer's new keys/values at slots ``index ..`` and attend over the layer's slots.
+
+        Visibility is causal in slot order with ``kv_lengths = index + T`` (so a blockwise kernel
+        skips the unwritten tail) and ``valid_BS`` hiding left padding; a window counts slots,
+        which equals positions because a row's real tokens are contiguous.
+        """
+        keys, values = kv
+        b, t = q_BTHD.shape[:2]
+        start = index32(layer, 0, self.cache.index, 0, 0)
+        keys = jax.lax.dynamic_update_slice(keys, _as(k_BTKD, keys.dtype)[None], start)
+        values = jax.lax.dynamic_update_slice(values, _as(v_BTKD, values.dtype)[None], start)
+        k_BSKD, v_BSKD = _as(_layer(keys, layer), q_BTHD.dtype), _as(_layer(values, layer), q_BTHD.dtype)
         op = OperationRegistry.create(attn_mechanism, OperationMetadata())
-        out = op(q_BTHD, keys.astype(q_BTHD.dtype), values.astype(q_BTHD.dtype),
-                 mask=self.mask(q_BTHD.shape[1], sliding_window), causal=False)
+        filled_B = jnp.full((b,), self.cache.index + t, INDEX)
+        mask_B11S = self.valid_BS[:, None, None, :]
+        if KV_LENGTHS in op.capabilities.features:
+            out = op(q_BTHD, k_BSKD, v_BSKD, mask=mask_B11S, kv_lengths=filled_B, causal=True,
+                     sliding_window=sliding_window)
+        else:  # the same visibility as one explicit mask
+            q_T = self.cache.index + jnp.arange(t, dtype=INDEX)
+            s_S = jnp.arange(keys.shape[2], dtype=INDEX)
+            visible_TS = s_S[None, :] <= q_T[:, None]
+            if sliding_window is not None:
+                visible_TS &= s_S[None, :] > q_T[:, None] - sliding_window
+            out = op(q_BTHD, k_BSKD, v_BSKD, mask=mask_B11S & visible_TS[None, None], causal=False)
         return out.attention_outputs, (keys, values)
 
-    def finish(self, updates: tp.Sequence[tuple[Array, Array]]) -> KVCache:
+    def finish(self, kv: tuple[Array, Array]) -> KVCache:
         t = self.positions_BT.shape[1]
-        return KVCache(keys=tuple(k for k, _ in updates), values=tuple(v for _, v in updates),
-                       valid_BS=self.valid_BS, positions_B=self.cache.positions_B + self.count_B,
-                       index=self.cache.index + t)
+        return KVCache(keys=kv[0], values=kv[1], valid_BS=self.valid_BS,
+                       positions_B=self.cache.positions_B + self.count_B, index=self.cache.index + t)
 
 
 @_pytree(("key_pages", "value_pages", "page_table", "lengths", "free_pages", "num_free"), ("page_size",))
 @dataclasses.dataclass(frozen=True)
 class PagedKVCache:
-    """Paged cache: per layer ``(num_pages, page_size, KV, D)`` pages shared by all rows.
+    """Paged cache: ``(L, num_pages, page_size, KV, D)`` pages, each page shared by all layers' rows alike.
 
     ``page_table (B, pages_per_row)`` maps each row's logical pages to physical ones;
     ``lengths (B,)`` counts the tokens each row holds; ``free_pages[:num_free]`` is the free
     list (a stack). Pages are taken from it as rows grow, inside the compiled step.
     """
 
-    key_pages: tuple[Array, ...]
-    value_pages: tuple[Array, ...]
+    key_pages: Array
+    value_pages: Array
     page_table: Array
     lengths: Array
     free_pages: Array
@@ -153,17 +192,20 @@ class PagedKVCache:
     @classmethod
     def create(cls, num_layers: int, batch_size: int, num_pages: int, page_size: int, max_model_length: int,
                num_kv_heads: int, head_dim: int, dtype=jnp.float32) -> PagedKVCache:
-        for name, value in (("batch_size", batch_size), ("num_pages", num_pages), ("page_size", page_size),
-                            ("max_model_length", max_model_length)):
+        for name, value in (("num_layers", num_layers), ("batch_size", batch_size), ("num_pages", num_pages),
+                            ("page_size", page_size), ("max_model_length", max_model_length)):
             if not isinstance(value, int | np.integer) or value < 1:
                 raise ValueError(f"{name} must be a positive int; got {value!r}")
-        shape = (num_pages, page_size, num_kv_heads, head_dim)
-        return cls(key_pages=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-                   value_pages=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-                   page_table=jnp.zeros((batch_size, math.ceil(max_model_length / page_size)), jnp.int32),
-                   lengths=jnp.zeros((batch_size,), jnp.int32),
-                   free_pages=jnp.arange(num_pages, dtype=jnp.int32)[::-1],
-                   num_free=jnp.asarray(num_pages, jnp.int32), page_size=int(page_size))
+        shape = (num_layers, num_pages, page_size, num_kv_heads, head_dim)
+        return cls(key_pages=jnp.zeros(shape, dtype), value_pages=jnp.zeros(shape, dtype),
+                   page_table=jnp.zeros((batch_size, math.ceil(max_model_length / page_size)), INDEX),
+                   lengths=jnp.zeros((batch_size,), INDEX),
+                   free_pages=jnp.arange(num_pages, dtype=INDEX)[::-1],
+                   num_free=jnp.asarray(num_pages, INDEX), page_size=int(page_size))
+
+    @property
+    def num_layers(self) -> int:
+        return self.key_pages.shape[0]
 
     @property
     def batch_size(self) -> int:
@@ -180,7 +222,7 @@ class PagedKVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(x.nbytes for x in (*self.key_pages, *self.value_pages))
+        return self.key_pages.nbytes + self.value_pages.nbytes
 
     def pages_needed(self, new_tokens_B: np.ndarray) -> int:
         """Pages the rows need in all after adding ``new_tokens_B`` tokens each (host-side check)."""
@@ -204,28 +246,33 @@ class PagedKVCache:
         return dataclasses.replace(self, page_table=jnp.asarray(table), lengths=jnp.asarray(lengths),
                                    free_pages=jnp.asarray(stack), num_free=jnp.asarray(len(free), jnp.int32))
 
-    def begin(self, mask_BT: Array) -> _PagedStep:
+    def check_fits(self, mask_BT: Array) -> None:
+        """Raise a ValueError if the rows or pages cannot take ``mask_BT``'s tokens (a no-op when traced)."""
         b, t = mask_BT.shape
         if b != self.batch_size:
             raise ValueError(f"the paged cache has a page table for {self.batch_size} rows but the input has {b}; "
                              f"init_ragged_pages(batch_size={b}, ...)")
-        concrete = not any(isinstance(x, jax.core.Tracer) for x in (self.lengths, mask_BT, self.num_free))
-        if concrete:
-            new_B = np.asarray(mask_BT).astype(bool).sum(1)
-            longest = int((np.asarray(self.lengths) + new_B).max())
-            if longest > self.max_length:
-                raise ValueError(f"a row would hold {longest} tokens; max_model_length allows {self.max_length}")
-            held = int(np.sum(-(-np.asarray(self.lengths) // self.page_size)))
-            if self.pages_needed(new_B) - held > int(self.num_free):
-                raise ValueError(f"out of pages: {self.pages_needed(new_B) - held} more needed, "
-                                 f"{int(self.num_free)} free; pass a larger num_pages or release() finished rows")
+        if any(isinstance(x, jax.core.Tracer) for x in (self.lengths, mask_BT, self.num_free)):
+            return
+        new_B = np.asarray(mask_BT).astype(bool).sum(1)
+        longest = int((np.asarray(self.lengths) + new_B).max())
+        if longest > self.max_length:
+            raise ValueError(f"a row would hold {longest} tokens; max_model_length allows {self.max_length}")
+        held = int(np.sum(-(-np.asarray(self.lengths) // self.page_size)))
+        if self.pages_needed(new_B) - held > int(self.num_free):
+            raise ValueError(f"out of pages: {self.pages_needed(new_B) - held} more needed, "
+                             f"{int(self.num_free)} free; pass a larger num_pages or release() finished rows")
+
+    def begin(self, mask_BT: Array) -> _PagedStep:
+        self.check_fits(mask_BT)
+        b, t = mask_BT.shape
         positions_BT, count_B = _new_positions(self.lengths, mask_BT)
         lengths_B = self.lengths + count_B
         held_B = -(-self.lengths // self.page_size)
         need_B = -(-lengths_B // self.page_size) - held_B
-        first_B = jnp.cumsum(need_B) - need_B  # this row's first page in the pop order
+        first_B = jnp.cumsum(need_B, dtype=INDEX) - need_B  # this row's first page in the pop order
         table = self.page_table
-        rows_B = jnp.arange(b)
+        rows_B = jnp.arange(b, dtype=INDEX)
         for j in range(math.ceil(t / self.page_size) + 1):  # a row gains at most this many pages
             take_B = j < need_B
             page_B = self.free_pages[jnp.clip(self.num_free - 1 - first_B - j, 0, self.num_pages - 1)]
@@ -248,19 +295,21 @@ class _PagedStep:
     page_BT: Array
     offset_BT: Array
 
-    def attend(self, layer: int, q_BTHD: Array, k_BTKD: Array, v_BTKD: Array, *, attn_mechanism: str,
-               sliding_window: int | None) -> tuple[Array, tuple[Array, Array]]:
-        """Writes the new keys/values into their pages, then runs ``paged`` attention (whatever the
-        model's ``attn_mechanism``: only ``paged`` reads pages)."""
-        kp, vp = self.cache.key_pages[layer], self.cache.value_pages[layer]
-        kp = kp.at[self.page_BT, self.offset_BT].set(k_BTKD.astype(kp.dtype), mode="drop")
-        vp = vp.at[self.page_BT, self.offset_BT].set(v_BTKD.astype(vp.dtype), mode="drop")
+    def arrays(self) -> tuple[Array, Array]:
+        return self.cache.key_pages, self.cache.value_pages
+
+    def attend(self, kv: tuple[Array, Array], layer: tp.Any, q_BTHD: Array, k_BTKD: Array, v_BTKD: Array, *,
+               attn_mechanism: str, sliding_window: int | None) -> tuple[Array, tuple[Array, Array]]:
+        """Writes this layer's new keys/values into their pages, then runs ``paged`` attention over the
+        layer's pages (whatever the model's ``attn_mechanism``: only ``paged`` reads pages)."""
+        kp, vp = kv
+        kp = kp.at[layer, self.page_BT, self.offset_BT].set(_as(k_BTKD, kp.dtype), mode="drop")
+        vp = vp.at[layer, self.page_BT, self.offset_BT].set(_as(v_BTKD, vp.dtype), mode="drop")
         op = OperationRegistry.create("paged", OperationMetadata())
-        out = op(q_BTHD, kp.astype(q_BTHD.dtype), vp.astype(q_BTHD.dtype), page_table=self.page_table,
-                 kv_lengths=self.lengths_B, causal=True, sliding_window=sliding_window)
+        out = op(q_BTHD, _as(_layer(kp, layer), q_BTHD.dtype), _as(_layer(vp, layer), q_BTHD.dtype),
+                 page_table=self.page_table, kv_lengths=self.lengths_B, causal=True, sliding_window=sliding_window)
         return out.attention_outputs, (kp, vp)
 
-    def finish(self, updates: tp.Sequence[tuple[Array, Array]]) -> PagedKVCache:
-        return dataclasses.replace(self.cache, key_pages=tuple(k for k, _ in updates),
-                                   value_pages=tuple(v for _, v in updates), page_table=self.page_table,
+    def finish(self, kv: tuple[Array, Array]) -> PagedKVCache:
+        return dataclasses.replace(self.cache, key_pages=kv[0], value_pages=kv[1], page_table=self.page_table,
                                    lengths=self.lengths_B, num_free=self.num_free)

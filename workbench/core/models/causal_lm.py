@@ -1,26 +1,35 @@
-"""``CausalLM``: token (and learned position) embedding, N shared-design decoder blocks, final
-norm, LM head; ``SequenceClassifier``: the same trunk with a score head on the last token."""
+"""``CausalLM``: token (and learned position) embedding, the decoder blocks (stacked on a leading
+``layers`` axis and scanned, see ``stack.py``), final norm, LM head; ``SequenceClassifier``: the
+same trunk with a score head on the last token."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing as tp
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from workbench.core.axes import EMPTY, MODE_TRAIN, DynamicShardingAxes, RowWise
+from jax.sharding import NamedSharding
+
+from workbench.core.axes import BATCH, EMPTY, MODE_TRAIN, QUERY_LENGTH, DynamicShardingAxes, PartitionAxis, RowWise
 from workbench.core.linear import ColumnParallelLinear
 from workbench.core.models.block import Attention, DecoderBlock, make_norm
 from workbench.core.models.cache import KVCache, PagedKVCache
 from workbench.core.models.config import ModelConfig
+from workbench.core.models.generation_config import GenerationConfig
 from workbench.core.models.protocol import ModelMethods
 from workbench.core.models.rope import cos_sin, inv_frequencies
+from workbench.core.models.stack import check_remat, run_layers, stack_blocks
 from workbench.core.operations import OperationRegistry
 
 Array = jax.Array
 AUTO_ATTENTION = {"cpu": "vanilla", "gpu": "sdpa", "tpu": "flash"}
+# Hidden states between blocks: batch over the data axes, sequence over sp (not in decode: mode from dim 1),
+# features whole (tensor-parallel layers all-reduce back to replicated features, Megatron style).
+ACTIVATION_AXES = DynamicShardingAxes((BATCH, QUERY_LENGTH, EMPTY), 1)
 
 
 def resolve_attention(name: str) -> str:
@@ -48,16 +57,25 @@ class CausalLM(ModelMethods, nnx.Module):
     ``cumsum(mask) - 1`` and hides padded keys; logits of padded queries are meaningless.
     ``attn_mechanism`` names a registered attention implementation, "auto" picks one for the
     default backend; :meth:`with_attention` switches it later.
+
+    The decoder blocks are one :class:`DecoderBlock` whose parameters are stacked on a leading
+    ``layers`` axis (``model.layers[3]`` is layer 3 as a one-layer block). ``scan_layers`` runs
+    them with ``lax.scan`` (compiled once, whatever the depth) or, if False, as an unrolled loop;
+    ``remat`` ("none", "dots_saveable", "full", ...) is the per-block rematerialisation policy a
+    backward pass follows. :meth:`with_options` changes either later.
     """
 
     base_model_prefix = "model"
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, attn_mechanism: str = "auto", dtype=jnp.float32,
-                 param_dtype=jnp.float32):
+                 param_dtype=jnp.float32, scan_layers: bool = True, remat: str = "none"):
         if not isinstance(config, ModelConfig):
             raise TypeError(f"{type(self).__name__} takes a ModelConfig (ModelConfig.from_hf(dict)); "
                             f"got {type(config).__name__}")
         attn_mechanism = resolve_attention(attn_mechanism)
+        if not isinstance(scan_layers, bool):
+            raise TypeError(f"scan_layers must be True or False; got {scan_layers!r}")
+        self.scan_layers, self.remat = scan_layers, check_remat(remat)
         self.config = config
         self.dtype, self.param_dtype = dtype, param_dtype
         init = nnx.initializers.normal(0.02)
@@ -67,11 +85,16 @@ class CausalLM(ModelMethods, nnx.Module):
             nnx.Param(init(rngs.params(), (config.max_position_embeddings, config.hidden_size), param_dtype),
                       semantic_axes=DynamicShardingAxes((EMPTY, EMPTY), MODE_TRAIN))
             if config.position_embedding == "learned" else nnx.data(None))
-        self.layers = nnx.List([DecoderBlock(config, i, attn_mechanism=attn_mechanism, dtype=dtype,
-                                             param_dtype=param_dtype, rngs=rngs)
-                                for i in range(config.num_hidden_layers)])
+        self.layers = stack_blocks(lambda r: DecoderBlock(config, attn_mechanism=attn_mechanism, dtype=dtype,
+                                                          param_dtype=param_dtype, rngs=r),
+                                   config.num_hidden_layers, rngs)
         self.norm = make_norm(config, param_dtype=param_dtype)
         self._init_head(config, rngs)
+        # What generate() falls back on for unset fields: a checkpoint's generation_config.json (from_pretrained
+        # sets it), else the config's bos/eos/pad ids, as transformers does.
+        self.generation_config = GenerationConfig.from_model_config(config)
+        # The mesh the model is laid on (shard_model sets it): hidden states are constrained to it per layer.
+        self.mesh, self.partition_axis = None, None
 
     def _init_head(self, config: ModelConfig, rngs: nnx.Rngs) -> None:
         self.lm_head = (nnx.data(None) if config.tie_word_embeddings else
@@ -80,7 +103,19 @@ class CausalLM(ModelMethods, nnx.Module):
 
     @property
     def attn_mechanism(self) -> str:
-        return self.layers[0].self_attn.attn_mechanism
+        return self.layers.self_attn.attn_mechanism
+
+    def with_options(self, *, scan_layers: bool | None = None, remat: str | None = None) -> CausalLM:
+        """A model running its layers scanned or unrolled, with another remat policy; parameters shared."""
+        graphdef, state = nnx.split(self)
+        model = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
+        if scan_layers is not None:
+            if not isinstance(scan_layers, bool):
+                raise TypeError(f"scan_layers must be True or False; got {scan_layers!r}")
+            model.scan_layers = scan_layers
+        if remat is not None:
+            model.remat = check_remat(remat)
+        return model
 
     def with_attention(self, name: str) -> CausalLM:
         """A model running attention ``name`` that shares this model's parameter arrays (no copy); its
@@ -127,9 +162,36 @@ class CausalLM(ModelMethods, nnx.Module):
 
     def __call__(self, input_ids: Array, attention_mask: Array | None = None, *,
                  cache: KVCache | PagedKVCache | None = None) -> CausalLMOutput:
-        """Logits for ``input_ids (B, T)``; with ``cache`` the tokens continue what it holds."""
+        """Logits for ``input_ids (B, T)``; with ``cache`` the tokens continue what it holds.
+
+        Called outside ``jit`` the forward runs compiled (once per structure and input shapes),
+        not op by op; inside a traced function it is traced like any other code.
+        """
+        return compiled_call(self, "forward", input_ids, attention_mask, cache)
+
+    def forward(self, input_ids: Array, attention_mask: Array | None = None, *,
+                cache: KVCache | PagedKVCache | None = None) -> CausalLMOutput:
+        """:meth:`__call__` as plain traceable code."""
         x_BTD, cache, router = self.hidden_states(input_ids, attention_mask, cache=cache)
-        return CausalLMOutput(self.head(x_BTD).astype(jnp.float32), cache, router)
+        return CausalLMOutput(self.head(x_BTD).astype(self.logits_dtype), cache, router)
+
+    @property
+    def logits_dtype(self):
+        """float32, or float64 for a float64 model (x64 numerics)."""
+        return jnp.promote_types(self.dtype, jnp.float32)
+
+    def _activation_constraint(self) -> tp.Callable[[Array], Array]:
+        """``x -> x`` pinned to ``ACTIVATION_AXES`` on the model's mesh (identity without a mesh)."""
+        mesh = getattr(self, "mesh", None)
+        if mesh is None:
+            return lambda x: x
+        pa = self.partition_axis or PartitionAxis()
+
+        def constrain(x_BTD: Array) -> Array:
+            spec = pa.resolve(ACTIVATION_AXES, shape=x_BTD.shape, mesh=mesh)
+            return jax.lax.with_sharding_constraint(x_BTD, NamedSharding(mesh, spec))
+
+        return constrain
 
     def head(self, x_BTD: Array) -> Array:
         if self.lm_head is None:
@@ -153,10 +215,10 @@ class CausalLM(ModelMethods, nnx.Module):
             step = cache.begin(jnp.ones((b, t), bool) if attention_mask is None else attention_mask)
             positions_BT = step.positions_BT
         elif attention_mask is None:
-            positions_BT = jnp.broadcast_to(jnp.arange(t), (b, t))
+            positions_BT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         else:
             keep_BT = attention_mask.astype(bool)
-            positions_BT = jnp.maximum(jnp.cumsum(keep_BT.astype(jnp.int32), axis=-1) - 1, 0)
+            positions_BT = jnp.maximum(jnp.cumsum(keep_BT, axis=-1, dtype=jnp.int32) - 1, 0)
             mask_B1TS = keep_BT[:, None, None, :]
         x_BTD = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(self.dtype)
         cos_BTD = sin_BTD = None
@@ -164,15 +226,42 @@ class CausalLM(ModelMethods, nnx.Module):
             x_BTD = x_BTD + jnp.take(self.embed_positions[...], positions_BT, axis=0).astype(self.dtype)
         else:
             c = self.config
-            cos_BTD, sin_BTD = cos_sin(positions_BT, inv_frequencies(c.head_dim, c.rope_theta, c.rope_scaling))
-        updates, routers = [], []
-        for block in self.layers:
-            x_BTD, update, router_NE = block(x_BTD, cos_BTD, sin_BTD, mask_B1TS, step)
-            updates.append(update)
-            routers.append(router_NE)
-        cache = None if step is None else step.finish(updates)
-        router = None if routers[0] is None else jnp.stack(routers)
+            inv_freq_K = inv_frequencies(c.head_dim, c.rope_theta, c.rope_scaling, dtype=self.logits_dtype)
+            cos_BTD, sin_BTD = cos_sin(positions_BT, inv_freq_K)
+        c = self.config
+        kv = None if step is None else step.arrays()
+        constrain = self._activation_constraint()
+        x_BTD, kv, router = run_layers(self.layers, constrain(x_BTD), cos_BTD, sin_BTD, mask_B1TS,
+                                       windows_L=[c.layer_window(i) for i in range(c.num_hidden_layers)],
+                                       step=step, kv=kv, scan=self.scan_layers, remat=self.remat,
+                                       constrain=constrain)
+        cache = None if step is None else step.finish(kv)
         return self.norm(x_BTD), cache, router
+
+
+def _traced(*trees: tp.Any) -> bool:
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(trees))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _compiled(graphdef, method: str, state, input_ids, attention_mask, cache):
+    return getattr(nnx.merge(graphdef, state), method)(input_ids, attention_mask, cache=cache)
+
+
+def compiled_call(model: CausalLM, method: str, input_ids, attention_mask, cache):
+    """``model.<method>(input_ids, attention_mask, cache=cache)``, compiled when called eagerly.
+
+    Checks that need concrete values (does the cache have room?) run here first, since inside
+    the compiled program they cannot raise.
+    """
+    state = nnx.state(model)
+    if _traced(state, input_ids, attention_mask, cache):
+        return getattr(model, method)(input_ids, attention_mask, cache=cache)
+    input_ids = jnp.asarray(input_ids)
+    attention_mask = None if attention_mask is None else jnp.asarray(attention_mask)
+    if cache is not None and input_ids.ndim == 2:
+        cache.check_fits(jnp.ones(input_ids.shape, bool) if attention_mask is None else attention_mask)
+    return _compiled(nnx.graphdef(model), method, state, input_ids, attention_mask, cache)
 
 
 class SequenceClassifier(CausalLM):
@@ -195,5 +284,9 @@ class SequenceClassifier(CausalLM):
         """``logits (B, num_labels)`` of each row's last token (pass left-padded batches)."""
         if cache is not None:
             raise ValueError("SequenceClassifier takes no cache")
+        return compiled_call(self, "forward", input_ids, attention_mask, None)
+
+    def forward(self, input_ids: Array, attention_mask: Array | None = None, *, cache: tp.Any = None
+                ) -> CausalLMOutput:
         x_BTD, _, router = self.hidden_states(input_ids, attention_mask)
-        return CausalLMOutput(self.score(x_BTD[:, -1]).astype(jnp.float32), None, router)
+        return CausalLMOutput(self.score(x_BTD[:, -1]).astype(self.logits_dtype), None, router)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -27,6 +28,7 @@ import numpy as np
 
 from workbench.core.axes import MODE_TRAIN
 from workbench.core.models.config import ModelConfig
+from workbench.core.models.generation_config import GenerationConfig
 from workbench.core.models.hf_convert import load_model, param_table
 
 SAFE_WEIGHTS = "model.safetensors"
@@ -145,17 +147,44 @@ def checkpoint_dir(path: str | os.PathLike) -> pathlib.Path:
     return directory
 
 
+@functools.partial(jax.jit, donate_argnums=0, static_argnums=3)
+def _set_layer(stack, layer_value, i, sharding):
+    out = jax.lax.dynamic_update_index_in_dim(stack, layer_value.astype(stack.dtype), i, 0)
+    return jax.lax.with_sharding_constraint(out, sharding)
+
+
+def assemble_layers(shape: tuple[int, ...], dtype: np.dtype, sharding, read, num_layers: int) -> jax.Array:
+    """A stacked ``(L, ...)`` array placed with ``sharding``, built one layer slice at a time on the devices:
+    host memory holds one layer's slice, never the stack."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
+    layer_sharding = NamedSharding(sharding.mesh, P(*spec[1:]))
+    stack = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)()
+    for i in range(num_layers):
+        value = np.asarray(read(i), dtype)
+        piece = jax.make_array_from_callback(value.shape, layer_sharding, lambda index, v=value: v[index])
+        stack = _set_layer(stack, piece, i, sharding)
+    return stack
+
+
 def _placer(mesh, specs: dict[str, tp.Any] | None):
-    """``place(path, value, var)`` for :func:`load_model`: cast on the host, put on devices."""
+    """``place(path, var, read, num_layers)`` for :func:`load_model`: each parameter onto its NamedSharding."""
     from jax.sharding import NamedSharding
 
+    from workbench.core.models.hf_convert import place_on_default_device
     from workbench.core.models.sharding import path_str
 
-    def place(path, value: np.ndarray, var) -> jax.Array:
+    if mesh is None:
+        return place_on_default_device
+
+    def place(path, var, read, num_layers) -> jax.Array:
         dtype = np.dtype(var.dtype)
-        if mesh is None:
-            return jax.device_put(np.asarray(value, dtype))
         sharding = NamedSharding(mesh, specs[path_str(path)])
+        if num_layers is not None:
+            return assemble_layers(tuple(var.shape), dtype, sharding, read, num_layers)
+        value = read(None)
         return jax.make_array_from_callback(value.shape, sharding, lambda index: np.asarray(value[index], dtype))
 
     return place
@@ -218,8 +247,11 @@ def from_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, param_dtype=N
         return tqdm(items, desc=f"loading {directory.name}", unit="param", disable=not progress)
 
     with SafetensorsReader(directory) as reader:
-        return load_model(config, reader, model_cls=model_cls, strict=strict, place=_placer(mesh, specs),
-                          progress=bar, **kwargs)
+        model = load_model(config, reader, model_cls=model_cls, strict=strict, place=_placer(mesh, specs),
+                           progress=bar, **kwargs)
+    if (directory / "generation_config.json").is_file():  # as transformers: the file, else config.json's ids
+        model.generation_config = GenerationConfig.from_pretrained(directory)
+    return model
 
 
 # ----------------------------------------------------------------------------------------------- saving
@@ -255,34 +287,41 @@ def hf_tensor_plan(model, dtype=None) -> list[CheckpointTensor]:
                          f"adapters (unwrap_lora_to_layers) or undo quantization before saving")
     held: dict[tuple, np.ndarray] = {}
 
-    def get(path) -> np.ndarray:  # one parameter on the host at a time (experts reuse it E times)
-        if path not in held:
+    def get(path, layer) -> np.ndarray:  # one parameter (layer slice) on the host at a time
+        if (path, layer) not in held:
             held.clear()
-            held[path] = np.asarray(jax.device_get(params[path].get_value()))
-        return held[path]
+            value = params[path].get_value()
+            held[(path, layer)] = np.asarray(jax.device_get(value if layer is None else value[layer]))
+        return held[(path, layer)]
 
+    items = list(table.items())
+    first = next((k for k, (_, e) in enumerate(items) if e.layered), len(items))
+    layered = [(p, e) for p, e in items if e.layered]
+    units = [(p, e, None) for p, e in items[:first]]
+    units += [(p, e.at(i), i) for i in range(config.num_hidden_layers) for p, e in layered]
+    units += [(p, e, None) for p, e in items[first:] if not e.layered]
     out: list[CheckpointTensor] = []
     qkv: dict[str, dict[int, tuple]] = {}
-    for path, entry in table.items():
-        shape = tuple(params[path].shape)
+    for path, entry, i in units:
+        shape = tuple(params[path].shape)[(0 if i is None else 1):]
         dt = np.dtype(dtype if dtype is not None else params[path].dtype)
         if entry.kind == "copy":
-            out.append(CheckpointTensor(entry.name, shape, dt, lambda p=path: get(p)))
+            out.append(CheckpointTensor(entry.name, shape, dt, lambda p=path, i=i: get(p, i)))
         elif entry.kind in ("transpose", "router"):
             name = entry.name if entry.kind == "transpose" else f"{entry.name}.block_sparse_moe.gate.weight"
-            out.append(CheckpointTensor(name, shape[::-1], dt, lambda p=path: get(p).T))
+            out.append(CheckpointTensor(name, shape[::-1], dt, lambda p=path, i=i: get(p, i).T))
         elif entry.kind == "qkv":
             parts = qkv.setdefault(entry.name, {})
             parts[entry.part] = path
             if len(parts) == 3:
-                paths = [parts[i] for i in range(3)]
+                paths = [parts[k] for k in range(3)]
                 out.append(CheckpointTensor(entry.name, (*shape[:-1], 3 * shape[-1]), dt,
-                                            lambda ps=paths: np.concatenate([get(p) for p in ps], axis=-1)))
+                                            lambda ps=paths, i=i: np.concatenate([get(p, i) for p in ps], axis=-1)))
         else:
             w = {"gate": "w1", "up": "w3", "down": "w2"}[entry.kind]
             for j in range(shape[0]):
                 name = f"{entry.name}.block_sparse_moe.experts.{j}.{w}.weight"
-                out.append(CheckpointTensor(name, shape[1:][::-1], dt, lambda p=path, j=j: get(p)[j].T))
+                out.append(CheckpointTensor(name, shape[1:][::-1], dt, lambda p=path, i=i, j=j: get(p, i)[j].T))
     return out
 
 
@@ -333,17 +372,17 @@ def _hf_config(model, dtype: np.dtype) -> dict[str, tp.Any]:
     return hf | {"torch_dtype": dtype.name, "dtype": dtype.name}
 
 
-def _generation_config(config: ModelConfig) -> dict[str, tp.Any] | None:
-    tokens = {k: getattr(config, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    tokens = {k: list(v) if isinstance(v, tuple) else v for k, v in tokens.items() if v is not None}
-    return {"_from_model_config": True, **tokens} if tokens else None
+def _generation_config(model) -> dict[str, tp.Any] | None:
+    generation = getattr(model, "generation_config", None) or GenerationConfig.from_model_config(model.config)
+    values = generation.to_hf()
+    return values or None
 
 
 def save_pretrained(model, path: str | os.PathLike, *, max_shard_size: int | str = "2GB", dtype=None,
                     progress: bool = True) -> pathlib.Path:
     """Write ``model`` as a Hugging Face directory ``transformers.AutoModel*.from_pretrained`` loads.
 
-    Writes ``config.json``, ``generation_config.json`` (when the config has bos/eos/pad ids) and
+    Writes ``config.json``, ``generation_config.json`` (the model's ``generation_config``, when it sets anything) and
     ``model.safetensors``, or ``model-0000i-of-0000N.safetensors`` shards of at most ``max_shard_size``
     (a bigger tensor gets its own shard) plus ``model.safetensors.index.json``. ``dtype`` (default:
     the parameters') is the dtype written. Everything is written to a temporary directory beside
@@ -381,7 +420,7 @@ def save_pretrained(model, path: str | os.PathLike, *, max_shard_size: int | str
             (tmp / SAFE_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         written_dtype = tensors[0].dtype
         (tmp / "config.json").write_text(json.dumps(_hf_config(model, written_dtype), indent=2, sort_keys=True) + "\n")
-        generation = _generation_config(model.config)
+        generation = _generation_config(model)
         if generation is not None:
             (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
         if not dest.exists():

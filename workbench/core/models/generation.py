@@ -27,6 +27,7 @@ from flax import nnx
 
 from workbench.core.models.beam_search import beam_programs, best_sequences
 from workbench.core.models.cache import PagedKVCache
+from workbench.core.models.generation_config import GenerationConfig
 from workbench.core.models.sampling import sample_programs
 
 Array = jax.Array
@@ -34,103 +35,6 @@ Array = jax.Array
 
 def _is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerationConfig:
-    """How to decode, with Hugging Face's meaning for every field.
-
-    ``top_k`` 0/None, ``top_p`` 1.0/None, ``min_p`` None and ``repetition_penalty`` 1.0/None are off;
-    ``temperature`` and the filters act only with ``do_sample``. ``eos_token_id`` is None, an int or a
-    sequence (stored as a tuple); ``pad_token_id`` None means ``eos_token_id[0]``, as in HF.
-    ``early_stopping`` is True, False or ``"never"`` (beam search only).
-
-    >>> GenerationConfig(max_new_tokens=8, eos_token_id=2).replace(num_beams=4).eos_token_id
-    (2,)
-    """
-
-    max_new_tokens: int = 32
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    eos_token_id: int | tuple[int, ...] | None = None
-    pad_token_id: int | None = None
-    num_beams: int = 1
-    length_penalty: float = 1.0
-    early_stopping: bool | str = False
-
-    def __post_init__(self):
-        set_ = lambda name, value: object.__setattr__(self, name, value)
-        if not isinstance(self.do_sample, (bool, np.bool_)):
-            raise TypeError(f"do_sample must be True or False; got {self.do_sample!r}")
-        set_("do_sample", bool(self.do_sample))
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1; got {self.max_new_tokens!r}")
-        if not _is_int(self.num_beams) or self.num_beams < 1:
-            raise ValueError(f"num_beams must be an int >= 1; got {self.num_beams!r}")
-        if self.num_beams > 1 and self.do_sample:
-            raise ValueError("beam sampling (num_beams > 1 with do_sample=True) is not supported; set do_sample=False "
-                             "for beam search or num_beams=1 for sampling")
-        for name in ("temperature", "length_penalty"):
-            if not isinstance(getattr(self, name), (int, float)) or isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a float; got {getattr(self, name)!r}")
-            set_(name, float(getattr(self, name)))
-        if self.do_sample and not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0 when sampling; got {self.temperature}. For greedy decoding set "
-                             "do_sample=False")
-        if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 0):
-            raise ValueError(f"top_k must be None or an int >= 0 (0 = off); got {self.top_k!r}")
-        for name in ("top_p", "min_p"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
-                raise ValueError(f"{name} must be None or a float in [0, 1]; got {value!r}")
-            if value is not None:
-                set_(name, float(value))
-        if self.repetition_penalty is not None and not (isinstance(self.repetition_penalty, (int, float))
-                                                         and self.repetition_penalty > 0):
-            raise ValueError(f"repetition_penalty must be None or a float > 0 (1.0 = off); got "
-                             f"{self.repetition_penalty!r}")
-        if self.repetition_penalty is not None:
-            set_("repetition_penalty", float(self.repetition_penalty))
-        if not (isinstance(self.early_stopping, (bool, np.bool_)) or self.early_stopping == "never"):
-            raise ValueError(f"early_stopping must be True, False or 'never'; got {self.early_stopping!r}")
-        if self.early_stopping != "never":
-            set_("early_stopping", bool(self.early_stopping))
-        eos = self.eos_token_id
-        if eos is not None:
-            eos = (eos,) if _is_int(eos) else tuple(eos)
-            if not eos or not all(_is_int(e) and e >= 0 for e in eos):
-                raise ValueError(f"eos_token_id must be None, an int >= 0 or a non-empty sequence of them; got "
-                                 f"{self.eos_token_id!r}")
-            set_("eos_token_id", tuple(int(e) for e in eos))
-        if self.pad_token_id is not None and not _is_int(self.pad_token_id):
-            raise ValueError(f"pad_token_id must be None or an int; got {self.pad_token_id!r}")
-
-    def replace(self, **changes) -> GenerationConfig:
-        """A new config with ``changes`` applied (and validated)."""
-        return dataclasses.replace(self, **changes)
-
-    @classmethod
-    def from_hf(cls, hf_config) -> GenerationConfig:
-        """From a ``transformers.GenerationConfig`` or its dict, as HF ``generate`` would read it.
-
-        Unset fields take HF's defaults (so ``top_k`` is 50 when sampling); fields we lack are ignored.
-        HF's ``max_new_tokens=None`` (a total ``max_length`` instead) keeps our default of 32.
-        """
-        d = hf_config if isinstance(hf_config, dict) else hf_config.to_dict()
-        fields = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in d.items() if k in fields and v is not None}
-        return cls(**{"top_k": 50, **values})
-
-    @property
-    def pad_id(self) -> int | None:
-        """The pad token HF uses: ``pad_token_id``, else ``eos_token_id[0]``, else None."""
-        if self.pad_token_id is not None:
-            return self.pad_token_id
-        return self.eos_token_id[0] if self.eos_token_id else None
 
 
 @dataclasses.dataclass
@@ -256,9 +160,21 @@ def _distinct_buffers(tree):
     return jax.tree.map(distinct, tree)
 
 
+def resolve_config(model: nnx.Module, config: GenerationConfig | None, prompt_len: int) -> GenerationConfig:
+    """``config``'s unset fields from ``model.generation_config``, then transformers' defaults (see
+    :mod:`.generation_config`): the config ``generate`` runs with for a prompt of ``prompt_len`` tokens."""
+    config = (config or GenerationConfig()).merged(getattr(model, "generation_config", None))
+    max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return config.resolved(prompt_len, max_positions)
+
+
 def generate(model: nnx.Module, input_ids, generation_config: GenerationConfig | None = None,
              attention_mask=None, prng_key: Array | None = None, streamer=None, cache=None) -> GenerationOutput:
     """Decode ``max_new_tokens`` after the (left-padded) prompt ``input_ids (B, P)``, as HF ``generate`` does.
+
+    Fields ``generation_config`` leaves unset (or no config at all) come from ``model.generation_config``
+    (a checkpoint's ``generation_config.json``: its EOS, pad, length and sampling defaults), then from
+    transformers' defaults, in transformers' order (:func:`resolve_config`).
 
     ``attention_mask`` None means all ones (HF would infer it from pad tokens). Rows stop at an EOS and
     are padded after it; the loop ends when every row has, so ``sequences`` is trimmed like HF's.
@@ -274,6 +190,7 @@ def generate(model: nnx.Module, input_ids, generation_config: GenerationConfig |
     if not isinstance(config, GenerationConfig):
         raise TypeError(f"generation_config must be a GenerationConfig (GenerationConfig.from_hf(...) converts HF's); "
                         f"got {type(config).__name__}")
+    config = resolve_config(model, config, np.shape(input_ids)[-1])
     input_ids, mask, cache = _check_inputs(model, input_ids, attention_mask, config, cache, streamer)
     prompt_len = input_ids.shape[1]
     graphdef, state = nnx.split(model)

@@ -1,10 +1,12 @@
 """Hugging Face tensors <-> :class:`CausalLM` parameters: the name table, transposes, splits.
 
 :func:`param_table` says, for each parameter path of a model built from ``config``, which
-checkpoint tensor holds it and how (``Entry``). Loading reads tensors through any mapping-like
-reader (a state dict, or a safetensors file opened lazily), one parameter at a time, so a
-loader can place each on its devices before reading the next. :func:`to_hf_tensors` is the
-inverse and writes the names ``transformers`` saves on disk.
+checkpoint tensor holds it and how (``Entry``). The decoder blocks' parameters are stacked
+(``layers/self_attn/q_proj/kernel`` is ``(L, D, H*Dh)``), so their entries are *layered*: the
+name holds ``{i}`` and layer ``i`` of the stack is the tensor ``model.layers.{i}...``. Loading
+reads tensors through any mapping-like reader (a state dict, or a safetensors file opened
+lazily), one layer slice at a time, so a loader can place each on its devices before reading
+the next. :func:`to_hf_tensors` is the inverse and writes the names ``transformers`` saves.
 
 Kinds: "copy"; "transpose" (HF ``Linear`` weights are ``(out, in)``, our kernels ``(in, out)``);
 "qkv" (GPT-2's fused ``c_attn``, a ``Conv1D`` already ``(in, out)``: part ``i`` of 3 along the
@@ -29,9 +31,19 @@ IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
+    """Where a parameter comes from: tensor ``name`` (with ``{i}`` for the layer when ``layered``),
+    converted by ``kind``; ``part`` picks q/k/v from GPT-2's fused tensor."""
+
     name: str
     kind: str = "copy"
     part: int = 0
+    layered: bool = False
+
+    def at(self, layer: int | None) -> Entry:
+        """This entry for one layer (``name`` formatted, no longer layered)."""
+        if not self.layered:
+            return self
+        return dataclasses.replace(self, name=self.name.format(i=layer), layered=False)
 
 
 class Reader(tp.Protocol):
@@ -40,58 +52,56 @@ class Reader(tp.Protocol):
     def keys(self) -> tp.Iterable[str]: ...
 
 
-def _llama_layer(config: ModelConfig, i: int) -> dict[Path, Entry]:
-    hf = f"model.layers.{i}"
+def _llama_layer(config: ModelConfig) -> dict[Path, Entry]:
+    hf = "model.layers.{i}"
     out: dict[Path, Entry] = {}
     for norm in ("input_layernorm", "post_attention_layernorm"):
-        out[("layers", i, norm, "weight")] = Entry(f"{hf}.{norm}.weight")
+        out[("layers", norm, "weight")] = Entry(f"{hf}.{norm}.weight", layered=True)
     for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-        out[("layers", i, "self_attn", proj, "kernel")] = Entry(f"{hf}.self_attn.{proj}.weight", "transpose")
+        out[("layers", "self_attn", proj, "kernel")] = Entry(f"{hf}.self_attn.{proj}.weight", "transpose", layered=True)
         if config.attention_bias if proj != "o_proj" else config.attention_out_bias:
-            out[("layers", i, "self_attn", proj, "bias")] = Entry(f"{hf}.self_attn.{proj}.bias")
+            out[("layers", "self_attn", proj, "bias")] = Entry(f"{hf}.self_attn.{proj}.bias", layered=True)
     if config.qk_norm:
         for norm in ("q_norm", "k_norm"):
-            out[("layers", i, "self_attn", norm, "weight")] = Entry(f"{hf}.self_attn.{norm}.weight")
+            out[("layers", "self_attn", norm, "weight")] = Entry(f"{hf}.self_attn.{norm}.weight", layered=True)
     if config.mlp_type == "moe":
-        out[("layers", i, "mlp", "router_kernel")] = Entry(hf, "router")
+        out[("layers", "mlp", "router_kernel")] = Entry(hf, "router", layered=True)
         for proj in ("gate", "up", "down"):
-            out[("layers", i, "mlp", f"{proj}_proj")] = Entry(hf, proj)
+            out[("layers", "mlp", f"{proj}_proj")] = Entry(hf, proj, layered=True)
     else:
         for proj in ("gate_proj", "up_proj", "down_proj"):
-            out[("layers", i, "mlp", proj, "kernel")] = Entry(f"{hf}.mlp.{proj}.weight", "transpose")
+            out[("layers", "mlp", proj, "kernel")] = Entry(f"{hf}.mlp.{proj}.weight", "transpose", layered=True)
     return out
 
 
-def _gpt2_layer(i: int) -> dict[Path, Entry]:
-    hf = f"transformer.h.{i}"
+def _gpt2_layer() -> dict[Path, Entry]:
+    hf = "transformer.h.{i}"
     out: dict[Path, Entry] = {}
     for ours, theirs in (("input_layernorm", "ln_1"), ("post_attention_layernorm", "ln_2")):
         for p in ("weight", "bias"):
-            out[("layers", i, ours, p)] = Entry(f"{hf}.{theirs}.{p}")
+            out[("layers", ours, p)] = Entry(f"{hf}.{theirs}.{p}", layered=True)
     for part, proj in enumerate(("q_proj", "k_proj", "v_proj")):
-        out[("layers", i, "self_attn", proj, "kernel")] = Entry(f"{hf}.attn.c_attn.weight", "qkv", part)
-        out[("layers", i, "self_attn", proj, "bias")] = Entry(f"{hf}.attn.c_attn.bias", "qkv", part)
+        out[("layers", "self_attn", proj, "kernel")] = Entry(f"{hf}.attn.c_attn.weight", "qkv", part, layered=True)
+        out[("layers", "self_attn", proj, "bias")] = Entry(f"{hf}.attn.c_attn.bias", "qkv", part, layered=True)
     for path, theirs in ((("self_attn", "o_proj"), "attn.c_proj"), (("mlp", "up_proj"), "mlp.c_fc"),
                          (("mlp", "down_proj"), "mlp.c_proj")):
-        out[("layers", i, *path, "kernel")] = Entry(f"{hf}.{theirs}.weight")
-        out[("layers", i, *path, "bias")] = Entry(f"{hf}.{theirs}.bias")
+        out[("layers", *path, "kernel")] = Entry(f"{hf}.{theirs}.weight", layered=True)
+        out[("layers", *path, "bias")] = Entry(f"{hf}.{theirs}.bias", layered=True)
     return out
 
 
 def param_table(config: ModelConfig, *, classifier: bool = False) -> dict[Path, Entry]:
-    """Parameter path -> checkpoint entry for a model built from ``config``."""
+    """Parameter path -> checkpoint entry for a model built from ``config`` (stacked layers: layered entries)."""
     table: dict[Path, Entry] = {}
     if config.model_type == "gpt2":
         table[("embed_tokens",)] = Entry("transformer.wte.weight")
         table[("embed_positions",)] = Entry("transformer.wpe.weight")
-        for i in range(config.num_hidden_layers):
-            table |= _gpt2_layer(i)
+        table |= _gpt2_layer()
         table[("norm", "weight")] = Entry("transformer.ln_f.weight")
         table[("norm", "bias")] = Entry("transformer.ln_f.bias")
         return table
     table[("embed_tokens",)] = Entry("model.embed_tokens.weight")
-    for i in range(config.num_hidden_layers):
-        table |= _llama_layer(config, i)
+    table |= _llama_layer(config)
     table[("norm", "weight")] = Entry("model.norm.weight")
     if classifier:
         table[("score", "kernel")] = Entry("score.weight", "transpose")
@@ -116,8 +126,18 @@ def _read(reader: Reader, name: str, used: set[str]) -> np.ndarray:
 
 
 def load_param(config: ModelConfig, entry: Entry, reader: Reader, used: set[str] | None = None) -> np.ndarray:
-    """The value of one parameter in our layout, read from ``reader`` (names it reads go into ``used``)."""
+    """The value of one parameter in our layout, read from ``reader`` (names it reads go into ``used``);
+    a layered entry is read layer by layer and stacked (use :func:`load_layer` for one slice)."""
+    if entry.layered:
+        return np.stack([load_layer(config, entry, reader, i, used) for i in range(config.num_hidden_layers)])
+    return load_layer(config, entry, reader, None, used)
+
+
+def load_layer(config: ModelConfig, entry: Entry, reader: Reader, layer: int | None,
+               used: set[str] | None = None) -> np.ndarray:
+    """Layer ``layer``'s slice of a layered parameter (or the whole of an unlayered one), in our layout."""
     used = set() if used is None else used
+    entry = entry.at(layer)
     kind, name = entry.kind, entry.name
     if kind == "copy":
         return _read(reader, name, used)
@@ -138,8 +158,9 @@ def load_param(config: ModelConfig, entry: Entry, reader: Reader, used: set[str]
     return from_hf_experts(*(_read(reader, n, used) for n in fused))[which]
 
 
-def expected_names(config: ModelConfig, entry: Entry) -> str:
+def expected_names(config: ModelConfig, entry: Entry, layer: int | None = None) -> str:
     """Human-readable checkpoint name(s) an entry reads, for error messages."""
+    entry = entry.at(layer)
     if entry.kind in ("router", "gate", "up", "down"):
         w = {"router": "gate.weight", "gate": "experts.*.w1.weight", "up": "experts.*.w3.weight",
              "down": "experts.*.w2.weight"}[entry.kind]
@@ -158,18 +179,20 @@ def to_hf_tensors(config: ModelConfig, params: tp.Mapping[Path, np.ndarray], *,
     out: dict[str, np.ndarray] = {}
     qkv: dict[str, list[np.ndarray | None]] = {}
     experts: dict[str, dict[str, np.ndarray]] = {}
-    for path, entry in param_table(config, classifier=classifier).items():
-        value = np.asarray(params[path])
-        if entry.kind == "copy":
-            out[entry.name] = value
-        elif entry.kind == "transpose":
-            out[entry.name] = np.ascontiguousarray(value.T)
-        elif entry.kind == "qkv":
-            qkv.setdefault(entry.name, [None] * 3)[entry.part] = value
-        elif entry.kind == "router":
-            out[f"{entry.name}.block_sparse_moe.gate.weight"] = np.ascontiguousarray(value.T)
-        else:
-            experts.setdefault(entry.name, {})[entry.kind] = value
+    for path, layered in param_table(config, classifier=classifier).items():
+        stacked = np.asarray(params[path])
+        for i in range(config.num_hidden_layers) if layered.layered else (None,):
+            entry, value = layered.at(i), stacked if i is None else stacked[i]
+            if entry.kind == "copy":
+                out[entry.name] = value
+            elif entry.kind == "transpose":
+                out[entry.name] = np.ascontiguousarray(value.T)
+            elif entry.kind == "qkv":
+                qkv.setdefault(entry.name, [None] * 3)[entry.part] = value
+            elif entry.kind == "router":
+                out[f"{entry.name}.block_sparse_moe.gate.weight"] = np.ascontiguousarray(value.T)
+            else:
+                experts.setdefault(entry.name, {})[entry.kind] = value
     for name, parts in qkv.items():
         out[name] = np.concatenate(parts, axis=-1)
     for name, e in experts.items():
@@ -178,17 +201,35 @@ def to_hf_tensors(config: ModelConfig, params: tp.Mapping[Path, np.ndarray], *,
     return out
 
 
+Read = tp.Callable[[int | None], np.ndarray]
+Place = tp.Callable[[Path, tp.Any, Read, int | None], tp.Any]
+
+
+def place_on_default_device(path: Path, var: tp.Any, read: Read, num_layers: int | None) -> tp.Any:
+    """The default ``place``: the parameter as one array on the default device, in the parameter's dtype."""
+    import jax
+
+    dtype = np.dtype(var.dtype)
+    if num_layers is None:
+        return jax.device_put(np.asarray(read(None), dtype))
+    buf = np.empty(tuple(var.shape), dtype)
+    for i in range(num_layers):
+        buf[i] = read(i)
+    return jax.device_put(buf)
+
+
 def load_model(config: ModelConfig, reader: Reader, *, model_cls: type | None = None, strict: bool = True,
-               place: tp.Callable[[Path, np.ndarray, tp.Any], tp.Any] | None = None,
-               progress: tp.Callable[[tp.Iterable], tp.Iterable] | None = None, **model_kwargs: tp.Any):
+               place: Place | None = None, progress: tp.Callable[[tp.Iterable], tp.Iterable] | None = None,
+               **model_kwargs: tp.Any):
     """A model of ``model_cls`` (default :class:`CausalLM`) holding the tensors ``reader`` has.
 
-    Parameters are read one at a time; ``place(path, value, abstract_param)`` turns each into the
-    array stored (default ``jnp.asarray`` in the parameter's dtype; a loader passes one that
-    puts it on its devices). Raises ValueError naming the parameter for a missing or mis-shaped
-    tensor and (with ``strict``) for tensors the model has no place for.
+    Parameters are read one (layer slice) at a time: ``place(path, abstract_param, read, num_layers)``
+    builds each stored array, calling ``read(i)`` for layer ``i``'s slice of a stacked parameter
+    (``num_layers`` of them) or ``read(None)`` for the whole of an unstacked one; the default puts it
+    on the default device, a loader passes one that places it on its mesh. Raises ValueError naming
+    the parameter for a missing or mis-shaped tensor and (with ``strict``) for tensors the model has
+    no place for.
     """
-    import jax.numpy as jnp
     from flax import nnx
 
     from workbench.core.models.causal_lm import CausalLM, SequenceClassifier
@@ -200,22 +241,34 @@ def load_model(config: ModelConfig, reader: Reader, *, model_cls: type | None = 
     table = param_table(config, classifier=issubclass(model_cls, SequenceClassifier))
     if set(flat) != set(table):
         raise ValueError(f"internal: parameters {sorted(set(flat) ^ set(table))[:4]} have no checkpoint entry")
-    place = place or (lambda path, value, var: jnp.asarray(value, dtype=var.dtype))
+    place = place or place_on_default_device
     used: set[str] = set()
-    items = list(table.items())
-    for path, entry in (progress(items) if progress else items):
+    n = config.num_hidden_layers
+
+    def reader_for(path, entry):
         var = flat[path]
         label = ".".join(map(str, path))
-        try:
-            value = load_param(config, entry, reader, used)
-        except KeyError as missing:
-            raise ValueError(f"the checkpoint has no {missing.args[0]!r} ({expected_names(config, entry)}), needed "
-                             f"for parameter {label} {tuple(var.shape)} of this {config.model_type} config") from None
-        if tuple(value.shape) != tuple(var.shape):
-            raise ValueError(f"{expected_names(config, entry)} gives shape {tuple(value.shape)} for parameter {label}; "
-                             f"expected {tuple(var.shape)} for this {config.model_type} config (check that "
-                             f"config.json matches the checkpoint)")
-        var.set_value(place(path, value, var))
+
+        def read(i: int | None) -> np.ndarray:
+            want = tuple(var.shape) if i is None else tuple(var.shape[1:])
+            try:
+                value = load_layer(config, entry, reader, i, used)
+            except KeyError as missing:
+                raise ValueError(f"the checkpoint has no {missing.args[0]!r} ({expected_names(config, entry, i)}), "
+                                 f"needed for parameter {label} {tuple(var.shape)} of this {config.model_type} "
+                                 f"config") from None
+            if tuple(value.shape) != want:
+                where = "" if i is None else f" (layer {i} of the stacked {tuple(var.shape)})"
+                raise ValueError(f"{expected_names(config, entry, i)} gives shape {tuple(value.shape)} for parameter "
+                                 f"{label}{where}; expected {want} for this {config.model_type} config (check that "
+                                 f"config.json matches the checkpoint)")
+            return value
+
+        return read
+
+    work = [(path, entry, n if entry.layered else None) for path, entry in table.items()]
+    for path, entry, layers in (progress(work) if progress else work):
+        flat[path].set_value(place(path, flat[path], reader_for(path, entry), layers))
     unused = sorted(k for k in reader.keys() if k not in used and not ignorable(config, k))
     if strict and unused:
         raise ValueError(f"checkpoint tensors with no matching parameter: {unused[:8]}"

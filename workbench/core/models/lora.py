@@ -113,12 +113,15 @@ def placed_param(cls: type[nnx.Param], value: Array, axes: tp.Any, config: Tenso
 
 # -- the adapter layer --------------------------------------------------------------------------
 def _lora_axes(kernel: nnx.Variable) -> tuple[DynamicShardingAxes, DynamicShardingAxes]:
-    """Semantic axes of ``a``: (kernel input axis, EMPTY); of ``b``: (EMPTY, kernel output axis)."""
+    """Semantic axes of ``a``: (kernel input axis, EMPTY); of ``b``: (EMPTY, kernel output axis); a stacked
+    kernel's leading axes (``LAYERS``) lead both."""
     axes = getattr(kernel, "semantic_axes", None)
     if axes is None:
-        return DynamicShardingAxes((EMPTY, EMPTY), "__train__"), DynamicShardingAxes((EMPTY, EMPTY), "__train__")
+        empty = (EMPTY,) * len(kernel.shape)
+        return DynamicShardingAxes(empty, "__train__"), DynamicShardingAxes(empty, "__train__")
     entries, mode = axes if not hasattr(axes, "axes") else (axes.axes, axes.mode)
-    return DynamicShardingAxes((entries[0], EMPTY), mode), DynamicShardingAxes((EMPTY, entries[1]), mode)
+    lead, (d_in, d_out) = tuple(entries[:-2]), entries[-2:]
+    return DynamicShardingAxes((*lead, d_in, EMPTY), mode), DynamicShardingAxes((*lead, EMPTY, d_out), mode)
 
 
 class LoRALinear(nnx.Module):
@@ -127,7 +130,9 @@ class LoRALinear(nnx.Module):
     ``lora_a (in, rank)`` is drawn like Hugging Face PEFT's ``init_lora_weights="gaussian"``
     (normal, std ``1 / rank``); ``lora_b (rank, out)`` starts at zero, so the output is unchanged.
     ``alpha`` defaults to ``rank`` (scale 1). The base layer's attributes (``in_features``,
-    ``direction``, ``parallel_config`` ...) read through.
+    ``direction``, ``parallel_config`` ...) read through. A stacked base (kernel ``(L, in, out)``,
+    the model's scanned layers) gets stacked adapters ``(L, in, rank)`` and ``(L, rank, out)``:
+    every layer its own adapter.
     """
 
     def __init__(self, base: nnx.Module, rank: int, *, alpha: float | None = None, dtype=None,
@@ -135,14 +140,14 @@ class LoRALinear(nnx.Module):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise ValueError(f"LoRA rank must be an int >= 1 (e.g. 8); got {rank!r}")
         kernel = base.kernel
-        in_f, out_f = kernel.shape
+        *lead, in_f, out_f = kernel.shape
         param_dtype = dtype or getattr(base, "param_dtype", None) or jnp.float32
         a_axes, b_axes = _lora_axes(kernel)
         config = getattr(base, "parallel_config", None)
-        a = jax.random.normal(rngs.params(), (in_f, rank), jnp.float32) / rank
+        a = jax.random.normal(rngs.params(), (*lead, in_f, rank), jnp.float32) / rank
         self.base = base
         self.lora_a = placed_param(LoRAParam, a.astype(param_dtype), a_axes, config)
-        self.lora_b = placed_param(LoRAParam, jnp.zeros((rank, out_f), param_dtype), b_axes, config)
+        self.lora_b = placed_param(LoRAParam, jnp.zeros((*lead, rank, out_f), param_dtype), b_axes, config)
         self.rank = rank
         self.alpha = float(rank if alpha is None else alpha)
 
@@ -157,7 +162,7 @@ class LoRALinear(nnx.Module):
     parallel_config = property(lambda self: self.base.parallel_config)
 
     def delta_kernel(self) -> Array:
-        """``lora_a @ lora_b * scale`` in float32, shape ``(in, out)``: what unwrapping adds to the kernel."""
+        """``lora_a @ lora_b * scale`` in float32, shape ``([L,] in, out)``: what unwrapping adds to the kernel."""
         a, b = self.lora_a[...].astype(jnp.float32), self.lora_b[...].astype(jnp.float32)
         return jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST) * self.scale
 

@@ -35,7 +35,7 @@ def causal_lm_loss(logits_BTV: Array, labels_BT: Array, *, ignore_index: int = -
                          f"{logits_BTV.shape} and labels {labels_BT.shape}")
     if not jnp.issubdtype(labels_BT.dtype, jnp.integer):
         raise ValueError(f"labels must be integer token ids; got dtype {labels_BT.dtype}")
-    logits_BSV = logits_BTV[:, :-1].astype(jnp.float32)  # S = T - 1 predictions
+    logits_BSV = logits_BTV[:, :-1].astype(jnp.promote_types(logits_BTV.dtype, jnp.float32))  # S = T - 1
     targets_BS = labels_BT[:, 1:]
     keep_BS = targets_BS != ignore_index
     safe_BS = jnp.where(keep_BS, targets_BS, 0)
@@ -44,9 +44,9 @@ def causal_lm_loss(logits_BTV: Array, labels_BT: Array, *, ignore_index: int = -
     total = jnp.sum(jnp.where(keep_BS, nll_BS, 0.0))
     num_tokens = jnp.sum(keep_BS, dtype=jnp.int32)
     if num_items_in_batch is None:
-        loss = total / jnp.maximum(num_tokens, 1).astype(jnp.float32)
+        loss = total / jnp.maximum(num_tokens, 1).astype(total.dtype)
     else:
-        loss = total / jnp.asarray(num_items_in_batch, jnp.float32)
+        loss = total / jnp.asarray(num_items_in_batch, total.dtype)
     return loss, num_tokens
 
 

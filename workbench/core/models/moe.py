@@ -79,7 +79,7 @@ class MoE(nnx.Module):
     def route(self, x_ND: Array, router_kernel_DE: Array) -> tuple[Array, Array, Array]:
         """Router logits ``(N, E)`` and the renormalised float32 top-k weights and expert ids ``(N, k)``."""
         logits_NE = jnp.matmul(x_ND, router_kernel_DE, precision=self.precision)
-        probs_NE = jax.nn.softmax(logits_NE.astype(jnp.float32), axis=-1)
+        probs_NE = jax.nn.softmax(logits_NE.astype(jnp.promote_types(logits_NE.dtype, jnp.float32)), axis=-1)
         weights_NK, experts_NK = jax.lax.top_k(probs_NE, self.num_experts_per_tok)
         return logits_NE, weights_NK / weights_NK.sum(-1, keepdims=True), experts_NK
 

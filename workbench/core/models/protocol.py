@@ -152,19 +152,21 @@ class ModelMethods:
         return {"input_ids": ids, "attention_mask": jnp.ones_like(ids), "cache": output.cache}
 
     def create_cache_metadata(self, batch_size: int, max_length: int) -> dict:
-        """Shapes and bytes of the contiguous cache ``init_cache`` would build (nothing allocated)."""
+        """Shapes and bytes of the contiguous cache ``init_cache`` would build (nothing allocated);
+        ``keys_shape`` is one layer's ``(B, S, KV, D)`` (the cache stacks ``layers`` of them)."""
         cache = jax.eval_shape(lambda: self.init_cache(batch_size, max_length))
-        return {"kind": "contiguous", "layers": len(cache.keys), "keys_shape": tuple(cache.keys[0].shape),
-                "dtype": str(cache.keys[0].dtype), "nbytes": 2 * sum(k.size * k.dtype.itemsize for k in cache.keys)}
+        keys = cache.keys
+        return {"kind": "contiguous", "layers": keys.shape[0], "keys_shape": tuple(keys.shape[1:]),
+                "dtype": str(keys.dtype), "nbytes": 2 * keys.size * keys.dtype.itemsize}
 
     def create_paged_metadata(self, **kwargs) -> dict:
         """Shapes and bytes of the paged cache ``init_ragged_pages(**kwargs)`` would build."""
         cache = jax.eval_shape(lambda: self.init_ragged_pages(**kwargs))
-        pages = cache.key_pages[0]
-        return {"kind": "paged", "layers": len(cache.key_pages), "pages_shape": tuple(pages.shape),
-                "num_pages": pages.shape[0], "page_size": pages.shape[1],
+        pages = cache.key_pages
+        return {"kind": "paged", "layers": pages.shape[0], "pages_shape": tuple(pages.shape[1:]),
+                "num_pages": pages.shape[1], "page_size": pages.shape[2],
                 "page_table_shape": tuple(cache.page_table.shape), "dtype": str(pages.dtype),
-                "nbytes": 2 * sum(k.size * k.dtype.itemsize for k in cache.key_pages)}
+                "nbytes": 2 * pages.size * pages.dtype.itemsize}
 
     # ----- parameters
     @property

@@ -35,20 +35,22 @@ class QuantizedParam(nnx.Param):
 def quantize_int8(w_DF: Array) -> tuple[Array, Array]:
     """``(q_DF int8, scale_F float32)``, symmetric per output channel (column); ``q * scale ~ w``.
 
+    Leading axes (a stacked ``(L, D, F)`` kernel) are batch axes: each layer its own scales ``(L, F)``.
     An all-zero column gets scale 0 and q 0, so it reconstructs exactly.
     """
     w = jnp.asarray(w_DF, jnp.float32)
-    scale_F = jnp.max(jnp.abs(w), axis=0) / QMAX
+    scale_F = jnp.max(jnp.abs(w), axis=-2) / QMAX
     safe_F = jnp.where(scale_F > 0, scale_F, 1.0)
-    q_DF = jnp.clip(jnp.round(w / safe_F), -QMAX, QMAX).astype(jnp.int8)
+    q_DF = jnp.clip(jnp.round(w / safe_F[..., None, :]), -QMAX, QMAX).astype(jnp.int8)
     return q_DF, scale_F
 
 
-def _output_axes(axes) -> DynamicShardingAxes:
+def _output_axes(axes, ndim: int) -> DynamicShardingAxes:
+    """The scale's axes: the kernel's leading (layer) axes and its output axis."""
     if axes is None:
-        return DynamicShardingAxes((EMPTY,), "__train__")
+        return DynamicShardingAxes((EMPTY,) * (ndim - 1), "__train__")
     entries, mode = axes if not hasattr(axes, "axes") else (axes.axes, axes.mode)
-    return DynamicShardingAxes((entries[-1],), mode)
+    return DynamicShardingAxes((*entries[:-2], entries[-1]), mode)
 
 
 class Int8Linear(nnx.Module):
@@ -69,15 +71,15 @@ class Int8Linear(nnx.Module):
         config = base.parallel_config
         q_DF, scale_F = quantize_int8(kernel[...])
         self.kernel = placed_param(QuantizedParam, q_DF, axes, config)
-        self.scale = placed_param(QuantizedParam, scale_F, _output_axes(axes), config)
+        self.scale = placed_param(QuantizedParam, scale_F, _output_axes(axes, q_DF.ndim), config)
         self.bias = base.bias if base.bias is not None else nnx.data(None)
         self.in_features, self.out_features, self.use_bias = base.in_features, base.out_features, base.use_bias
         self.dtype, self.param_dtype, self.precision = base.dtype, base.param_dtype, base.precision
         self.direction, self.parallel_config, self.bits = base.direction, config, bits
 
     def dequantized_kernel(self) -> Array:
-        """``q * scale`` in float32, shape ``(in, out)``."""
-        return self.kernel[...].astype(jnp.float32) * self.scale[...]
+        """``q * scale`` in float32, shape ``([L,] in, out)``."""
+        return self.kernel[...].astype(jnp.float32) * self.scale[...][..., None, :]
 
     def __call__(self, x: Array) -> Array:
         if x.ndim < 1 or x.shape[-1] != self.in_features:

@@ -15,10 +15,15 @@ import numpy as np
 from workbench.core.models.config import RopeScaling
 
 
-def inv_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> np.ndarray:
-    """Float32 ``(head_dim // 2,)`` inverse frequencies, Llama-3 scaled when ``scaling`` is given."""
-    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
-    inv_freq = inv_freq.astype(np.float32)
+def inv_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None, dtype=np.float32) -> np.ndarray:
+    """``(head_dim // 2,)`` inverse frequencies, Llama-3 scaled when ``scaling`` is given.
+
+    Float32 as transformers computes them (exact to its float32 forward); ``dtype=np.float64`` for a
+    float64 model.
+    """
+    dtype = np.dtype(dtype)
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=dtype) / dtype.type(head_dim)))
+    inv_freq = inv_freq.astype(dtype)
     if scaling is None:
         return inv_freq
     old_len, low, high = scaling.original_max_position_embeddings, scaling.low_freq_factor, scaling.high_freq_factor
@@ -27,12 +32,12 @@ def inv_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = N
     smooth = (old_len / wavelen - low) / (high - low)
     smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
     medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
-    return np.where(medium, smoothed, scaled).astype(np.float32)
+    return np.where(medium, smoothed, scaled).astype(dtype)
 
 
 def cos_sin(positions_BT: jax.Array, inv_freq_K: np.ndarray) -> tuple[jax.Array, jax.Array]:
-    """Float32 ``cos`` and ``sin`` of shape ``(B, T, head_dim)`` for integer positions."""
-    angles_BTK = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq_K)
+    """``cos`` and ``sin`` of shape ``(B, T, head_dim)`` for integer positions, in ``inv_freq_K``'s dtype."""
+    angles_BTK = positions_BT.astype(inv_freq_K.dtype)[..., None] * jnp.asarray(inv_freq_K)
     angles_BTD = jnp.concatenate([angles_BTK, angles_BTK], axis=-1)
     return jnp.cos(angles_BTD), jnp.sin(angles_BTD)
 

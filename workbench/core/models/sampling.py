@@ -16,6 +16,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.experimental import io_callback
 
+from workbench.core.models.cache import index32
+
 Array = jax.Array
 NEG_INF = -jnp.inf
 
@@ -168,7 +170,7 @@ def sample_programs(graphdef, config, prompt_len: int, on_tokens: tp.Callable | 
         tok_B = next_tokens(config, scores_BV, jax.random.fold_in(s.key, s.step))
         if config.eos_token_id is not None:
             tok_B = jnp.where(s.unfinished_B, tok_B, config.pad_id)
-        s = s._replace(seq_BL=jax.lax.dynamic_update_slice(s.seq_BL, tok_B[:, None], (0, pos)), next_ids=tok_B,
+        s = s._replace(seq_BL=jax.lax.dynamic_update_slice(s.seq_BL, tok_B[:, None], index32(0, pos)), next_ids=tok_B,
                        unfinished_B=s.unfinished_B & ~is_eos(tok_B, config.eos_token_id), step=s.step + 1)
         if on_tokens is not None:
             stop = io_callback(on_tokens, jax.ShapeDtypeStruct((), jnp.bool_), tok_B, ordered=True)

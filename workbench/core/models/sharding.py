@@ -2,8 +2,10 @@
 
 Every parameter carries ``semantic_axes``; a :class:`PartitionAxis` (semantic -> mesh axes),
 the runtime ``mode`` and optional regex ``rules`` (first match wins, applied to the path
-``"layers/0/self_attn/q_proj/kernel"``, giving semantic axes instead of the parameter's own)
-resolve them on a mesh, with a reason per dimension (:func:`explain_params`).
+``"layers/self_attn/q_proj/kernel"``, giving semantic axes instead of the parameter's own)
+resolve them on a mesh, with a reason per dimension (:func:`explain_params`). The decoder blocks'
+parameters are stacked (``layers/self_attn/q_proj/kernel`` is ``(L, D, H*Dh)``, its first axis
+``LAYERS``); a rule may give the axes of one layer's parameter and ``LAYERS`` is put in front.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from workbench.core.axes import MODE_TRAIN, DimDecision, PartitionAxis
+from workbench.core.axes import LAYERS, MODE_TRAIN, DimDecision, DynamicShardingAxes, PartitionAxis
 
 Rules = tp.Sequence[tuple[str, tp.Any]]
 
@@ -37,6 +39,17 @@ def _check_rules(rules: Rules | None) -> list[tuple[re.Pattern, tp.Any]]:
     return compiled
 
 
+def _per_layer_rule(rule_axes: tp.Any, own_axes: tp.Any, ndim: int) -> tp.Any:
+    """A rule written for one layer's parameter, applied to the stacked one: ``LAYERS`` goes in front."""
+    entries, mode = (rule_axes.axes, rule_axes.mode) if hasattr(rule_axes, "axes") else (rule_axes, None)
+    own = getattr(own_axes, "axes", own_axes) or ()
+    entries = tuple(entries) if isinstance(entries, list | tuple) else (entries,)
+    if own and own[0] == LAYERS and LAYERS not in entries and len(entries) == ndim - 1:
+        entries = (LAYERS, *entries)
+        return entries if mode is None else DynamicShardingAxes(entries, mode)
+    return rule_axes
+
+
 def explain_params(model: nnx.Module, mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None = None,
                    partition_axis: PartitionAxis | None = None, mode: str = MODE_TRAIN,
                    rules: Rules | None = None) -> dict[str, list[DimDecision]]:
@@ -53,6 +66,8 @@ def explain_params(model: nnx.Module, mesh: jax.sharding.Mesh | jax.sharding.Abs
                 break
         if axes is None:
             raise ValueError(f"parameter {name} has no semantic_axes; add a rule for it")
+        if why:
+            axes = _per_layer_rule(axes, getattr(var, "semantic_axes", None), len(var.shape))
         try:
             decisions = pa.explain(axes, mode, shape=var.shape, mesh=mesh)
         except (ValueError, TypeError) as err:
@@ -78,11 +93,30 @@ def params_sharding(model: nnx.Module, mesh: jax.sharding.Mesh, partition_axis: 
 
 def shard_model(model: nnx.Module, mesh: jax.sharding.Mesh, partition_axis: PartitionAxis | None = None,
                 mode: str = MODE_TRAIN, rules: Rules | None = None) -> nnx.Module:
-    """A copy of ``model`` with every parameter placed by its resolved spec; ``model`` is unchanged."""
+    """A copy of ``model`` with every parameter placed by its resolved spec, knowing its mesh (see
+    :func:`with_mesh`); ``model`` is unchanged."""
     shardings = params_sharding(model, mesh, partition_axis, mode, rules)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     placed = jax.tree.map(lambda x, s: jax.device_put(x, s), params, shardings)
-    return nnx.merge(graphdef, placed, rest)
+    return with_mesh(nnx.merge(graphdef, placed, rest), mesh, partition_axis)
+
+
+def with_mesh(model: nnx.Module, mesh: jax.sharding.Mesh | None, partition_axis: PartitionAxis | None = None
+              ) -> nnx.Module:
+    """A model (sharing ``model``'s arrays) that constrains its hidden states to the layout
+    ``partition_axis`` gives ``ACTIVATION_AXES`` on ``mesh`` at every layer (None: no constraint).
+
+    Inside the layer scan XLA would otherwise choose the loop carry's sharding on its own, and for
+    small batches it replicates the batch and splits the weights' contraction instead of gathering
+    FSDP weights; pinning the batch (and sequence) split keeps data/FSDP/sequence parallelism what
+    they are meant to be.
+    """
+    graphdef, state = nnx.split(model)
+    new = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
+    if hasattr(new, "mesh"):
+        new.mesh = mesh
+        new.partition_axis = None if mesh is None else (partition_axis or PartitionAxis())
+    return new
 
 
 def gather_model(model: nnx.Module, device: jax.Device | None = None) -> nnx.Module:
@@ -100,6 +134,7 @@ def lazy_init(build: tp.Callable[[], nnx.Module], mesh: jax.sharding.Mesh | None
     abstract = nnx.eval_shape(build)
     if mesh is None:
         return abstract
+    abstract = with_mesh(abstract, mesh, partition_axis)
     specs = param_specs(abstract, mesh, partition_axis, mode, rules)
     for path, var in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):
         value = var.get_value()

@@ -1,6 +1,8 @@
-"""Tokenizers for the tiny models: bytes (any text, fixed vocab) or the characters of one text.
+"""Tokenizers: bytes (any text, fixed vocab), the characters of one text, or a Hugging Face tokenizer.
 
-Both give ``encode``/``decode`` and a Hugging Face style ``__call__`` that pads a batch:
+All give ``encode``/``decode`` and a Hugging Face style ``__call__`` that pads a batch; ``as_tokenizer``
+wraps a ``transformers`` tokenizer (or loads one from a local directory) so that it works wherever
+ours do (the generation view, the attention lab, ``TokenStream``):
 
 >>> tok = ByteTokenizer()
 >>> tok.encode("hé")
@@ -18,6 +20,8 @@ import typing as tp
 
 import numpy as np
 
+__all__ = ["ByteTokenizer", "CharTokenizer", "HFTokenizer", "as_tokenizer"]
+
 SPECIALS = ("<pad>", "<bos>", "<eos>")
 
 
@@ -28,25 +32,44 @@ class _Tokenizer:
     pad_token_id: int
     bos_token_id: int
     eos_token_id: int
+    chat_template: str | None = None
 
     def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         raise NotImplementedError
 
+    def decode(self, ids: tp.Iterable[int], *, skip_special_tokens: bool = True) -> str:
+        raise NotImplementedError
+
     def _wrap(self, ids: list[int], add_bos: bool, add_eos: bool) -> list[int]:
+        for wanted, name in ((add_bos, "bos_token_id"), (add_eos, "eos_token_id")):
+            if wanted and getattr(self, name) is None:
+                raise ValueError(f"{self!r} has no {name[:3]} token: call it with {name[:3]}=False")
         return [self.bos_token_id] * add_bos + ids + [self.eos_token_id] * add_eos
 
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.chat_template)
+
+    def apply_chat_template(self, messages: str | tp.Sequence[tp.Mapping[str, str]], *,
+                            add_generation_prompt: bool = True) -> list[int]:
+        """The token ids of a conversation formatted by the tokenizer's chat template (a Hugging Face
+        tokenizer's); ours have none and say so."""
+        raise ValueError(f"{type(self).__name__} has no chat template: use a Hugging Face tokenizer that has one, "
+                         f"e.g. as_tokenizer(local_checkpoint()) (SmolLM2-135M-Instruct)")
+
     def __call__(self, texts: str | tp.Sequence[str], *, padding_side: str = "left", add_bos: bool = False,
-                 add_eos: bool = False) -> dict[str, np.ndarray]:
+                 add_eos: bool = False, **encode_kwargs: tp.Any) -> dict[str, np.ndarray]:
         """Encode a batch, padded to the longest: ``input_ids`` and ``attention_mask``, int32 ``(B, T)``.
 
         Left padding (the default) puts every prompt's last token in the last column, as
-        generation wants; use ``padding_side="right"`` for training batches.
+        generation wants; use ``padding_side="right"`` for training batches. ``encode_kwargs``
+        go to ``encode`` (e.g. ``add_special_tokens=True`` for a Hugging Face tokenizer).
         """
         if padding_side not in ("left", "right"):
             raise ValueError(f"padding_side must be 'left' or 'right'; got {padding_side!r}")
         if isinstance(texts, str):
             texts = [texts]
-        rows = [self.encode(t, add_bos=add_bos, add_eos=add_eos) for t in texts]
+        rows = [self.encode(t, add_bos=add_bos, add_eos=add_eos, **encode_kwargs) for t in texts]
         if not rows:
             raise ValueError("texts is empty; pass at least one string")
         width = max(1, max(len(r) for r in rows))
@@ -134,3 +157,98 @@ class CharTokenizer(_Tokenizer):
 
     def __repr__(self) -> str:
         return f"CharTokenizer(vocab_size={self.vocab_size})"
+
+
+class HFTokenizer(_Tokenizer):
+    """A Hugging Face tokenizer (``transformers.PreTrainedTokenizerBase``) behind our interface.
+
+    ``encode`` adds no special tokens unless asked (``add_bos``/``add_eos``, or ``add_special_tokens=True``
+    for what the tokenizer itself adds); ``decode`` drops special tokens unless asked; ``__call__`` pads
+    a batch (left by default) into int32 numpy arrays. ``pad_token_id`` falls back to the EOS id (then 0)
+    when the tokenizer has no pad token: the attention mask marks padding either way. ``vocab_size`` is
+    ``len(tokenizer)``, added tokens included. The wrapped tokenizer is :attr:`hf`.
+    """
+
+    def __init__(self, tokenizer: tp.Any):
+        self.hf = tokenizer
+        self.bos_token_id = _token_id(tokenizer.bos_token_id)
+        self.eos_token_id = _token_id(tokenizer.eos_token_id)
+        pad = _token_id(tokenizer.pad_token_id)
+        self.pad_token_id = pad if pad is not None else self.eos_token_id if self.eos_token_id is not None else 0
+        self.vocab_size = max(len(tokenizer), int(getattr(tokenizer, "vocab_size", 0) or 0))
+        self.chat_template = getattr(tokenizer, "chat_template", None) or None
+
+    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False,
+               add_special_tokens: bool = False) -> list[int]:
+        ids = self.hf.encode(text, add_special_tokens=add_special_tokens)
+        return self._wrap([int(i) for i in ids], add_bos, add_eos)
+
+    def decode(self, ids: tp.Iterable[int], *, skip_special_tokens: bool = True) -> str:
+        return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: str | tp.Sequence[tp.Mapping[str, str]], *,
+                            add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of ``messages`` (``[{"role": "user", "content": "Hi"}, ...]``, or one user message as a
+        string) formatted by the chat template, ending with the assistant's turn when
+        ``add_generation_prompt``: what an instruct model should continue."""
+        if not self.has_chat_template:
+            super().apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        out = self.hf.apply_chat_template([dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
+                                          tokenize=True, return_dict=False)
+        if isinstance(out, tp.Mapping):  # a BatchEncoding, whatever the version's default
+            out = out["input_ids"]
+        return [int(i) for i in np.asarray(out).reshape(-1)]
+
+    def __repr__(self) -> str:
+        name = getattr(self.hf, "name_or_path", "") or type(self.hf).__name__
+        chat = ", chat template" if self.has_chat_template else ""
+        return f"HFTokenizer({name!r}, vocab_size={self.vocab_size}{chat})"
+
+
+def _token_id(value: tp.Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):  # some configs list several EOS ids: the first is the tokenizer's own
+        return int(value[0]) if value else None
+    return int(value)
+
+
+def _is_hf_tokenizer(obj: tp.Any) -> bool:
+    """An instance of ``transformers.PreTrainedTokenizerBase``, checked without importing transformers."""
+    import sys
+
+    transformers = sys.modules.get("transformers")
+    base = getattr(transformers, "PreTrainedTokenizerBase", None) if transformers is not None else None
+    return base is not None and isinstance(obj, base)
+
+
+def as_tokenizer(tokenizer: tp.Any) -> tp.Any:
+    """``tokenizer`` with our interface: ours and other objects with ``encode``/``decode`` as they are, a
+    Hugging Face tokenizer wrapped in :class:`HFTokenizer`, a local directory (e.g. ``local_checkpoint()``)
+    loaded with ``transformers.AutoTokenizer`` (no download) and wrapped.
+
+    >>> as_tokenizer(ByteTokenizer())
+    ByteTokenizer(vocab_size=259)
+    """
+    import os
+    import pathlib
+
+    if isinstance(tokenizer, _Tokenizer):
+        return tokenizer
+    if _is_hf_tokenizer(tokenizer):
+        return HFTokenizer(tokenizer)
+    if isinstance(tokenizer, (str, os.PathLike)):
+        path = pathlib.Path(tokenizer).expanduser()
+        if not path.is_dir():
+            raise ValueError(f"as_tokenizer takes a tokenizer or a local directory holding one; {str(tokenizer)!r} "
+                             f"is not a directory (nothing is downloaded: pass e.g. local_checkpoint())")
+        import transformers
+
+        return HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True))
+    if callable(getattr(tokenizer, "encode", None)) and callable(getattr(tokenizer, "decode", None)):
+        return tokenizer
+    raise TypeError(f"a tokenizer needs encode() and decode(): pass ByteTokenizer(), CharTokenizer, a Hugging Face "
+                    f"tokenizer (transformers.AutoTokenizer.from_pretrained(path)) or a local directory; got "
+                    f"{type(tokenizer).__name__}")

@@ -8,7 +8,7 @@ Conventions (all implementations):
 - ``causal``: a query at position ``p`` sees keys at ``<= p``; ``sliding_window=w``: keys in
   ``(p - w, p]``; segment ids: equal ids only; ``mask``: bool, True = attend;
 - logits: ``scale * q.k``, then ``c * tanh(logits / c)`` with ``logits_soft_cap=c``, then
-  ``+ bias``, then the mask; softmax in float32;
+  ``+ bias``, then the mask; softmax in float32 (float64 for float64 inputs: :func:`accumulation_dtype`);
 - a query that sees no key gets a zero output (never NaN, never mean(V)).
 """
 
@@ -200,7 +200,8 @@ def logits(q_BKGTD: Array, k_BKSD: Array, call: AttentionCall, q_idx: Array, k_i
     (``G = H // KV``, GQA without repeating K/V), heads before positions, so each tile is a
     plain batched matmul with no transpose.
     """
-    s = jnp.einsum("bkgtd,bksd->bkgts", q_BKGTD, k_BKSD, preferred_element_type=jnp.float32)
+    acc = accumulation_dtype(q_BKGTD.dtype)
+    s = jnp.einsum("bkgtd,bksd->bkgts", q_BKGTD, k_BKSD, preferred_element_type=acc)
     if call.scale != 1.0:
         s = s * call.scale
     if call.logits_soft_cap is not None:
@@ -208,9 +209,14 @@ def logits(q_BKGTD: Array, k_BKSD: Array, call: AttentionCall, q_idx: Array, k_i
     kv = k_BKSD.shape[1]
     bias = take_bias(call.bias, q_idx, k_idx)
     if bias is not None:
-        s = s + group_heads(bias.astype(jnp.float32), kv)
+        s = s + group_heads(bias.astype(acc), kv)
     visible = call.visibility.block(q_idx, k_idx)
     return s, None if visible is None else group_heads(visible, kv)
+
+
+def accumulation_dtype(dtype: tp.Any) -> jnp.dtype:
+    """Where logits and softmax run: float32 for float32 and narrower inputs, float64 for float64 ones."""
+    return jnp.promote_types(dtype, jnp.float32)
 
 
 def group_heads(x_BHTS: Array, kv: int) -> Array:
@@ -239,7 +245,7 @@ def tiles_to_output(o_BKGTD: Array) -> Array:
 
 
 def dense_attention(call: AttentionCall) -> tuple[Array, Array | None]:
-    """Reference-style attention over all keys at once: output BTHD and weights BHTS (float32).
+    """Reference-style attention over all keys at once: output BTHD and weights BHTS (float32, or float64).
 
     Rows with no visible key get zero weights and a zero output.
     """
@@ -252,7 +258,7 @@ def dense_attention(call: AttentionCall) -> tuple[Array, Array | None]:
     p = jnp.exp(scores - jnp.where(jnp.isfinite(m), m, 0.0))  # exp(-inf) = 0 on masked keys
     denom = jnp.sum(p, axis=-1, keepdims=True)
     weights = p / jnp.where(denom == 0, 1.0, denom)
-    out = jnp.einsum("bkgts,bksd->bkgtd", weights, keys_to_tiles(call.value).astype(jnp.float32))
+    out = jnp.einsum("bkgts,bksd->bkgtd", weights, keys_to_tiles(call.value).astype(weights.dtype))
     out = tiles_to_output(out).astype(call.query.dtype)
     return out, weights.reshape(b, h, t, s) if call.return_weights else None
 
@@ -270,7 +276,7 @@ class AttentionImplMixin:
 
 # -- online softmax (flash, ring): accumulate one key tile at a time ---------------------------
 class SoftmaxCarry(tp.NamedTuple):
-    """Running state over key tiles: unnormalised output, row max, row sum (all float32).
+    """Running state over key tiles: unnormalised output, row max, row sum (float32, or float64 for float64).
 
     ``o (B, KV, G, tq, D)``, ``m`` and ``l`` ``(B, KV, G, tq, 1)``.
     """
@@ -280,9 +286,10 @@ class SoftmaxCarry(tp.NamedTuple):
     l: Array  # noqa: E741
 
     @classmethod
-    def init(cls, b: int, kv: int, g: int, tq: int, d: int) -> SoftmaxCarry:
-        return cls(jnp.zeros((b, kv, g, tq, d), jnp.float32), jnp.full((b, kv, g, tq, 1), -jnp.inf, jnp.float32),
-                   jnp.zeros((b, kv, g, tq, 1), jnp.float32))
+    def init(cls, b: int, kv: int, g: int, tq: int, d: int, dtype=jnp.float32) -> SoftmaxCarry:
+        acc = accumulation_dtype(dtype)
+        return cls(jnp.zeros((b, kv, g, tq, d), acc), jnp.full((b, kv, g, tq, 1), -jnp.inf, acc),
+                   jnp.zeros((b, kv, g, tq, 1), acc))
 
 
 def tile_update(carry: SoftmaxCarry, q_BKGTD: Array, k_BKSD: Array, v_BKSD: Array, call: AttentionCall,
@@ -296,7 +303,7 @@ def tile_update(carry: SoftmaxCarry, q_BKGTD: Array, k_BKSD: Array, v_BKSD: Arra
     p = jnp.exp(s - m_safe)
     alpha = jnp.exp(carry.m - m_safe)  # 0 while nothing was visible (m = -inf)
     l_new = alpha * carry.l + jnp.sum(p, axis=-1, keepdims=True)
-    o_new = alpha * carry.o + jnp.einsum("bkgts,bksd->bkgtd", p, v_BKSD.astype(jnp.float32))
+    o_new = alpha * carry.o + jnp.einsum("bkgts,bksd->bkgtd", p, v_BKSD.astype(carry.o.dtype))
     return SoftmaxCarry(o_new, m_new, l_new)
 
 

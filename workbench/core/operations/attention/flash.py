@@ -97,7 +97,7 @@ def flash_attention(call: AttentionCall, block_q: int, block_k: int) -> Array:
             full = lambda c: tile_update(c, q_BKGTD, k_BKSD, v_BKSD, unmasked, q_idx, k_idx)
             return jax.lax.switch(branch, [lambda c: c, update, full], carry), None
 
-        init = SoftmaxCarry.init(b, kv, h // kv, block_q, d)
+        init = SoftmaxCarry.init(b, kv, h // kv, block_q, d, call.query.dtype)
         carry, _ = jax.lax.scan(key_block, init, (k_NBKsD, v_NBKsD, k_starts))
         return None, tile_finish(carry, call.query.dtype)
 

@@ -96,7 +96,7 @@ def paged_attention(call: AttentionCall, key_pages: Array, value_pages: Array, p
                            j * page_size + jnp.arange(page_size))
 
     lo, hi = _page_range(call, page_size, page_table.shape[1])
-    carry = jax.lax.fori_loop(lo, hi, step, SoftmaxCarry.init(b, kv, h // kv, t, d))
+    carry = jax.lax.fori_loop(lo, hi, step, SoftmaxCarry.init(b, kv, h // kv, t, d, call.query.dtype))
     return tile_finish(carry, call.query.dtype)
 
 

@@ -175,7 +175,7 @@ def ring_attention(call: AttentionCall, mesh: Mesh, axis: str) -> Array:
         # row sums of all steps into one kernel and keeps every step's tile until the end). Folding the
         # device's own block first makes the carry vary over the mesh like the loop body's result.
         blocks = (keys_to_tiles(k_BSKD), keys_to_tiles(v_BSKD), local.get("kv_segment_ids"))  # tile layout
-        carry = fold(0, SoftmaxCarry.init(b, kv, h // kv, tq, d), blocks)
+        carry = fold(0, SoftmaxCarry.init(b, kv, h // kv, tq, d, q_BTHD.dtype), blocks)
         carry, _ = jax.lax.fori_loop(1, sp, pass_then_fold, (carry, blocks))
         return tile_finish(carry, q_BTHD.dtype)
 

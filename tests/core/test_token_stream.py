@@ -1,0 +1,84 @@
+"""TokenStream's text with a tokenizer: a byte-level BPE (the real SmolLM2 tokenizer) streamed token by token
+never shows a garbled character, and the pieces add up to transformers' decode of the whole sequence."""
+
+import numpy as np
+import pytest
+
+from workbench.core.models.tokenizer import ByteTokenizer
+from workbench.core.token_stream import TokenStream, stable_text
+
+# characters that byte-level BPE splits over several tokens (CJK, emoji, accents)
+TEXT = "Voilà: naïve café, 日本語のテキスト, emoji 🙂🚀 and 𝔘𝔫𝔦𝔠𝔬𝔡𝔢.\nNext line."
+
+
+@pytest.fixture(scope="module")
+def hf(smollm2_hf_tokenizer):
+    return smollm2_hf_tokenizer
+
+
+def stream_ids(stream, ids_BN, prompt_BP=None):
+    """What generate does: the prompt (B, P), then one (B,) per step."""
+    ids_BN = np.asarray(ids_BN)
+    stream.put(np.zeros((ids_BN.shape[0], 1), np.int32) if prompt_BP is None else prompt_BP)
+    pieces = []
+    for step in range(ids_BN.shape[1]):
+        stream.put(ids_BN[:, step])
+        pieces.append(stream.new_text())
+    stream.end()
+    pieces.append(stream.new_text())
+    return pieces
+
+
+def test_bpe_streaming_never_garbles_and_adds_up_to_the_whole_decode(hf):
+    ids = hf.encode(TEXT, add_special_tokens=False)
+    # token by token, transformers itself garbles this text: the test needs whole-list decoding to pass
+    assert "\ufffd" in "".join(hf.decode([i]) for i in ids)
+    stream = TokenStream(tokenizer=hf, min_interval_s=0)
+    pieces = [p[0] for p in stream_ids(stream, [ids])]
+    assert "".join(pieces) == hf.decode(ids, skip_special_tokens=True) == TEXT
+    assert not any("\ufffd" in p for p in pieces)
+    # at every step the text so far is transformers' decode of the ids so far, less an unfinished character
+    for n in range(1, len(ids) + 1):
+        assert "".join(pieces[:n]) == hf.decode(ids[:n]).rstrip("\ufffd")
+    assert stream.text() == [TEXT]
+
+
+def test_a_batch_drops_eos_and_the_padding_after_it(hf):
+    row0 = hf.encode("The capital of France is Paris.", add_special_tokens=False) + [hf.eos_token_id] * 3
+    row1 = hf.encode("日本語 🙂 ok", add_special_tokens=False)
+    width = max(len(row0), len(row1))
+    row1 = row1 + [hf.eos_token_id] * (width - len(row1))
+    row0 = row0 + [hf.pad_token_id] * (width - len(row0))
+    stream = TokenStream(tokenizer=hf)
+    pieces = stream_ids(stream, [row0, row1])
+    texts = ["".join(p[b] for p in pieces) for b in range(2)]
+    assert texts == hf.batch_decode([row0, row1], skip_special_tokens=True) == ["The capital of France is Paris.",
+                                                                              "日本語 🙂 ok"]
+    assert stream.text() == texts
+
+
+def test_a_listener_prints_the_stream_as_it_arrives(hf):
+    ids = hf.encode(TEXT, add_special_tokens=False)
+    printed = []
+    stream = TokenStream(lambda s: printed.append(s.new_text()[0]), tokenizer=hf, min_interval_s=0)
+    stream_ids(stream, [ids])
+    assert "".join(printed) == TEXT and not any("\ufffd" in p for p in printed)
+
+
+def test_bytes_hold_back_an_unfinished_character_until_the_end():
+    tok = ByteTokenizer()
+    ids = tok.encode("é🙂")  # 2 + 4 bytes
+    stream = TokenStream(tokenizer=tok)
+    pieces = [p[0] for p in stream_ids(stream, [ids])]
+    assert pieces == ["", "é", "", "", "", "🙂", ""]
+    cut = TokenStream(tokenizer=tok)  # a stream that ends mid-character shows the replacement character then
+    assert "".join(p[0] for p in stream_ids(cut, [ids[:3]])) == "é\ufffd"
+    assert stable_text(tok, ids[:3]) == "é" and stable_text(tok, ids[:3], final=True) == "é\ufffd"
+
+
+def test_text_needs_a_tokenizer_and_takes_a_local_directory(smollm2_dir, hf):
+    with pytest.raises(ValueError, match="no tokenizer"):
+        TokenStream().text()
+    stream = TokenStream(tokenizer=smollm2_dir)  # anything as_tokenizer takes
+    ids = hf.encode("Hello 🙂", add_special_tokens=False)
+    assert "".join(p[0] for p in stream_ids(stream, [ids])) == "Hello 🙂"

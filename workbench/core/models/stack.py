@@ -1,0 +1,165 @@
+"""Decoder blocks stacked on a leading ``layers`` axis and run by ``jax.lax.scan`` (or unrolled).
+
+:func:`stack_blocks` builds ONE block whose parameters carry a leading axis of ``num_layers``
+(semantic axis ``LAYERS``) by vmapping the block's initialiser: under ``nnx.eval_shape`` that is
+shape arithmetic on one traced block, whatever the depth. :func:`run_layers` runs the stack:
+
+- ``scan=True``: ``lax.scan`` over the layer axis, so the block is compiled once and compile time
+  stays flat in depth;
+- ``scan=False``: a Python loop over static layer slices, every layer its own ops in the HLO
+  (for inspecting one layer); the parameters are the same stacked arrays either way.
+
+Per-layer differences are data, not structure. A layer's kind (its sliding window, or none)
+indexes a ``lax.switch`` over one body per kind, so alternating local/global layers compile two
+bodies at any depth. A KV cache rides in the scan carry; each layer writes only its new tokens
+into it (see ``cache.py``). ``remat`` wraps the per-layer body in ``jax.checkpoint`` with a named
+policy, which a training step's backward pass follows.
+"""
+
+from __future__ import annotations
+
+import functools
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from workbench.core.axes import LAYERS, DynamicShardingAxes
+
+Array = jax.Array
+
+REMAT_POLICIES: dict[str, tp.Any] = {
+    "none": None,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "save_dots": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "full": jax.checkpoint_policies.nothing_saveable,
+}
+
+
+def check_remat(policy: str) -> str:
+    """``policy`` if it names a rematerialisation policy, else a ValueError listing them."""
+    if policy not in REMAT_POLICIES:
+        raise ValueError(f"unknown remat policy {policy!r}; use one of {tuple(REMAT_POLICIES)} ('none' keeps every "
+                         f"activation, 'dots_saveable' keeps matmul outputs, 'full' recomputes the whole block)")
+    return policy
+
+
+def stacked_axes(axes: tp.Any) -> DynamicShardingAxes:
+    """``axes`` with ``LAYERS`` in front (a stacked parameter's leading dimension)."""
+    entries, mode = (axes.axes, axes.mode) if hasattr(axes, "axes") else axes
+    return DynamicShardingAxes((LAYERS, *entries), mode)
+
+
+def unstacked_axes(axes: tp.Any) -> DynamicShardingAxes:
+    entries, mode = (axes.axes, axes.mode) if hasattr(axes, "axes") else axes
+    if not entries or entries[0] != LAYERS:
+        raise ValueError(f"axes {entries} have no leading LAYERS axis")
+    return DynamicShardingAxes(tuple(entries[1:]), mode)
+
+
+def stack_blocks(make_block: tp.Callable[[nnx.Rngs], nnx.Module], num_layers: int, rngs: nnx.Rngs) -> nnx.Module:
+    """One block of ``make_block`` with every parameter stacked ``num_layers`` times (each layer its own key)."""
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: make_block(nnx.Rngs(0))))
+    keys = jax.random.split(rngs.params(), num_layers)
+    state = jax.vmap(lambda key: nnx.state(make_block(nnx.Rngs(key))))(keys)
+    stack = nnx.merge(graphdef, state)
+    for _, var in nnx.to_flat_state(nnx.state(stack)):
+        axes = var.get_metadata().get("semantic_axes")
+        if axes is not None:
+            var.set_metadata(semantic_axes=stacked_axes(axes))
+    stack.num_layers = num_layers
+    return stack
+
+
+def num_stacked(stack: nnx.Module) -> int:
+    n = getattr(stack, "num_layers", None)
+    if n is None:
+        raise TypeError(f"this {type(stack).__name__} is one layer, not a stack of layers")
+    return n
+
+
+def layer_view(stack: nnx.Module, index: int) -> nnx.Module:
+    """Layer ``index`` of a stack as a one-layer block (a copy of that slice of every parameter)."""
+    n = num_stacked(stack)
+    if isinstance(index, bool) or not isinstance(index, int | np.integer):
+        raise TypeError(f"a layer index is an int; got {index!r}")
+    if not -n <= index < n:
+        raise IndexError(f"layer {index} out of range: the model has {n} layers")
+    index = int(index) % n
+    graphdef, state = nnx.split(stack)
+    block = nnx.merge(graphdef, jax.tree.map(lambda a: a[index], state))
+    for _, var in nnx.to_flat_state(nnx.state(block)):
+        axes = var.get_metadata().get("semantic_axes")
+        if axes is not None:
+            var.set_metadata(semantic_axes=unstacked_axes(axes))
+    block.num_layers = None
+    return block
+
+
+def layer_kinds(windows_L: tp.Sequence[int | None]) -> tuple[tuple[int | None, ...], np.ndarray]:
+    """The distinct per-layer sliding windows (in order of first use) and each layer's index into them."""
+    kinds: list[int | None] = []
+    for w in windows_L:
+        if w not in kinds:
+            kinds.append(w)
+    return tuple(kinds), np.asarray([kinds.index(w) for w in windows_L], np.int32)
+
+
+class LayerCache(tp.NamedTuple):
+    """What one layer's attention needs of a cache: the call's step, the stacked arrays, the layer index."""
+
+    step: tp.Any
+    kv: tp.Any
+    layer: tp.Any
+
+
+def run_layers(stack: nnx.Module, x_BTD: Array, cos_BTD: Array | None, sin_BTD: Array | None,
+               mask_B1TS: Array | None, *, windows_L: tp.Sequence[int | None], step: tp.Any = None,
+               kv: tp.Any = None, scan: bool = True, remat: str = "none",
+               constrain: tp.Callable[[Array], Array] | None = None) -> tuple[Array, tp.Any, Array | None]:
+    """Run every layer of ``stack``: hidden states, the cache arrays after the last layer, and the
+    stacked per-layer router logits ``(L, N, E)`` of a MoE (else None). ``constrain`` pins each
+    layer's output hidden states to a sharding (the scan carry's layout is XLA's choice otherwise)."""
+    constrain = constrain or (lambda x: x)
+    n = num_stacked(stack)
+    if len(windows_L) != n:
+        raise ValueError(f"internal: {len(windows_L)} layer windows for {n} layers")
+    kinds, kind_L = layer_kinds(windows_L)
+    graphdef, state = nnx.split(stack)
+    policy = REMAT_POLICIES[check_remat(remat)]
+
+    def layer(window, x_BTD, kv, state_l, index):
+        block = nnx.merge(graphdef, state_l)
+        cache = None if step is None else LayerCache(step, kv, index)
+        x_BTD, kv, router = block(x_BTD, cos_BTD, sin_BTD, mask_B1TS, sliding_window=window, cache=cache)
+        return constrain(x_BTD), kv, router
+
+    def remat_(fn):
+        return fn if remat == "none" else jax.checkpoint(fn, policy=policy, prevent_cse=not scan)
+
+    if scan:
+        def by_kind(x_BTD, kv, state_l, index, kind):
+            if len(kinds) == 1:
+                return layer(kinds[0], x_BTD, kv, state_l, index)
+            branches = [functools.partial(layer, w) for w in kinds]
+            return jax.lax.switch(kind, branches, x_BTD, kv, state_l, index)
+
+        run = remat_(by_kind)
+
+        def body(carry, xs):
+            x_BTD, kv = carry
+            x_BTD, kv, router = run(x_BTD, kv, *xs)
+            return (x_BTD, kv), router
+
+        xs = (state, jnp.arange(n, dtype=jnp.int32), jnp.asarray(kind_L))
+        (x_BTD, kv), routers = jax.lax.scan(body, (x_BTD, kv), xs)
+        return x_BTD, kv, routers
+    routers = []
+    for i in range(n):
+        state_l = jax.tree.map(lambda a, i=i: a[i], state)
+        x_BTD, kv, router = remat_(functools.partial(layer, kinds[kind_L[i]]))(x_BTD, kv, state_l, i)
+        routers.append(router)
+    return x_BTD, kv, None if routers[0] is None else jnp.stack(routers)
