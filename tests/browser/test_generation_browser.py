@@ -12,7 +12,7 @@ from .conftest import model_errors, notebook_errors, run_notebook_in_lab, screen
 NOTEBOOK = "tests/browser/notebooks/generation_widgets.ipynb"
 MAX_NEW = 4000
 PROMPT_LEN = 16  # "In the beginning": 16 bytes, a multiple of the default pad_to
-Q = "layers/0/self_attn/q_proj/kernel"
+Q = "layers/self_attn/q_proj/kernel"
 
 _TREESCOPE_RENDERED_JS = """() => {
   const roots = [...document.querySelectorAll('.wb-module-tree treescope-container')];

@@ -16,7 +16,7 @@ from workbench.core.tree_view import param_rows, subtree_totals
 from workbench.widgets.module_tree import ModuleTree
 
 MESH = make_mesh(fsdp=2, tp=4)
-Q = "layers/0/self_attn/q_proj/kernel"
+Q = "layers/self_attn/q_proj/kernel"
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_tree_counts_and_header(model):
     totals = subtree_totals(param_rows(model, MESH))
     html = tree._counts.value
     assert re.findall(r'class="wb-subtree" data-path="([^"]*)"', html) == list(totals)  # every subtree, in order
-    assert f"({totals['layers/0'].count:,})" in html
+    assert f"({totals['layers/self_attn'].count:,})" in html
     assert len(re.findall(r'class="wb-param" data-path=', html)) == len(tree.rows)
     assert [v for _, v in tree._choose.options][1:] == [r.path for r in tree.rows]
     assert repr(tree) == f"ModuleTree(CausalLM, {model.num_params():,} parameters)"
@@ -47,12 +47,13 @@ def test_choosing_a_parameter_shows_its_sharding_view(model):
     view = tree.sharding_view
     assert isinstance(view, ShardingView) and tree._detail.children == (view,)
     assert view.spec == param_specs(model, MESH)[Q] and view.mesh == MESH
-    assert view.sharding_layout.shape == (64, 64) and view.sharding_layout.shard_shape == (32, 16)
-    assert "dim 1 (TP): sharded 4 ways over tp" in tree._summary.value
+    # the stacked (layers, in, out) kernel: every layer's slice split the same way, layers replicated
+    assert view.sharding_layout.shape == (2, 64, 64) and view.sharding_layout.shard_shape == (2, 32, 16)
+    assert "dim 2 (TP): sharded 4 ways over tp" in tree._summary.value
     # the view's spec editor is a what-if: the model and the tree's rows do not change
-    assert view.set_spec("tp, None") and view.spec == P("tp", None)
+    assert view.set_spec("None, tp, None") and view.spec == P(None, "tp", None)
     assert {r.path: r.spec for r in tree.rows} == param_specs(model, MESH)
-    assert param_specs(model, MESH)[Q] == P(("fsdp", "sp"), "tp")
+    assert param_specs(model, MESH)[Q] == P(None, ("fsdp", "sp"), "tp")
     tree._choose.value = ""
     assert tree.sharding_view is None and tree._detail.children == ()
 
@@ -68,7 +69,7 @@ def test_placed_unplaced_and_abstract_models(model):
 
     config = ModelConfig.from_hf(tiny_config("llama"))
     abstract = ModuleTree(lazy_init(lambda: CausalLM(config, rngs=nnx.Rngs(0)), MESH))  # nothing allocated
-    assert abstract.select(Q) and abstract.sharding_view.sharding_layout.shard_shape == (32, 16)
+    assert abstract.select(Q) and abstract.sharding_view.sharding_layout.shard_shape == (2, 32, 16)
     assert "<treescope-container" in abstract._tree.outputs[0]["data"]["text/html"]
 
 
@@ -77,7 +78,7 @@ def test_errors_are_inline_and_the_last_choice_stays(model, monkeypatch):
     assert tree.select(Q)
     view = tree.sharding_view
     assert not tree.select("q_proj")
-    assert "no parameter 'q_proj'; did you mean layers/0/self_attn/q_proj/kernel" in tree.error
+    assert "no parameter 'q_proj'; did you mean layers/self_attn/q_proj/kernel" in tree.error
     assert 'class="wb-error"' in tree._error.value
     assert tree.selected == Q and tree.sharding_view is view  # the last valid state stays
 
@@ -106,5 +107,17 @@ def test_static_html(model):
     tree = ModuleTree(model, mesh=MESH)
     html = tree._repr_html_()
     assert html == ModuleTree(model, mesh=MESH)._repr_html_()  # deterministic: no treescope ids
-    assert "<script" not in html and "wb-module-header" in html and 'data-path="layers/0"' in html
+    assert "<script" not in html and "wb-module-header" in html and 'data-path="layers/self_attn"' in html
     assert "P((fsdp, sp), tp)" in html
+
+
+def test_one_layer_of_the_stack_opens_as_its_own_block():
+    from workbench.core.models.presets import tiny
+
+    model = tiny("llama", num_hidden_layers=3)
+    tree = ModuleTree(model)
+    assert [v for _, v in tree._layer.options] == [-1, 0, 1, 2]
+    assert tree.open_layer(2) and tree._layer.value == 2
+    html = "".join(o["data"]["text/html"] for o in tree._layer_tree.outputs)
+    assert "treescope-container" in html and "num_layers" not in tree.error
+    assert not tree.open_layer(3) and "no layer 3; the model has 3 layers" in tree.error

@@ -15,7 +15,7 @@ from workbench.core.models.presets import tiny, tiny_config
 from workbench.core.models.sharding import path_str
 from workbench.widgets.sharding_explorer import ShardingExplorer, layout_html
 
-Q_PROJ = "layers/0/self_attn/q_proj/kernel"
+Q_PROJ = "layers/self_attn/q_proj/kernel"
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +37,8 @@ def table_specs(explorer):
 
 def test_table_shows_every_parameter_and_the_chart_is_plotly(explorer):
     specs = table_specs(explorer)
-    assert list(specs) == list(explorer.layout.paths) and len(specs) == 21
-    assert specs[Q_PROJ] == "P(('fsdp', 'sp'), 'tp')"
+    assert list(specs) == list(explorer.layout.paths) and len(specs) == 12  # tiny Llama: embeddings, 7 stacked kernels + 2 stacked norms, final norm, head
+    assert specs[Q_PROJ] == "P(None, ('fsdp', 'sp'), 'tp')"
     figure = explorer._chart.outputs[0]["data"]["application/vnd.plotly.v1+json"]
     assert [t["name"] for t in figure["data"]] == ["parameters", "optimizer state (AdamW)", "KV cache"]
     assert figure["layout"]["barmode"] == "stack" and figure["data"][0]["x"] == [str(i) for i in range(8)]
@@ -50,7 +50,7 @@ def test_changing_the_tp_axis_re_renders_the_table_and_lists_the_diff(explorer):
     old = explorer.layout
     explorer.editor.fields["tensor_parallel_axis"].value = "dp"
     assert explorer.error == "" and explorer.partition_axis.tensor_parallel_axis == "dp"
-    assert table_specs(explorer)[Q_PROJ] == "P(('fsdp', 'sp'), 'dp')"
+    assert table_specs(explorer)[Q_PROJ] == "P(None, ('fsdp', 'sp'), 'dp')"
     changed = [c.path for c in explorer.last_diff.changed]
     assert Q_PROJ in changed and changed == [c.path for c in explore.diff(old, explorer.layout).changed]
     assert f"{Q_PROJ}</td>" in explorer._diff.value and "changed spec" in explorer._diff.value
@@ -100,9 +100,9 @@ def test_memory_controls_and_mode(explorer):
 
 def test_filter_box_filters_rows_and_a_bad_regex_is_an_inline_error(explorer):
     explorer._filter.value = r"mlp/.*kernel"
-    assert len(table_specs(explorer)) == 6
+    assert len(table_specs(explorer)) == 3  # gate, up, down: each stacked over the 2 layers
     explorer._filter.value = "(("
-    assert "not a regex" in explorer._filter_error.value and len(table_specs(explorer)) == 6
+    assert "not a regex" in explorer._filter_error.value and len(table_specs(explorer)) == 3
 
 
 def test_collectives_button_fills_the_panel_and_marks_it_stale_after_an_edit(explorer):
@@ -117,7 +117,7 @@ def test_collectives_button_fills_the_panel_and_marks_it_stale_after_an_edit(exp
 
 def test_set_mesh_re_resolves_and_a_mesh_without_the_axes_is_refused(explorer):
     assert explorer.set_mesh(make_mesh(fsdp=1, tp=8))
-    assert explorer.layout[Q_PROJ].shard_shape == (64, 8) and "tp=8" in explorer._title.value
+    assert explorer.layout[Q_PROJ].shard_shape == (2, 64, 8) and "tp=8" in explorer._title.value
     layout = explorer.layout
     assert not explorer.set_mesh(AbstractMesh((8,), ("data",)))
     assert "mesh axis" in explorer.error and "last valid mesh" in explorer.error and explorer.layout is layout
@@ -128,10 +128,10 @@ def test_apply_reshards_the_live_model_as_the_layout_says(llama):
     explorer.editor.fields["tensor_parallel_axis"].value = "fsdp"
     explorer.editor.fields["fully_sharded_data_parallel_axis"].value = "tp"
     explorer._apply_button.click()
-    assert "re-sharded 21 parameters" in explorer._apply_status.value and explorer.model is not llama
+    assert "re-sharded 12 parameters" in explorer._apply_status.value and explorer.model is not llama
     for path, var in nnx.to_flat_state(nnx.state(explorer.model, nnx.Param)):
         assert var.get_value().sharding == NamedSharding(explorer.mesh, explorer.layout[path_str(path)].spec)
-    assert explorer.layout[Q_PROJ].spec == PartitionSpec(("tp", "sp"), "fsdp")
+    assert explorer.layout[Q_PROJ].spec == PartitionSpec(None, ("tp", "sp"), "fsdp")
 
 
 def test_an_abstract_model_cannot_be_applied(explorer):
@@ -141,10 +141,10 @@ def test_an_abstract_model_cannot_be_applied(explorer):
 
 def test_static_html_and_display(explorer):
     static = explorer._repr_html_()
-    assert static.count('class="wb-param-row"') == 21 and "wb-memory-bars" in static
+    assert static.count('class="wb-param-row"') == 12 and "wb-memory-bars" in static
     assert layout_html(explorer.layout) in static
     bundle = explorer._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
-    assert bundle["text/plain"] == ("ShardingExplorer(llama, 21 parameters, mesh dp=2, fsdp=2, ep=1, tp=2, sp=1, "
+    assert bundle["text/plain"] == ("ShardingExplorer(llama, 12 parameters, mesh dp=2, fsdp=2, ep=1, tp=2, sp=1, "
                                     "MODE_TRAIN)")
     assert jax.tree.leaves(nnx.state(explorer.model, nnx.Param))[0].__class__ is jax.ShapeDtypeStruct

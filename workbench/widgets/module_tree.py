@@ -125,12 +125,27 @@ class ModuleTree(widgets.VBox):
         self._detail = widgets.VBox([])
         self._detail.add_class("wb-param-detail")
         self._error = widgets.HTML("")
-        tabs = widgets.Tab(children=[self._tree, self._counts])
+        layers = getattr(getattr(model, "layers", None), "num_layers", None)
+        self._layer = widgets.Dropdown(options=[("choose a layer…", -1)] + [(f"layer {i}", i) for i in
+                                                                          range(layers or 0)],
+                                       value=-1, description="open", style={"description_width": "40px"})
+        self._layer.add_class("wb-layer-choose")
+        self._layer_tree = widgets.Output(layout=widgets.Layout(max_height="320px", overflow="auto"))
+        self._layer_tree.add_class("wb-layer-tree")
+        layer_note = widgets.HTML(
+            f'<div style="font-size:12px;color:#555">the {layers} decoder layers are one block whose parameters are '
+            f"stacked on a leading <code>layers</code> axis (run by <code>lax.scan</code>); open one to see it as "
+            f"its own block (<code>model.layers[i]</code>)</div>" if layers else
+            '<div style="font-size:12px;color:#555">this model has no stacked layers</div>')
+        children = [self._tree, self._counts, widgets.VBox([layer_note, self._layer, self._layer_tree])]
+        tabs = widgets.Tab(children=children)
         tabs.set_title(0, "tree (treescope)")
         tabs.set_title(1, "parameter counts")
+        tabs.set_title(2, "one layer")
         super().__init__([self._header, tabs, self._choose, self._error, self._summary, self._detail], **kwargs)
         self.add_class("wb-module-tree")
         self._choose.observe(self._on_choose, names="value")
+        self._layer.observe(self._on_layer, names="value")
 
     # -- public --------------------------------------------------------------------------------------------
     @property
@@ -164,6 +179,31 @@ class ModuleTree(widgets.VBox):
             return False
         self._choose.value = path
         return True
+
+    def open_layer(self, index: int) -> bool:
+        """Show layer ``index`` of the stacked layers as its own block (what the "one layer" tab does)."""
+        options = [v for _, v in self._layer.options if v >= 0]
+        if index not in options:
+            self._show_error(f"no layer {index!r}; the model has {len(options)} layers (0 .. {len(options) - 1})"
+                             if options else "this model has no stacked layers to open")
+            return False
+        self._layer.value = index
+        return True
+
+    def _on_layer(self, change: dict) -> None:
+        from IPython.display import HTML
+
+        self._show_error("")
+        self._layer_tree.clear_output()
+        if change["new"] < 0:
+            return
+        try:
+            import treescope
+
+            html = treescope.render_to_html(self.model.layers[change["new"]], ignore_exceptions=True, compressed=True)
+        except Exception as e:  # keep the widget usable whatever treescope does
+            html = error_html(f"cannot render layer {change['new']}: {type(e).__name__}: {e}")
+        self._layer_tree.append_display_data(HTML(html))
 
     def _repr_html_(self) -> str:
         return (f'<div class="wb-module-tree-static">{self._header_html()}'

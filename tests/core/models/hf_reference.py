@@ -32,6 +32,10 @@ def hf_model(family, *, cls=None, seed=0, **config_changes):
     """A float32 eval-mode HF model with random weights, norms and biases (so a wrong mapping shows)."""
     torch.manual_seed(seed)
     config = FAMILIES[family]()
+    if "num_hidden_layers" in config_changes and getattr(config, "layer_types", None) is not None:
+        # per-layer lists follow the depth: rebuild so the config derives them for the new depth
+        d = {k: v for k, v in config.to_dict().items() if k != "layer_types"}
+        config = type(config)(**{**d, "num_hidden_layers": config_changes["num_hidden_layers"]})
     for key, value in config_changes.items():
         setattr(config, key, value)
     config._attn_implementation = "eager"

@@ -45,14 +45,15 @@ SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 
 # ----------------------------------------------------------------------------------------------- loading
 class SafetensorsReader:
-    """The tensors of a checkpoint directory by name, read lazily as NumPy arrays (bfloat16 via ml_dtypes).
+    """The tensors of a checkpoint directory by name, read lazily as NumPy arrays (bfloat16 via ml_dtypes):
+    read-only views of the memory-mapped files, so reading copies nothing until a parameter is built.
 
     ``model.safetensors`` wins over ``model.safetensors.index.json`` as in ``transformers``. Use as a
     context manager; it closes its files on exit.
     """
 
     def __init__(self, directory: str | os.PathLike):
-        from safetensors import safe_open
+        from workbench.core.models.safetensors_mmap import MappedSafetensors
 
         directory = pathlib.Path(directory)
         self._stack = contextlib.ExitStack()
@@ -65,7 +66,7 @@ class SafetensorsReader:
         self._where: dict[str, tp.Any] = {}
         try:
             for file, names in files.items():
-                handle = self._stack.enter_context(safe_open(str(directory / file), framework="np"))
+                handle = self._stack.enter_context(MappedSafetensors(directory / file))
                 have = set(handle.keys())
                 missing = sorted(set(names or ()) - have)
                 if missing:

@@ -17,7 +17,9 @@ last axis); "router", "gate", "up", "down" (Mixtral: the on-disk per-expert
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import os
 import typing as tp
 
 import numpy as np
@@ -210,11 +212,15 @@ def place_on_default_device(path: Path, var: tp.Any, read: Read, num_layers: int
     import jax
 
     dtype = np.dtype(var.dtype)
-    if num_layers is None:
-        return jax.device_put(np.asarray(read(None), dtype))
+    if num_layers is None:  # a copy: the value may view a memory-mapped file, which an array must not alias
+        return jax.device_put(np.array(read(None), dtype, copy=True))
     buf = np.empty(tuple(var.shape), dtype)
-    for i in range(num_layers):
+
+    def fill(i: int) -> None:  # a layer's slice, converted (transposed, cast) straight into the stack
         buf[i] = read(i)
+
+    with concurrent.futures.ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:  # NumPy copies drop the GIL
+        list(pool.map(fill, range(num_layers)))
     return jax.device_put(buf)
 
 

@@ -90,13 +90,19 @@ def layer_view(stack: nnx.Module, index: int) -> nnx.Module:
         raise IndexError(f"layer {index} out of range: the model has {n} layers")
     index = int(index) % n
     graphdef, state = nnx.split(stack)
-    block = nnx.merge(graphdef, jax.tree.map(lambda a: a[index], state))
+    block = nnx.merge(graphdef, jax.tree.map(lambda a: _slice(a, index), state))
     for _, var in nnx.to_flat_state(nnx.state(block)):
         axes = var.get_metadata().get("semantic_axes")
         if axes is not None:
             var.set_metadata(semantic_axes=unstacked_axes(axes))
     block.num_layers = None
     return block
+
+
+def _slice(a: tp.Any, index: int) -> tp.Any:
+    if isinstance(a, jax.ShapeDtypeStruct):  # an abstract model (lazy_init): the slice's shape
+        return jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
+    return a[index]
 
 
 def layer_kinds(windows_L: tp.Sequence[int | None]) -> tuple[tuple[int | None, ...], np.ndarray]:
