@@ -37,7 +37,8 @@ def table_specs(explorer):
 
 def test_table_shows_every_parameter_and_the_chart_is_plotly(explorer):
     specs = table_specs(explorer)
-    assert list(specs) == list(explorer.layout.paths) and len(specs) == 12  # tiny Llama: embeddings, 7 stacked kernels + 2 stacked norms, final norm, head
+    # tiny Llama: embeddings, 7 stacked kernels + 2 stacked norms, final norm, head
+    assert list(specs) == list(explorer.layout.paths) and len(specs) == 12
     assert specs[Q_PROJ] == "P(None, ('fsdp', 'sp'), 'tp')"
     figure = explorer._chart.outputs[0]["data"]["application/vnd.plotly.v1+json"]
     assert [t["name"] for t in figure["data"]] == ["parameters", "optimizer state (AdamW)", "KV cache"]

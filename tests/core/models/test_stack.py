@@ -157,7 +157,7 @@ def test_full_remat_keeps_less_for_the_backward_pass():
 
 def test_options_are_checked():
     model = tiny("llama")
-    with pytest.raises(ValueError, match="unknown remat policy 'some'.*'dots_saveable'"):
+    with pytest.raises(ValueError, match=r"unknown remat policy 'some'.*'dots_saveable'"):
         model.with_options(remat="some")
     with pytest.raises(TypeError, match="scan_layers must be True or False"):
         model.with_options(scan_layers="yes")

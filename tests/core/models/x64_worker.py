@@ -12,15 +12,15 @@ os.environ["JAX_ENABLE_X64"] = "1"
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 sys.path.insert(0, os.getcwd())
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from tests.core.models import numpy_reference  # noqa: E402
-from tests.core.models.hf_reference import batch, hf_model, torch  # noqa: E402
-from workbench.core.mesh import make_mesh  # noqa: E402
-from workbench.core.models.checkpoint import from_pretrained  # noqa: E402
-from workbench.core.models.generation import GenerationConfig  # noqa: E402
+from tests.core.models import numpy_reference
+from tests.core.models.hf_reference import batch, hf_model, torch
+from workbench.core.mesh import make_mesh
+from workbench.core.models.checkpoint import from_pretrained
+from workbench.core.models.generation import GenerationConfig
 
 
 def main() -> None:
@@ -66,7 +66,7 @@ def main() -> None:
         # a training step
         from workbench.core.models.training import make_train_step, to_state
 
-        state, metrics = make_train_step()(to_state(sharded), {"input_ids": ids})
+        _, metrics = make_train_step()(to_state(sharded), {"input_ids": ids})
         res["train_loss"] = float(metrics["loss"])
         res["train_loss_dtype"] = str(metrics["loss"].dtype)
         out[family] = res

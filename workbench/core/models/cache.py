@@ -248,7 +248,7 @@ class PagedKVCache:
 
     def check_fits(self, mask_BT: Array) -> None:
         """Raise a ValueError if the rows or pages cannot take ``mask_BT``'s tokens (a no-op when traced)."""
-        b, t = mask_BT.shape
+        b = mask_BT.shape[0]
         if b != self.batch_size:
             raise ValueError(f"the paged cache has a page table for {self.batch_size} rows but the input has {b}; "
                              f"init_ragged_pages(batch_size={b}, ...)")

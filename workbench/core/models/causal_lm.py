@@ -11,7 +11,6 @@ import typing as tp
 import jax
 import jax.numpy as jnp
 from flax import nnx
-
 from jax.sharding import NamedSharding
 
 from workbench.core.axes import BATCH, EMPTY, MODE_TRAIN, QUERY_LENGTH, DynamicShardingAxes, PartitionAxis, RowWise
