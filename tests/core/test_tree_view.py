@@ -33,8 +33,10 @@ def test_rows_match_the_model(model):
         assert row.spec is None and row.source is None and row.bytes_per_device is None  # not placed
     assert sum(r.count for r in rows) == model.num_params()
     by_path = {r.path: r for r in rows}
-    assert by_path["layers/0/self_attn/q_proj/kernel"].axes == ("[FSDP, SP]", "TP")  # ColumnWise
-    assert by_path["layers/0/self_attn/q_proj/kernel"].name == "kernel"
+    q = by_path["layers/self_attn/q_proj/kernel"]  # both layers in one stacked row
+    assert q.axes == ("LAYERS", "[FSDP, SP]", "TP")  # ColumnWise, LAYERS in front
+    assert q.name == "kernel" and q.shape == (model.config.num_hidden_layers, 64, 64)
+    assert not any(r.path.startswith("layers/0") for r in rows)
 
 
 def test_resolved_on_a_mesh_equals_param_specs_and_shard_model(model):
@@ -42,9 +44,11 @@ def test_resolved_on_a_mesh_equals_param_specs_and_shard_model(model):
     specs = param_specs(model, MESH)
     assert {r.path: r.spec for r in rows} == specs
     assert all(r.source == "resolved" and len(r.reasons) == len(r.shape) for r in rows)
-    q = next(r for r in rows if r.path == "layers/0/self_attn/q_proj/kernel")
-    assert q.spec == PartitionSpec(("fsdp", "sp"), "tp") and q.shard_shape == (32, 16)
-    assert q.reasons[1] == "dim 1 (TP): sharded 4 ways over tp, 16 per shard"
+    q = next(r for r in rows if r.path == "layers/self_attn/q_proj/kernel")
+    layers = model.config.num_hidden_layers
+    assert q.spec == PartitionSpec(None, ("fsdp", "sp"), "tp") and q.shard_shape == (layers, 32, 16)
+    assert q.reasons[0] == "dim 0 (LAYERS): layer_axis = None: replicated"  # every device holds every layer
+    assert q.reasons[2] == "dim 2 (TP): sharded 4 ways over tp, 16 per shard"
     # placed: the same specs read back from the arrays
     placed = param_rows(shard_model(model, MESH))
     assert [(r.path, r.spec, r.source) for r in placed] == [(r.path, r.spec, "placed") for r in rows]
@@ -77,9 +81,14 @@ def test_subtree_totals(model):
         assert total.count == sum(r.count for r in under) and total.nbytes == sum(r.nbytes for r in under)
         assert total.bytes_per_device == sum(r.bytes_per_device for r in under)
         assert total.depth == (0 if not prefix else prefix.count("/") + 1)
-    layer = nnx.state(model.layers[0], nnx.Param)
-    assert totals["layers/0"].count == sum(x.size for x in jax.tree.leaves(layer))
-    assert list(totals)[:3] == ["", "layers", "layers/0"]  # tree order
+    layers = model.config.num_hidden_layers
+    for i in range(layers):  # the stacked "layers" subtree holds every layer: L times one layer's count
+        layer = nnx.state(model.layers[i], nnx.Param)
+        assert totals["layers"].count == layers * sum(x.size for x in jax.tree.leaves(layer))
+    attn = nnx.state(model.layers.self_attn, nnx.Param)
+    assert totals["layers/self_attn"].count == sum(x.size for x in jax.tree.leaves(attn))
+    assert totals["layers/self_attn"].num_arrays == 4  # q k v o, each one stacked array
+    assert list(totals)[:3] == ["", "layers", "layers/input_layernorm"]  # tree order
     assert subtree_totals(param_rows(model))["layers"].bytes_per_device is None  # not placed: unknown
 
 

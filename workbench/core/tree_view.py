@@ -9,7 +9,10 @@ reason for each dimension). Nothing is allocated: abstract models from ``lazy_in
 >>> rows = param_rows(tiny("llama"))
 >>> rows[0].path, rows[0].shape, rows[0].axes
 ('embed_tokens', (264, 64), ('TP', '[FSDP, SP]'))
->>> subtree_totals(rows)["layers/0"].count == sum(r.count for r in rows if r.path.startswith("layers/0/"))
+>>> rows[3].path, rows[3].shape, rows[3].axes  # the decoder layers are stacked: LAYERS leads
+('layers/mlp/gate_proj/kernel', (2, 64, 128), ('LAYERS', '[FSDP, SP]', 'TP'))
+>>> subtree_totals(rows)["layers/self_attn"].count == sum(r.count for r in rows
+...                                                     if r.path.startswith("layers/self_attn/"))
 True
 """
 

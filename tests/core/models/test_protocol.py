@@ -40,14 +40,14 @@ def test_with_attention_shares_parameters_and_agrees(model):
         for name in ("flash", "sdpa", "chunked"):
             switched = model.with_attention(name)
             assert model.attn_mechanism == "vanilla" and switched.attn_mechanism in (name, "flash")
-            a = nnx.state(model, nnx.Param)["layers"][0]["self_attn"]["q_proj"]["kernel"].get_value()
-            b = nnx.state(switched, nnx.Param)["layers"][0]["self_attn"]["q_proj"]["kernel"].get_value()
-            assert a is b  # the same array, no copy
+            a = nnx.state(model, nnx.Param)["layers"]["self_attn"]["q_proj"]["kernel"].get_value()
+            b = nnx.state(switched, nnx.Param)["layers"]["self_attn"]["q_proj"]["kernel"].get_value()
+            assert a is b and a.shape == (2, 64, 64)  # the same stacked array (both layers), no copy
             got = switched(ids, mask).logits
             keep = np.asarray(mask).astype(bool)
             np.testing.assert_allclose(np.asarray(got)[keep], np.asarray(want)[keep], atol=2e-5)
-    switched.layers[0].self_attn.q_proj.kernel.set_value(jnp.zeros_like(a))  # its Variables are its own
-    assert model.layers[0].self_attn.q_proj.kernel.get_value() is a
+    switched.layers.self_attn.q_proj.kernel.set_value(jnp.zeros_like(a))  # its Variables are its own
+    assert model.layers.self_attn.q_proj.kernel.get_value() is a
     with pytest.raises(ValueError, match=r"Did you mean .flash."):
         model.with_attention("flashh")
 
@@ -75,7 +75,8 @@ def test_parameter_methods_return_new_models(model):
     np.testing.assert_allclose(np.asarray(again.norm.weight.get_value()), 2 * np.asarray(model.norm.weight.get_value()))
     assert model.num_params() == sum(x.size for x in jax.tree.leaves(params))
     text = model.get_module_repr()
-    assert "layers/0/self_attn/q_proj/kernel: (64, 64) float32" in text and text == model.prettify_nnx()
+    assert "layers/self_attn/q_proj/kernel: (2, 64, 64) float32" in text and text == model.prettify_nnx()
+    assert "layers/0/" not in text and text.count("layers/self_attn/q_proj/kernel") == 1  # one stacked entry
 
 
 def test_transform_fn_is_what_loading_uses(model):
@@ -83,10 +84,15 @@ def test_transform_fn_is_what_loading_uses(model):
 
     tensors = hf_state_dict(model)
     flat = model.transform_fn(tensors)
-    np.testing.assert_array_equal(flat[("layers", 1, "mlp", "up_proj", "kernel")],
-                                  np.asarray(model.layers[1].mlp.up_proj.kernel.get_value()))
+    up_L = np.asarray(flat[("layers", "mlp", "up_proj", "kernel")])
+    assert up_L.shape == (2, 64, 96)  # both layers stacked on the leading axis
+    np.testing.assert_array_equal(up_L, np.asarray(model.layers.mlp.up_proj.kernel.get_value()))
+    for i in range(2):  # slice i is layer i: the model's layer view and the checkpoint's (out, in) tensor
+        np.testing.assert_array_equal(up_L[i], np.asarray(model.layers[i].mlp.up_proj.kernel.get_value()))
+        np.testing.assert_array_equal(up_L[i], np.asarray(tensors[f"model.layers.{i}.mlp.up_proj.weight"]).T)
+    assert not np.array_equal(up_L[0], up_L[1])
     nested = model.pure_transform_fn(tensors)
-    assert nested["layers"][0]["input_layernorm"]["weight"].shape == (64,)
+    assert nested["layers"]["input_layernorm"]["weight"].shape == (2, 64)
     loaded = model.get_torch_loader()(tensors)
     np.testing.assert_array_equal(np.asarray(loaded.embed_tokens.get_value()),
                                   np.asarray(model.embed_tokens.get_value()))

@@ -8,19 +8,29 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from tests.core.models.tiny_llama import batch, logits, tiny_model
-from workbench.core.axes import FSDP, SP, TP, ColumnWise, RowWise
+from workbench.core.axes import FSDP, LAYERS, SP, TP, ColumnWise, RowWise
 from workbench.core.linear import ColumnParallelLinear, ParallelLinear, TensorParallelConfig
 from workbench.core.mesh import make_mesh
 from workbench.core.models.lora import LoRALinear, LoRAParam, apply_lora_to_layers, unwrap_lora_to_layers
 from workbench.core.models.quantize import Int8Linear, QuantizedParam, quantize, quantize_int8
+from workbench.core.models.stack import stacked_axes
 
 HI = jax.lax.Precision.HIGHEST
+L = 2  # layers of the tiny model, stacked on the leading axis of every layers/ kernel
+PROJECTIONS = ("mlp/down_proj", "mlp/gate_proj", "mlp/up_proj", "self_attn/k_proj", "self_attn/o_proj",
+               "self_attn/q_proj", "self_attn/v_proj")
 
 
 def pairs(model, quantized):
     """(path, float layer, Int8Linear) for every quantized layer."""
     floats = {p: m for p, m in nnx.iter_graph(model) if isinstance(m, ParallelLinear)}
     return [(p, floats[p], m) for p, m in nnx.iter_graph(quantized) if isinstance(m, Int8Linear)]
+
+
+def layer_slices(w, q, scale):
+    """``(w, q, scale)`` per layer: a stacked ``(L, in, out)`` kernel gives L triples, a plain one gives one."""
+    w, q, scale = np.asarray(w), np.asarray(q), np.asarray(scale)
+    return list(zip(w, q, scale, strict=True)) if w.ndim == 3 else [(w, q, scale)]
 
 
 def nbytes(state):
@@ -44,10 +54,18 @@ def test_every_kernel_reconstructs_within_half_a_step_and_the_input_is_untouched
     assert nnx.graphdef(model) == graphdef
     jax.tree.map(np.testing.assert_array_equal, nnx.to_pure_dict(nnx.state(model)), values)
     found = pairs(model, quant)
-    assert len(found) == 2 * 7 + 1
-    for _, layer, q in found:
-        check_reconstruction(np.asarray(layer.kernel[...]), np.asarray(q.kernel[...]), np.asarray(q.scale[...]))
-        assert np.abs(np.asarray(q.kernel[...])).max(axis=0).min() == 127  # each column uses the full range
+    # one stacked module per projection kind (q k v o gate up down), each holding both layers, plus lm_head
+    assert len(found) == 7 + 1
+    assert {"/".join(map(str, p)) for p, _, _ in found} == {f"layers/{n}" for n in PROJECTIONS} | {"lm_head"}
+    for path, layer, q in found:
+        lead = () if path == ("lm_head",) else (L,)
+        assert q.kernel.shape == (*lead, layer.in_features, layer.out_features) and q.kernel[...].dtype == jnp.int8
+        assert q.scale.shape == (*lead, layer.out_features)
+        slices = layer_slices(layer.kernel[...], q.kernel[...], q.scale[...])
+        assert len(slices) == (L if lead else 1)
+        for w, q_l, s_l in slices:  # every layer its own scales, from its own weights
+            check_reconstruction(w, q_l, s_l)
+            assert np.abs(q_l).max(axis=0).min() == 127  # each column uses the full range
         for name in ("in_features", "out_features", "use_bias", "dtype", "param_dtype", "precision", "direction",
                      "parallel_config"):
             assert getattr(q, name) == getattr(layer, name), name
@@ -60,11 +78,26 @@ def test_zero_column_and_axes():
     q, scale = quantize_int8(jnp.asarray(w))
     check_reconstruction(w, np.asarray(q), np.asarray(scale))
     assert scale[2] == 0 and not np.any(np.asarray(q)[:, 2])
+    # a stacked (L, in, out) kernel: each layer quantized on its own (layer 1 is layer 0 scaled by 4)
+    q_L, scale_L = quantize_int8(jnp.asarray(np.stack([w, 4 * w])))
+    assert q_L.shape == (2, 8, 5) and scale_L.shape == (2, 5)
+    np.testing.assert_array_equal(np.asarray(q_L[0]), np.asarray(q))
+    np.testing.assert_array_equal(np.asarray(q_L[1]), np.asarray(q))
+    np.testing.assert_allclose(np.asarray(scale_L), np.stack([scale, 4 * scale]), rtol=1e-6)
     quant = quantize(tiny_model())
     col, row = quant.layers[0].self_attn.q_proj, quant.layers[0].mlp.down_proj
     assert isinstance(col.kernel, QuantizedParam) and isinstance(col.scale, nnx.Param)
     assert col.kernel.semantic_axes == ColumnWise and row.kernel.semantic_axes == RowWise
     assert col.scale.semantic_axes.axes == (TP,) and row.scale.semantic_axes.axes == ((FSDP, SP),)
+    col_L, row_L = quant.layers.self_attn.q_proj, quant.layers.mlp.down_proj  # the stacked modules
+    assert col_L.kernel.semantic_axes == stacked_axes(ColumnWise)
+    assert row_L.kernel.semantic_axes == stacked_axes(RowWise)
+    assert col_L.scale.semantic_axes.axes == (LAYERS, TP) and row_L.scale.semantic_axes.axes == (LAYERS, (FSDP, SP))
+    for i in range(L):  # a layer view holds that layer's int8 kernel and scales
+        np.testing.assert_array_equal(np.asarray(quant.layers[i].self_attn.q_proj.kernel[...]),
+                                      np.asarray(col_L.kernel[...][i]))
+        np.testing.assert_array_equal(np.asarray(quant.layers[i].self_attn.q_proj.scale[...]),
+                                      np.asarray(col_L.scale[...][i]))
 
 
 def test_layer_output_error_is_bounded_per_channel():
@@ -110,11 +143,17 @@ def test_pattern_bits_and_errors():
     mlp_only = quantize(model, pattern=r"mlp/")
     kinds = {p: type(m) for p, m in nnx.iter_graph(mlp_only) if isinstance(m, ParallelLinear | Int8Linear)}
     assert {p for p, k in kinds.items() if k is Int8Linear} == {
-        ("layers", i, "mlp", n) for i in range(2) for n in ("gate_proj", "up_proj", "down_proj")}
+        ("layers", "mlp", n) for n in ("gate_proj", "up_proj", "down_proj")}
+    assert {p for p, k in kinds.items() if k is not Int8Linear} == {
+        ("layers", "self_attn", n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")} | {("lm_head",)}
     assert kinds[("lm_head",)] is ColumnParallelLinear
+    for i in range(L):  # every layer of the matched projections is quantized, no other
+        assert isinstance(mlp_only.layers[i].mlp.up_proj, Int8Linear)
+        assert mlp_only.layers[i].mlp.up_proj.kernel[...].dtype == jnp.int8
+        assert isinstance(mlp_only.layers[i].self_attn.q_proj, ColumnParallelLinear)
     with pytest.raises(ValueError, match="bits=8 only"):
         quantize(model, bits=4)
-    with pytest.raises(ValueError, match=r"matches no ParallelLinear.*layers/0/self_attn"):
+    with pytest.raises(ValueError, match=r"matches no ParallelLinear.*layers/self_attn"):
         quantize(model, pattern="encoder")
 
 
@@ -130,6 +169,42 @@ def test_split_merge_and_jit():
     np.testing.assert_allclose(np.asarray(jitted), eager, rtol=1e-5, atol=1e-5)
     via_nnx = nnx.jit(lambda m, i, k: getattr(o := m(i, k), "logits", o))(quant, ids, mask)
     np.testing.assert_allclose(np.asarray(via_nnx), eager, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pattern", [".*", "self_attn"])
+def test_int8_model_runs_scanned_and_unrolled_alike(pattern):
+    quant = quantize(tiny_model(), pattern=pattern)
+    unrolled = quant.with_options(scan_layers=False)
+    assert quant.scan_layers and not unrolled.scan_layers
+    assert isinstance(unrolled.layers.self_attn.q_proj, Int8Linear)
+    ids, mask = batch()
+    with jax.default_matmul_precision("highest"):
+        scanned, unrolled_logits = logits(quant(ids, mask)), logits(unrolled(ids, mask))
+        plain = logits(tiny_model()(ids, mask))
+    np.testing.assert_allclose(unrolled_logits, scanned, rtol=0, atol=1e-5)
+    assert np.abs(scanned - plain).max() > 1e-5  # quantization changed something: the check is not vacuous
+
+
+def test_each_layer_is_dequantized_with_its_own_scales():
+    """The int8 model equals the float model whose kernels are each layer's ``q * scale``."""
+    model, quant = tiny_model(), quantize(tiny_model())
+    deq = nnx.clone(model)
+    floats = {p: m for p, m in nnx.iter_graph(deq) if isinstance(m, ParallelLinear)}
+    for path, _, q in pairs(model, quant):
+        w = q.dequantized_kernel()
+        if path != ("lm_head",):
+            assert w.shape[0] == L and not np.allclose(np.asarray(q.scale[...][0]), np.asarray(q.scale[...][1]))
+            for i in range(L):  # layer i's slice is layer i's own q * scale
+                q_i = getattr(getattr(quant.layers[i], path[1]), path[2])
+                np.testing.assert_array_equal(np.asarray(w[i]), np.asarray(q_i.kernel[...], np.float32) *
+                                              np.asarray(q_i.scale[...])[None, :])
+        floats[path].kernel.set_value(w)
+    ids, mask = batch()
+    for scan in (True, False):
+        with jax.default_matmul_precision("highest"):
+            got = logits(quant.with_options(scan_layers=scan)(ids, mask))
+            want = logits(deq.with_options(scan_layers=scan)(ids, mask))
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
 def test_qlora_adapters_train_over_an_int8_base():

@@ -65,7 +65,7 @@ def _set_child(node: tp.Any, key: tp.Any, value: tp.Any) -> None:
 
 
 def find_layers(model: nnx.Module, kinds: type | tuple[type, ...]) -> list[tuple[str, PathParts, nnx.Module]]:
-    """``(path, path_parts, layer)`` for each ``kinds`` module, path joined with "/" (``layers/0/mlp/up_proj``)."""
+    """``(path, path_parts, layer)`` for each ``kinds`` module, path joined with "/" (``layers/mlp/up_proj``)."""
     return [(_path_str(path), path, node) for path, node in nnx.iter_graph(model)
             if path and isinstance(node, kinds)]
 
@@ -75,7 +75,7 @@ def _compile(pattern: str) -> re.Pattern:
         return re.compile(pattern)
     except re.error as e:
         raise ValueError(f"pattern {pattern!r} is not a valid regular expression ({e}); it is matched with "
-                         f"re.search against paths like 'layers/0/self_attn/q_proj'") from None
+                         f"re.search against paths like 'layers/self_attn/q_proj'") from None
 
 
 def map_layers(model: nnx.Module, pattern: str, kinds: type | tuple[type, ...],
@@ -177,7 +177,8 @@ class LoRALinear(nnx.Module):
 def apply_lora_to_layers(model: nnx.Module, rank: int, pattern: str = ".*", *, alpha: float | None = None,
                          rngs: nnx.Rngs | None = None, dtype=None) -> nnx.Module:
     """A new model with each ``ParallelLinear`` whose path matches ``pattern`` (``re.search`` on
-    paths like ``layers/0/self_attn/q_proj``) wrapped in a :class:`LoRALinear`; ``model`` is untouched.
+    paths like ``layers/self_attn/q_proj``) wrapped in a :class:`LoRALinear`; ``model`` is untouched.
+    The decoder layers are stacked, so a ``layers/...`` path covers every layer (each gets its own adapter).
 
     ``rngs`` draws the ``lora_a`` weights (default ``nnx.Rngs(0)``: reproducible); ``dtype`` is
     their param dtype (default the base layer's).

@@ -100,7 +100,8 @@ class Int8Linear(nnx.Module):
 
 def quantize(model: nnx.Module, *, pattern: str = ".*", bits: int = 8) -> nnx.Module:
     """A new model with each ``ParallelLinear`` whose path matches ``pattern`` (``re.search`` on
-    paths like ``layers/0/mlp/up_proj``) replaced by an :class:`Int8Linear`; ``model`` is untouched."""
+    paths like ``layers/mlp/up_proj``, which covers every stacked layer) replaced by an :class:`Int8Linear`;
+    ``model`` is untouched."""
     if bits != 8:
         raise ValueError(f"quantize supports bits=8 only (int8 per-channel); got bits={bits!r}")
     return map_layers(model, pattern, ParallelLinear, lambda _, layer: Int8Linear(layer, bits=bits),
