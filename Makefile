@@ -75,6 +75,8 @@ benchmarks: $(VENV)/.test-installed
 	$(BIN)/python benchmarks/attention.py
 	$(BIN)/python benchmarks/parallel_linear.py
 	$(BIN)/python benchmarks/generate.py
+	$(BIN)/python benchmarks/load.py
+	$(BIN)/python benchmarks/depth.py
 	$(BIN)/python benchmarks/widgets.py
 
 clean:

@@ -3,22 +3,23 @@
     python benchmarks/depth.py [--layers 4 16 32 80] [--repeats 3] [--big | --no-big]
 
 Small table: one small-width Llama (hidden 128, 4 heads, 2 KV heads, intermediate 256, vocab 512,
-random weights, float32, one CPU device) at each depth of `--layers`, its layers scanned (the default)
-and unrolled (`model.with_options(scan_layers=False)`, same weights). Each point is a fresh model with
-every cache emptied first (`jax.clear_caches()` and generate's compiled-program cache), so its first
-call traces and compiles from scratch:
+random weights, float32, one CPU device) at each depth of `--layers`, its layers scanned and unrolled
+(`model.with_options(scan_layers=...)`, same weights: one model built per depth). Before each point
+every compile cache is emptied (`jax.clear_caches()` and generate's compiled-program cache) and the
+model is a new `with_options` copy, so its first calls trace and compile from scratch:
 - generate: wall time of the first `model.generate(ids, GenerationConfig(max_new_tokens=8))`, batch 1,
   a 16-token prompt, an EOS id the model never emits (all 8 tokens made); "compile" is
   `out.timings["compile"]` (tracing, lowering and XLA compiling the prefill and the decode loop);
 - train step: wall time of the first `make_train_step()(to_state(model), {"input_ids": (4, 64)})`
   (AdamW); "compile" is what JAX's monitoring events report for it (jaxpr tracing + MLIR lowering +
   XLA compile).
-The XLA part alone (JAX's backend-compile events) is in brackets. Scanned points run `--repeats` times
-(median shown), unrolled ones once; rounds go through the depths in order so noise spreads over all.
-A warm-up at 2 layers (another width) first pays the process's one-time costs.
+The XLA part alone (JAX's backend-compile events) is in brackets. Round 1 measures every point;
+rounds 2..`--repeats` measure again the cheap ones the ratios divide by or target (scanned at the
+smallest and largest depth, unrolled at the smallest); the table shows medians. A warm-up at 2 layers
+(another width) first pays the process's one-time costs. Building the models is not timed.
 Target: scanned first call at 80 layers <= 1.5x its 4-layer time, for generate and for the train step.
 
-Big table (`--big`, the default; about a minute): the Llama-3.1-70B config (hidden 8192, 80 layers,
+Big table (`--big`, the default; under a minute): the Llama-3.1-70B config (hidden 8192, 80 layers,
 64 heads, 8 KV heads, intermediate 28672, vocab 128256, llama3 rope scaling, as its config.json):
 the time of `CausalLM.lazy_init(config)` (abstract: nothing allocated), then, in a subprocess with 64
 simulated CPU devices (`XLA_FLAGS=--xla_force_host_platform_device_count=64`), bfloat16 parameters
@@ -77,23 +78,26 @@ class CompileEvents:
         self.seconds = dict.fromkeys(EVENTS.values(), 0.0)
 
 
-def first_calls(layers: int, scanned: bool, events: CompileEvents, width: dict | None = None) -> dict[str, float]:
-    """Seconds of the first generate and the first train step of a fresh model (nothing cached)."""
+def build(layers: int, width: dict | None = None):
+    from workbench.models import tiny
+
+    return tiny("llama", num_hidden_layers=layers, **(WIDTH if width is None else width))
+
+
+def first_calls(model, scanned: bool, events: CompileEvents) -> dict[str, float]:
+    """Seconds of the first generate and the first train step of ``model``, every cache emptied first."""
     import jax
     import numpy as np
 
     from workbench.core.models import generation
     from workbench.core.models.training import make_train_step, to_state
-    from workbench.models import GenerationConfig, tiny
+    from workbench.models import GenerationConfig
 
-    width = WIDTH if width is None else width
     jax.clear_caches()
     generation._COMPILED.clear()  # generate's compiled programs (keyed by graphdef and shapes)
-    model = tiny("llama", num_hidden_layers=layers, **width)
-    if not scanned:
-        model = model.with_options(scan_layers=False)
+    model = model.with_options(scan_layers=scanned)
+    layers, vocab = model.config.num_hidden_layers, model.config.vocab_size
     rng = np.random.default_rng(layers)
-    vocab = width["vocab_size"]
     ids = rng.integers(1, vocab, (1, PROMPT)).astype(np.int32)
     config = GenerationConfig(max_new_tokens=NEW, eos_token_id=vocab)  # an id no argmax gives: all NEW tokens
     events.reset()
@@ -117,16 +121,19 @@ def first_calls(layers: int, scanned: bool, events: CompileEvents, width: dict |
 
 def depth_table(layer_counts: list[int], repeats: int) -> None:
     events = CompileEvents()
-    first_calls(2, True, events, width=dict(WIDTH, hidden_size=64, intermediate_size=128))  # warm-up
-    points: dict[tuple[int, bool], list[dict[str, float]]] = {(n, s): [] for n in layer_counts for s in (True, False)}
     start = time.perf_counter()
+    first_calls(build(2, dict(WIDTH, hidden_size=64, intermediate_size=128)), True, events)  # warm-up
+    models = {n: build(n) for n in layer_counts}
+    print(f"  [{time.perf_counter() - start:6.1f} s] warm-up at 2 layers done, models built", flush=True)
+    every = [(n, scanned) for n in layer_counts for scanned in (True, False)]
+    again = list(dict.fromkeys([(layer_counts[0], True), (layer_counts[0], False), (layer_counts[-1], True)]))
+    points: dict[tuple[int, bool], list[dict[str, float]]] = {key: [] for key in every}
     for r in range(repeats):
-        for n in layer_counts:
-            for scanned in (True, False) if r == 0 else (True,):
-                t0 = time.perf_counter()
-                points[(n, scanned)].append(first_calls(n, scanned, events))
-                print(f"  [{time.perf_counter() - start:6.1f} s] round {r + 1}: {n} layers "
-                      f"{'scanned' if scanned else 'unrolled'} ({time.perf_counter() - t0:.1f} s)", flush=True)
+        for n, scanned in every if r == 0 else again:
+            t0 = time.perf_counter()
+            points[(n, scanned)].append(first_calls(models[n], scanned, events))
+            print(f"  [{time.perf_counter() - start:6.1f} s] round {r + 1}: {n} layers "
+                  f"{'scanned' if scanned else 'unrolled'} ({time.perf_counter() - t0:.1f} s)", flush=True)
     med = {key: {k: statistics.median(run[k] for run in runs) for k in runs[0]} for key, runs in points.items()}
     base = {s: med[(layer_counts[0], s)] for s in (True, False)}
     rows = []
@@ -140,7 +147,7 @@ def depth_table(layer_counts: list[int], repeats: int) -> None:
                          f"{m['gen'] / b['gen']:.2f}x / {m['train'] / b['train']:.2f}x"))
     print()
     print_rows(["layers", "run as (runs)", "generate: first call", "compile [XLA]", "train step: first call",
-                "compile [XLA]", f"first call vs {layer_counts[0]} layers (generate / train)"], rows)
+                "compile [XLA]", f"first call vs {layer_counts[0]} layers, same run-as (generate / train)"], rows)
     print()
     if 80 in layer_counts and 4 in layer_counts:
         for what, key in (("generate", "gen"), ("train step", "train")):
@@ -150,7 +157,8 @@ def depth_table(layer_counts: list[int], repeats: int) -> None:
                   f"{'met' if ratio <= TARGET else 'MISSED'}")
         for what, key in (("generate", "gen"), ("train step", "train")):
             print(f"contrast at 80 layers, {what}: unrolled {med[(80, False)][key]:.1f} s = "
-                  f"{med[(80, False)][key] / med[(80, True)][key]:.1f}x scanned")
+                  f"{med[(80, False)][key] / med[(80, True)][key]:.1f}x scanned; at 4 layers unrolled "
+                  f"{med[(4, False)][key]:.1f} s = {med[(4, False)][key] / med[(4, True)][key]:.2f}x scanned")
     else:
         print(f"target (scanned first call at 80 layers <= {TARGET}x its 4-layer time): not measured "
               f"(run with --layers including 4 and 80)")
@@ -225,9 +233,9 @@ def big_table() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, nargs="+", default=[4, 16, 32, 80])
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each scanned point (unrolled: one)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of the points the ratios use (others: one)")
     parser.add_argument("--big", action=argparse.BooleanOptionalAction, default=True,
-                        help="the Llama-3.1-70B table (about a minute)")
+                        help="the Llama-3.1-70B table (under a minute)")
     parser.add_argument("--collectives-worker", nargs=4, type=int, metavar=("FSDP", "TP", "B", "T"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -241,7 +249,8 @@ def main() -> None:
     print(header("first-call (compile) time vs depth: scanned vs unrolled decoder layers"))
     layer_counts = sorted(set(args.layers))
     print(f"small-width Llama {WIDTH}, float32; generate batch 1, prompt {PROMPT}, {NEW} new tokens; "
-          f"train step batch {TRAIN_BATCH[0]} x {TRAIN_BATCH[1]}; depths {layer_counts}\n")
+          f"train step batch {TRAIN_BATCH[0]} x {TRAIN_BATCH[1]}; depths {layer_counts}; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
     t0 = time.perf_counter()
     depth_table(layer_counts, max(1, args.repeats))
     print(f"\n(small table: {time.perf_counter() - t0:.0f} s)\n")

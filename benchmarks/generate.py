@@ -1,8 +1,10 @@
 """Greedy generation: workbench (compiled decode loop, contiguous and paged cache) vs Hugging Face torch.
 
-    python benchmarks/generate.py [--runs 3] [--quick]
+    python benchmarks/generate.py [--runs 3] [--quick] [--no-real]
 
-A Llama with vocab 4096, hidden 256, intermediate 688, 4 layers, 8 heads, 2 KV heads, random weights
+Two models, each in both libraries in the same run.
+
+Tiny: a Llama with vocab 4096, hidden 256, intermediate 688, 4 layers, 8 heads, 2 KV heads, random weights
 (HF's init, seed 0), float32; the same weights in both (`from_hf_state_dict`). Prompt 64 random tokens,
 128 new tokens, greedy, no EOS (every run makes all 128), batch 1 and 8. One CPU device (no simulated
 devices: they would split XLA's threads); torch uses its default threads.
@@ -15,6 +17,15 @@ devices: they would split XLA's threads); torch uses its default threads.
 - tokens/s: batch x 128 / median wall time of a warm call, calls taken round-robin so both libraries see
   the same machine noise. Targets: >= 2x HF at batch 1, >= 1.5x at batch 8.
 The paged cache (page size 16, enough pages for the batch) runs the same loop with `paged` attention.
+
+Real: SmolLM2-135M-Instruct from `workbench.models.local_checkpoint()` (float32, 30 layers, vocab
+49152), loaded by each library from the same directory (`from_pretrained`). Prompts are user
+messages asking for long answers, through the tokenizer's chat template (left-padded for batch 8),
+64 new tokens, greedy. HF runs with `min_new_tokens=64` (it masks EOS until then); ours with an EOS
+id no argmax can give (the vocab size), so both make all 64 tokens. The generated tokens are
+compared (identical, or the first differing row and position, and whether EOS was there). Same
+columns as above, contiguous cache only; target >= 2x HF tokens/s at batch 1 on this CPU (batch 8
+is shown, no target). `--quick`: batch 1 only and 2 runs, for both models; `--no-real` skips it.
 """
 
 import argparse
@@ -30,7 +41,7 @@ import jax
 import numpy as np
 import torch
 import transformers
-from _header import header
+from _header import header, print_rows
 
 from workbench.core.models import ModelConfig, from_hf_state_dict
 from workbench.core.models.generation import GenerationConfig, generate
@@ -40,6 +51,17 @@ CONFIG = dict(vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidde
               pad_token_id=0)
 PROMPT, NEW = 64, 128
 TARGETS = {1: 2.0, 8: 1.5}
+REAL_NEW, REAL_TARGETS = 64, {1: 2.0}
+REAL_PROMPTS = [
+    "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain in detail how a steam engine works, step by step.",
+    "Describe the water cycle thoroughly for a high-school student.",
+    "Write a detailed essay on the history of the printing press.",
+    "Give a long, step-by-step guide to baking sourdough bread at home.",
+    "Explain how the immune system fights a viral infection, in detail.",
+    "Write a long letter from a sailor to his family describing a storm at sea.",
+    "Describe, in detail, how a city plans and builds a new subway line.",
+]
 
 
 def build():
@@ -105,24 +127,122 @@ def run_batch(hf, ours, config, batch: int, runs: int) -> list[tuple[str, ...]]:
     return rows
 
 
+def real_models():
+    """SmolLM2-135M-Instruct in both libraries, from the same local directory, and its tokenizer."""
+    from workbench.models import from_pretrained, local_checkpoint
+
+    path = local_checkpoint()
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return tok, hf, from_pretrained(path, progress=False)
+
+
+def chat_prompts(tok, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    texts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+             for q in REAL_PROMPTS[:batch]]
+    enc = tok(texts, return_tensors="np", padding=True)
+    return enc["input_ids"].astype(np.int32), enc["attention_mask"].astype(np.int32)
+
+
+def compare(got: np.ndarray, want: np.ndarray, prompt_len: int, eos: int) -> str:
+    """'yes', or where the generated tokens first differ (row, new-token position, both tokens)."""
+    if got.shape == want.shape and np.array_equal(got, want):
+        return "yes"
+    if got.shape != want.shape:
+        return f"no (shapes {got.shape} vs HF {want.shape})"
+    rows, cols = np.nonzero(got != want)
+    first = np.lexsort((rows, cols))[0]  # the earliest position, then the lowest row
+    r, c = rows[first], cols[first]
+    note = " (ours emitted EOS there; HF's min_new_tokens forbids it)" if got[r, c] == eos else ""
+    return (f"no: {len(set(rows.tolist()))} row(s) differ; first at row {r}, new token {c - prompt_len}: ours "
+            f"{got[r, c]}, HF {want[r, c]}{note}")
+
+
+def run_real(tok, hf, ours, batch: int, runs: int) -> list[tuple[str, ...]]:
+    """Table rows for SmolLM2 at one batch size: workbench (contiguous cache), HF."""
+    ids, mask = chat_prompts(tok, batch)
+    vocab, eos = ours.config.vocab_size, tok.eos_token_id
+    config = GenerationConfig(max_new_tokens=REAL_NEW, do_sample=False, eos_token_id=vocab,  # never made: all tokens
+                              pad_token_id=tok.pad_token_id)
+    t0 = time.perf_counter()
+    out = generate(ours, ids, config, attention_mask=mask)
+    jax.block_until_ready(out.sequences)
+    first, compile_s = time.perf_counter() - t0, out.timings["compile"]
+    t_ids, t_mask = torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
+
+    def hf_generate(n):
+        with torch.no_grad():
+            return hf.generate(t_ids, attention_mask=t_mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                               temperature=None, top_p=None, top_k=None, pad_token_id=tok.pad_token_id)
+
+    want = hf_generate(REAL_NEW).numpy()
+    got = np.asarray(out.sequences)
+    print(f"SmolLM2 batch {batch} (prompt {ids.shape[1]} tokens{', left-padded' if batch > 1 else ''}): greedy tokens "
+          f"identical to HF: {compare(got, want, ids.shape[1], eos)}")
+    if batch == 1:
+        reply = tok.decode(got[0, ids.shape[1]:], skip_special_tokens=False).replace("\n", " ")
+        print(f"  reply: {reply[:150]!r}...")
+    times, ttft = {"ours": [], "hf": []}, {"ours": [], "hf": []}
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        out = generate(ours, ids, config, attention_mask=mask)
+        jax.block_until_ready(out.sequences)
+        times["ours"].append(time.perf_counter() - t0)
+        ttft["ours"].append(out.timings["prefill"])
+        t0 = time.perf_counter()
+        hf_generate(REAL_NEW)
+        times["hf"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        hf_generate(1)
+        ttft["hf"].append(time.perf_counter() - t0)
+    tps = {k: batch * REAL_NEW / statistics.median(v) for k, v in times.items()}
+    ratio = tps["ours"] / tps["hf"]
+    target = REAL_TARGETS.get(batch)
+    verdict = f" (target >= {target}x: {'met' if ratio >= target else 'MISSED'})" if target else " (no target)"
+    ms = {k: f"{1e3 * statistics.median(v):.1f} ms" for k, v in ttft.items()}
+    return [(str(batch), "workbench contiguous", f"{tps['ours']:,.0f}", ms["ours"], f"{first:.2f} s",
+             f"{compile_s:.2f} s", f"{ratio:.2f}x{verdict}"),
+            (str(batch), "HF torch", f"{tps['hf']:,.0f}", ms["hf"], "-", "-", "")]
+
+
+def real_section(quick: bool, runs: int) -> None:
+    print(f"\n## SmolLM2-135M-Instruct (greedy, chat prompts, {REAL_NEW} new tokens)\n")
+    try:
+        tok, hf, ours = real_models()
+    except (ModuleNotFoundError, FileNotFoundError) as err:
+        print(f"skipped: local_checkpoint() is not available ({err})")
+        return
+    rows = []
+    for batch in (1,) if quick else (1, 8):
+        rows += run_real(tok, hf, ours, batch, runs)
+    print()
+    print_rows(["batch", "implementation", "tokens/s", "TTFT", "first call", "compile", "vs HF"], rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="batch 1 only, 2 runs")
+    parser.add_argument("--real", action=argparse.BooleanOptionalAction, default=True,
+                        help="the SmolLM2-135M-Instruct section (local_checkpoint())")
     args = parser.parse_args()
     runs = 2 if args.quick else args.runs
-    print(header("generate: workbench vs Hugging Face torch (greedy, prompt 64, 128 new tokens)"))
-    print(f"torch {torch.__version__} ({torch.get_num_threads()} threads), transformers {transformers.__version__}\n")
+    print(header("generate: workbench vs Hugging Face torch (greedy)"))
+    print(f"torch {torch.__version__} ({torch.get_num_threads()} threads), transformers {transformers.__version__}; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
+    transformers.utils.logging.disable_progress_bar()
+    print(f"## tiny Llama (random weights, prompt {PROMPT}, {NEW} new tokens)\n")
     hf, ours = build()
     config = GenerationConfig(max_new_tokens=NEW, do_sample=False, pad_token_id=0)
     rows = []
     for batch in (1,) if args.quick else (1, 8):
         rows += run_batch(hf, ours, config, batch, runs)
-    head = ("batch", "implementation", "tokens/s", "TTFT", "first call (<= 5 s)", "compile", "vs HF")
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     print()
-    for r in [head, *rows]:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    print_rows(["batch", "implementation", "tokens/s", "TTFT", "first call (<= 5 s)", "compile", "vs HF"], rows)
+    if args.real:
+        real_section(args.quick, runs)
+    print(f"\n(load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
 
 
 if __name__ == "__main__":

@@ -90,7 +90,8 @@ PADDED = [(0, 1), (2, 3)]  # left-padded batches of two texts
 LOCAL_TEXTS = (0, 2, 5)  # the per-layer table (those of them that --quick measures)
 # Control rows: one switch each from the control as the workbench computes it.
 CONTROL = {"control": {},
-           "control, not jitted": dict(jit=False),
+           "control, layers unrolled": dict(scan=False),
+           "control, not jitted": dict(jit=False, scan=False),
            "control, silu x/(1+exp(-x))": dict(silu="exp"),
            "control, jax.nn.softmax": dict(softmax="nn"),
            "control, x/sqrt for rsqrt": dict(norm="div"),
@@ -146,7 +147,8 @@ def rope_tables(kind: str, positions_BT: np.ndarray, d: int, theta: float):
 
 
 def control_ops(config: dict, opts: dict):
-    """``layer(w, i, x, cos, sin, visible)`` and ``head(w, x)`` in float32 jax.numpy."""
+    """``layer(lw, x, cos, sin, visible)`` (``lw``: one layer's weights, names after ``model.layers.{i}.``) and
+    ``head(w, x)`` in float32 jax.numpy."""
     h, kv = config["num_attention_heads"], config["num_key_value_heads"]
     d = config.get("head_dim") or config["hidden_size"] // h
     eps = np.float32(config["rms_norm_eps"])
@@ -169,13 +171,12 @@ def control_ops(config: dict, opts: dict):
         x1, x2 = jnp.split(x, 2, -1)
         return x * cos[:, :, None] + jnp.concatenate([-x2, x1], -1) * sin[:, :, None]
 
-    def layer(w, i, x_BTD, cos_BTD, sin_BTD, visible_BTS):
+    def layer(lw, x_BTD, cos_BTD, sin_BTD, visible_BTS):
         b, t, _ = x_BTD.shape
-        p = f"model.layers.{i}"
-        y = norm(x_BTD, w[f"{p}.input_layernorm.weight"])
-        q = rotate(lin(y, w, f"{p}.self_attn.q_proj").reshape(b, t, h, d), cos_BTD, sin_BTD)
-        k = rotate(lin(y, w, f"{p}.self_attn.k_proj").reshape(b, t, kv, d), cos_BTD, sin_BTD)
-        v = lin(y, w, f"{p}.self_attn.v_proj").reshape(b, t, kv, d)
+        y = norm(x_BTD, lw["input_layernorm.weight"])
+        q = rotate(lin(y, lw, "self_attn.q_proj").reshape(b, t, h, d), cos_BTD, sin_BTD)
+        k = rotate(lin(y, lw, "self_attn.k_proj").reshape(b, t, kv, d), cos_BTD, sin_BTD)
+        v = lin(y, lw, "self_attn.v_proj").reshape(b, t, kv, d)
         q_BHTD = q.transpose(0, 2, 1, 3)
         k_BHSD, v_BHSD = (jnp.repeat(a, h // kv, 2).transpose(0, 2, 1, 3) for a in (k, v))
         s = jnp.where(visible_BTS[:, None], mm(q_BHTD, k_BHSD.transpose(0, 1, 3, 2)) * np.float32(d**-0.5), -jnp.inf)
@@ -187,11 +188,11 @@ def control_ops(config: dict, opts: dict):
             den = jnp.sum(e, -1, keepdims=True)
             p_BHTS = e / jnp.where(den == 0, 1.0, den)
         a = mm(p_BHTS, v_BHSD).transpose(0, 2, 1, 3).reshape(b, t, h * d)
-        x_BTD = x_BTD + lin(a, w, f"{p}.self_attn.o_proj")
-        y = norm(x_BTD, w[f"{p}.post_attention_layernorm.weight"])
-        g = lin(y, w, f"{p}.mlp.gate_proj")
+        x_BTD = x_BTD + lin(a, lw, "self_attn.o_proj")
+        y = norm(x_BTD, lw["post_attention_layernorm.weight"])
+        g = lin(y, lw, "mlp.gate_proj")
         g = g / (1 + jnp.exp(-g)) if opts.get("silu") == "exp" else jax.nn.silu(g)
-        return x_BTD + lin(g * lin(y, w, f"{p}.mlp.up_proj"), w, f"{p}.mlp.down_proj")
+        return x_BTD + lin(g * lin(y, lw, "mlp.up_proj"), lw, "mlp.down_proj")
 
     def head(w, x_BTD):
         tied = config.get("tie_word_embeddings", False) or "lm_head.weight" not in w
@@ -201,61 +202,74 @@ def control_ops(config: dict, opts: dict):
 
 
 class Control:
-    """The control forward for one set of switches, float32 weights from the checkpoint."""
+    """The control forward for one set of switches: float32 weights, the layers' weights stacked and run by
+    ``lax.scan`` (as workbench does by default) or, with ``scan=False``, by a Python loop."""
 
-    def __init__(self, config: dict, weights32: dict, opts: dict):
-        self.config, self.w, self.opts = config, weights32, opts
-        self.layer, self.head = control_ops(config, opts)
+    def __init__(self, config: dict, weights32: dict, stacked: dict, opts: dict):
+        self.config, self.w, self.stacked, self.opts = config, weights32, stacked, opts
+        layer, self.head = control_ops(config, opts)
         h = config["num_attention_heads"]
         self.d = config.get("head_dim") or config["hidden_size"] // h
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
         self.theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
+        n = config["num_hidden_layers"]
 
-        def forward(w, ids, keep_BT, cos, sin):
+        def forward(w, stacked, ids, keep_BT, cos, sin):
             if sin is None:  # float32 angles: cos and sin in XLA, as workbench does
                 cos, sin = jnp.cos(cos), jnp.sin(cos)
             t = ids.shape[1]
             x = w["model.embed_tokens.weight"][ids]
-            visible = jnp.tril(jnp.ones((t, t), bool))[None] & keep_BT[:, None, :]
-            for i in range(config["num_hidden_layers"]):
-                x = self.layer(w, i, x, cos, sin, visible)
+            visible = jnp.tril(jnp.ones((t, t), bool))[None]
+            if keep_BT is not None:  # padding: hide padded keys too
+                visible = visible & keep_BT[:, None, :]
+            if opts.get("scan", True):
+                x, _ = jax.lax.scan(lambda x, lw: (layer(lw, x, cos, sin, visible), None), x, stacked)
+            else:
+                for i in range(n):
+                    x = layer(jax.tree.map(lambda a, i=i: a[i], stacked), x, cos, sin, visible)
             return self.head(w, x)
 
+        def one_layer(lw, x, cos, sin, visible):
+            if sin is None:
+                cos, sin = jnp.cos(cos), jnp.sin(cos)
+            return layer(lw, x, cos, sin, visible)
+
         self.forward = jax.jit(forward) if opts.get("jit", True) else forward
-        self.jit_layer = jax.jit(self._local_layer, static_argnums=0)
-        self.jit_head = jax.jit(self.head)
+        self.jit_layer, self.jit_head = jax.jit(one_layer), jax.jit(self.head)
 
     def tables(self, keep_BT):
         return rope_tables(self.opts.get("rope", "xla"), np.maximum(np.cumsum(keep_BT, -1) - 1, 0), self.d, self.theta)
 
     def __call__(self, ids, mask):
-        k = keep(ids, mask)
-        cos, sin = self.tables(k)
-        return self.forward(self.w, jnp.asarray(ids), jnp.asarray(k), jnp.asarray(cos),
+        cos, sin = self.tables(keep(ids, mask))
+        return self.forward(self.w, self.stacked, jnp.asarray(ids),
+                            None if mask is None else jnp.asarray(mask.astype(bool)), jnp.asarray(cos),
                             None if sin is None else jnp.asarray(sin))
 
-    def _local_layer(self, i, w, x, cos, sin, visible):
-        if sin is None:
-            cos, sin = jnp.cos(cos), jnp.sin(cos)
-        return self.layer(w, i, x, cos, sin, visible)
-
-    def local(self, i, x32, keep_BT):
-        cos, sin = self.tables(keep_BT)
+    def local(self, i, x32):
+        """Layer ``i`` on ``x32 (1, T, D)`` (no padding)."""
+        cos, sin = self.tables(np.ones(x32.shape[:2], bool))
         t = x32.shape[1]
-        visible = np.tril(np.ones((t, t), bool))[None] & keep_BT[:, None, :]
-        return self.jit_layer(i, self.w, jnp.asarray(x32), jnp.asarray(cos),
-                              None if sin is None else jnp.asarray(sin), jnp.asarray(visible))
+        return self.jit_layer(jax.tree.map(lambda a: a[i], self.stacked), jnp.asarray(x32), jnp.asarray(cos),
+                              None if sin is None else jnp.asarray(sin), jnp.tril(jnp.ones((t, t), bool))[None])
 
 
-def load_weights32(checkpoint: str) -> tuple[dict, dict]:
+def load_weights32(checkpoint: str) -> tuple[dict, dict, dict]:
+    """``(config, weights, stacked)``: float32 weights outside the layers, and the layers' stacked on a leading axis."""
     from safetensors import safe_open
 
     config = json.loads((pathlib.Path(checkpoint) / "config.json").read_text())
-    w = {}
+    w, layers = {}, [{} for _ in range(config["num_hidden_layers"])]
     for file in sorted(pathlib.Path(checkpoint).glob("*.safetensors")):
         with safe_open(file, framework="np") as f:
-            w.update({name: jnp.asarray(f.get_tensor(name).astype(np.float32)) for name in f.keys()})
-    return config, w
+            for name in f.keys():
+                parts = name.split(".")
+                if name.startswith("model.layers."):
+                    layers[int(parts[2])][".".join(parts[3:])] = f.get_tensor(name).astype(np.float32)
+                else:
+                    w[name] = jnp.asarray(f.get_tensor(name).astype(np.float32))
+    stacked = {k: jnp.asarray(np.stack([lw[k] for lw in layers])) for k in layers[0]}
+    return config, w, stacked
 
 
 # -- the float64 reference ----------------------------------------------------------------------------
@@ -321,42 +335,53 @@ def local_errors(batches, data, n_layers, layer_fn, head_fn) -> tuple[float, flo
     return float(np.mean(rel)), float(np.mean(heads))
 
 
-def jax_rows(checkpoint: str, batches, data, controls: dict, with_workbench: bool) -> tuple[list, list]:
-    """End-to-end and per-layer rows for workbench (when asked) and the given control variants."""
-    e2e, local = [], []
-    config, w32 = load_weights32(checkpoint)
+def jax_rows(checkpoint: str, batches, data, controls: dict, with_workbench: bool) -> tuple[list, list, list]:
+    """End-to-end and per-layer rows for workbench (when asked) and the given control variants, and notes
+    saying whether workbench and the control compute the same bits."""
+    e2e, local, notes = [], [], []
+    config, w32, stacked = load_weights32(checkpoint)
     n = config["num_hidden_layers"]
+    twins = {}  # control row -> the workbench forward it mirrors
     if with_workbench:
         from flax import nnx
 
         import workbench.models as wm
 
         model = wm.from_pretrained(checkpoint, progress=False)
-        fwd = nnx.jit(lambda m, ids, mask: m(ids, mask).logits)
+        unrolled = model.with_options(scan_layers=False)
         as_jax = lambda mask: None if mask is None else jnp.asarray(mask)
-        wb = lambda ids, mask: fwd(model, jnp.asarray(ids), as_jax(mask))
-        eager = lambda ids, mask: model(jnp.asarray(ids), as_jax(mask)).logits
-        e2e.append((f"workbench float32 ({model.attn_mechanism}, jit)", *logits_errors(batches, data, wb)))
-        e2e.append((f"workbench float32 ({model.attn_mechanism}, op by op)", *logits_errors(batches, data, eager)))
+        scanned_fn = lambda ids, mask: model(jnp.asarray(ids), as_jax(mask)).logits
+        unrolled_fn = lambda ids, mask: unrolled(jnp.asarray(ids), as_jax(mask)).logits
+
+        def op_by_op(ids, mask):
+            with jax.disable_jit():
+                return unrolled(jnp.asarray(ids), as_jax(mask)).logits
+
+        attn = model.attn_mechanism
+        for name, fn in ((f"workbench float32 ({attn}, layers scanned: the default)", scanned_fn),
+                         (f"workbench float32 ({attn}, layers unrolled)", unrolled_fn),
+                         (f"workbench float32 ({attn}, op by op)", op_by_op)):
+            e2e.append((name, *logits_errors(batches, data, fn)))
+        twins = {"control": ("workbench (layers scanned)", scanned_fn),
+                 "control, layers unrolled": ("workbench (layers unrolled)", unrolled_fn)}
+        head = nnx.jit(lambda m, x: m.head(m.norm(x)))
+        local.append(("workbench float32", *local_errors(batches, data, n, workbench_layer(model),
+                                                         lambda x: head(model, jnp.asarray(x)))))
         progress("workbench")
-        ctl = Control(config, w32, {})
-        diff = max(float(np.abs(np.asarray(wb(ids, mask)) - np.asarray(ctl(ids, mask)))[keep(ids, mask)].max())
-                   for ids, mask in batches)
-        e2e.append(("  max |workbench - control| (jit)", diff, float("nan")))
-        try:
-            local.append(("workbench float32", *local_errors(batches, data, n, workbench_layer(model),
-                                                             jax.jit(lambda x: model.head(model.norm(x))))))
-        except Exception as e:  # the model's internals (layers, head) are being refactored
-            progress(f"workbench per-layer row skipped: {type(e).__name__}: {e}")
     for name, opts in controls.items():
-        ctl = Control(config, w32, opts)
+        ctl = Control(config, w32, stacked, opts)
         e2e.append((name, *logits_errors(batches, data, ctl)))
-        if opts.get("jit", True):
-            layer = lambda i, x, c=ctl: c.local(i, x, np.ones(x.shape[:2], bool))
-            head = lambda x, c=ctl: c.jit_head(c.w, jnp.asarray(x))
-            local.append((name, *local_errors(batches, data, n, layer, head)))
+        if name in twins:
+            label, fn = twins[name]
+            diffs = [float(np.abs(np.asarray(fn(ids, mask)) - np.asarray(ctl(ids, mask)))[keep(ids, mask)].max())
+                     for ids, mask in batches]
+            notes.append(f"{label} vs {name}: bit-identical logits on {sum(d == 0 for d in diffs)} of "
+                         f"{len(diffs)} inputs, max |difference| {max(diffs):.2e}")
+        if not opts or not set(opts) <= {"scan", "jit"}:  # per-layer rows: the control and arithmetic switches
+            local.append((name, *local_errors(batches, data, n, ctl.local,
+                                              lambda x, c=ctl: c.jit_head(c.w, jnp.asarray(x)))))
         progress(name)
-    return e2e, local
+    return e2e, local, notes
 
 
 def workbench_layer(model):
@@ -367,13 +392,14 @@ def workbench_layer(model):
 
     c = model.config
     inv_freq = inv_frequencies(c.head_dim, c.rope_theta, c.rope_scaling)
+    layers = list(model.layers)  # one-layer blocks
 
     @nnx.jit
     def run(block, x):
-        cos, sin = cos_sin(jnp.arange(x.shape[1])[None], inv_freq)
+        cos, sin = cos_sin(jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2]), inv_freq)
         return block(x, cos, sin, None)[0]
 
-    return lambda i, x: run(model.layers[i], jnp.asarray(x))
+    return lambda i, x: run(layers[i], jnp.asarray(x))
 
 
 def hf_rows(checkpoint: str, batches, data) -> tuple[list, list]:
@@ -436,14 +462,15 @@ def child(args) -> None:
     batches = inputs(args.checkpoint, args.quick)
     data = np.load(args.data)
     if args.exact_dots:
-        e2e, local = jax_rows(args.checkpoint, batches, data, {"control, exact dots (float64 accumulation)":
+        e2e, local, notes = jax_rows(args.checkpoint, batches, data, {"control, exact dots (float64 accumulation)":
                                                                dict(dot="exact")}, with_workbench=False)
     else:
-        e2e, local = jax_rows(args.checkpoint, batches, data, {"control": {}}, with_workbench=True)
-    print("ROWS " + json.dumps({"e2e": e2e, "local": local}))
+        controls = {k: CONTROL[k] for k in ("control", "control, layers unrolled")}
+        e2e, local, notes = jax_rows(args.checkpoint, batches, data, controls, with_workbench=True)
+    print("ROWS " + json.dumps({"e2e": e2e, "local": local, "notes": notes}))
 
 
-def run_child(args, data_path: pathlib.Path, flags: str | None) -> tuple[list, list]:
+def run_child(args, data_path: pathlib.Path, flags: str | None) -> tuple[list, list, list]:
     env = dict(os.environ)
     extra = ["--exact-dots"] if flags is None else []
     if flags is not None:
@@ -453,7 +480,8 @@ def run_child(args, data_path: pathlib.Path, flags: str | None) -> tuple[list, l
     rows = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("ROWS "))[5:])
     tag = "exact dots" if flags is None else f"XLA_FLAGS {flags}"
     label = lambda r: r[0] if flags is None else f"{r[0]} [{tag}]"
-    return [(label(r), *r[1:]) for r in rows["e2e"]], [(label(r), *r[1:]) for r in rows["local"]]
+    return ([(label(r), *r[1:]) for r in rows["e2e"]], [(label(r), *r[1:]) for r in rows["local"]],
+            [f"{n} [{tag}]" for n in rows["notes"]])
 
 
 def main() -> None:
@@ -461,8 +489,9 @@ def main() -> None:
     parser.add_argument("--checkpoint", default="/tmp/smol", help="a Llama-family checkpoint directory "
                         "(config.json, *.safetensors, tokenizer)")
     parser.add_argument("--quick", action="store_true", help="three texts and one padded batch; two control rows")
-    parser.add_argument("--xla-flags", nargs="*", default=[NO_YNN],
-                        help=f"XLA_FLAGS sets to measure workbench and the control under (default: {NO_YNN})")
+    parser.add_argument("--xla-flags", action="append", metavar="FLAGS",
+                        help=f"an XLA_FLAGS set to measure workbench and the control under, in a child process; "
+                             f"repeatable, written --xla-flags='--a=1 --b=2' (default: {NO_YNN})")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--exact-dots", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -478,24 +507,24 @@ def main() -> None:
           f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}\n")
     batches = inputs(args.checkpoint, args.quick)
     print("inputs (B, T): " + ", ".join(f"{ids.shape}" + ("" if m is None else " left-padded") for ids, m in batches))
-    controls = {k: CONTROL[k] for k in ("control", "control, rope tables exact")} if args.quick else CONTROL
+    controls = {k: CONTROL[k] for k in ("control", "control, layers unrolled")} if args.quick else CONTROL
     with tempfile.TemporaryDirectory() as tmp:
         data_path = pathlib.Path(tmp) / "reference.npz"
         reference(args.checkpoint, batches, data_path)
         data = np.load(data_path)
         e2e, local = hf_rows(args.checkpoint, batches, data)
         more = jax_rows(args.checkpoint, batches, data, controls, with_workbench=True)
-        e2e, local = e2e + more[0], local + more[1]
-        for flags in [*args.xla_flags, None]:
+        e2e, local, notes = e2e + more[0], local + more[1], more[2]
+        for flags in [*(args.xla_flags or [NO_YNN]), None]:
             more = run_child(args, data_path, flags)
-            e2e, local = e2e + more[0], local + more[1]
+            e2e, local, notes = e2e + more[0], local + more[1], notes + more[2]
             progress(f"child {flags or 'exact dots'}")
     base_max, base_mean = e2e[0][1], e2e[0][2]
     print("\nEnd to end: |logits - float64 reference| over real tokens (ratios to the first row)\n")
     fmt = lambda v: "-" if v != v else f"{v:.2e}"
     print_rows(["implementation", "max", "mean", "max ratio", "mean ratio"],
-               [(n, fmt(mx), fmt(mn), f"{mx / base_max:.2f}" if mn == mn else "-",
-                 f"{mn / base_mean:.2f}" if mn == mn else "-") for n, mx, mn in e2e])
+               [(n, fmt(mx), fmt(mn), f"{mx / base_max:.2f}", f"{mn / base_mean:.2f}") for n, mx, mn in e2e])
+    print("\n" + "\n".join(notes))
     base_layer, base_head = local[0][1], local[0][2]
     print("\nPer layer: error one layer makes on the reference's input (ratios to the first row)\n")
     print_rows(["implementation", "layer err / update", "ratio", "head mean |err|", "ratio"],

@@ -63,8 +63,15 @@ def unstacked_axes(axes: tp.Any) -> DynamicShardingAxes:
 def stack_blocks(make_block: tp.Callable[[nnx.Rngs], nnx.Module], num_layers: int, rngs: nnx.Rngs) -> nnx.Module:
     """One block of ``make_block`` with every parameter stacked ``num_layers`` times (each layer its own key)."""
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: make_block(nnx.Rngs(0))))
-    keys = jax.random.split(rngs.params(), num_layers)
-    state = jax.vmap(lambda key: nnx.state(make_block(nnx.Rngs(key))))(keys)
+    key = rngs.params()
+    keys = jax.random.split(key, num_layers)
+    init = lambda k: nnx.state(make_block(nnx.Rngs(k)))
+    if isinstance(key, jax.core.Tracer):  # abstract (lazy_init, eval_shape): ONE traced block, vmapped
+        state = jax.vmap(init)(keys)
+    else:  # concrete: layer by layer (per-op programs are cached across layers), stacked on the host;
+        # a vmapped init would compile op by op per depth, a jitted one takes seconds to compile
+        layers = [init(k) for k in keys]
+        state = jax.tree.map(lambda *xs: jnp.asarray(np.stack([np.asarray(x) for x in xs])), *layers)
     stack = nnx.merge(graphdef, state)
     for _, var in nnx.to_flat_state(nnx.state(stack)):
         axes = var.get_metadata().get("semantic_axes")
