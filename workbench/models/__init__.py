@@ -18,6 +18,7 @@ _LAZY = {
     "SequenceClassifier": "workbench.core.models.causal_lm",
     "ModelConfig": "workbench.core.models.config",
     "GenerationConfig": "workbench.core.models.generation",
+    "as_tokenizer": "workbench.core.models.tokenizer",
     "tiny": "workbench.core.models.presets",
     "local_checkpoint": "workbench.core.models.zoo",
 }

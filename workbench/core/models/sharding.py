@@ -97,8 +97,17 @@ def shard_model(model: nnx.Module, mesh: jax.sharding.Mesh, partition_axis: Part
     :func:`with_mesh`); ``model`` is unchanged."""
     shardings = params_sharding(model, mesh, partition_axis, mode, rules)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    placed = jax.tree.map(lambda x, s: jax.device_put(x, s), params, shardings)
+    placed = jax.tree.map(_place, params, shardings)
     return with_mesh(nnx.merge(graphdef, placed, rest), mesh, partition_axis)
+
+
+def _place(x: jax.Array, sharding: NamedSharding) -> jax.Array:
+    """``x`` placed with ``sharding``. From CPU memory, each shard is cut on the host: XLA:CPU's reshard of a
+    one-device array onto a mesh is ~20x slower (2.5 s for a 106 MB stacked kernel onto 8 devices)."""
+    if isinstance(x, jax.Array) and all(d.platform == "cpu" for d in x.devices()) and x.sharding != sharding:
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+    return jax.device_put(x, sharding)
 
 
 def with_mesh(model: nnx.Module, mesh: jax.sharding.Mesh | None, partition_axis: PartitionAxis | None = None
