@@ -79,7 +79,7 @@ def test_module_tree_and_generation_view(lab_page, lab_server):
     page.select_option(".wb-param-choose select", index=index)
     page.wait_for_selector(".wb-param-detail .wb-sharding-view .wb-notation", timeout=30_000)
     notation = page.get_attribute(".wb-param-detail .wb-notation", "data-notation")
-    assert notation == "W[I_{fsdp,sp}, J_tp]", notation
+    assert notation == "W[I, J_{fsdp,sp}, K_tp]", notation  # the stacked (layers, in, out) kernel
     assert "sharded 4 ways over tp" in page.inner_text(".wb-module-tree .wb-param-summary")
     _screenshot(page, ".wb-module-tree", screenshot_path("module_tree.png"), height=1200)
 

@@ -8,8 +8,9 @@ import os
 import sys
 import tempfile
 
-os.environ["JAX_ENABLE_X64"] = "1"
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# The test starts this process with JAX_ENABLE_X64=1 and 8 simulated devices in its environment. Nothing
+# here may set them: pytest's --doctest-modules imports this module inside its workers, and an
+# os.environ change would leak into every later process they start (notebook kernels included).
 sys.path.insert(0, os.getcwd())
 
 import jax
@@ -24,6 +25,8 @@ from workbench.core.models.generation import GenerationConfig
 
 
 def main() -> None:
+    if not jax.config.jax_enable_x64:
+        raise SystemExit("run with JAX_ENABLE_X64=1 in the environment (tests/core/models/test_x64.py does)")
     out = {"x64": bool(jax.config.jax_enable_x64)}
     for family in ("qwen2", "llama-bias-tied"):
         hf = hf_model(family, num_hidden_layers=3).to(torch.float64)
