@@ -1,6 +1,6 @@
 """Float32 logits against a float64 reference on a real checkpoint: workbench, transformers and a plain-JAX control.
 
-    python benchmarks/numerics.py [--checkpoint /tmp/smol] [--quick] [--xla-flags "--flag=value" ...]
+    python benchmarks/numerics.py [--checkpoint /tmp/smol] [--quick] [--xla-flags='--a=1 --b=2' ...]
 
 The reference is ``tests/core/models/numpy_reference.py``: the checkpoint's Llama forward in NumPy float64
 throughout (transformers' own float64 forward keeps three float32 islands: RMSNorm, rotary cos/sin and the
@@ -9,17 +9,23 @@ tokenizer), each alone (batch 1, no mask), and two left-padded batches of 2. An 
 ``|logits - reference|`` over real (unpadded) tokens; "max" is over all inputs, "mean" the mean of the
 per-input means. Ratios are to transformers float32 with its default attention (sdpa).
 
-The control is the reference's math written straight in ``jax.numpy`` float32, no workbench code, jitted; its
-rows switch one piece each. XLA reads its flags once per process, so each ``--xla-flags`` set runs workbench
-and the control again in a child process; so does "exact dots" (the control with every matmul accumulated in
-float64 and rounded once, ``jax_enable_x64``): the floor that float32 elementwise arithmetic leaves.
+workbench runs as shipped (layers stacked and scanned), with its layers unrolled, and op by op
+(``jax.disable_jit``). The control is the reference's math written straight in ``jax.numpy`` float32 (no
+workbench code; layers scanned like workbench, or unrolled), jitted; its other rows switch one piece each.
+The notes under the first table say whether workbench and the control produce the same bits.
 
-End-to-end errors are chaotic: the rounding of one op early in the 30 layers is amplified differently by
-every later op, so changing the last bit anywhere (even making rope exact) moves the max by up to 2x and the
-mean by about 10%. The second table removes that: each decoder layer gets the reference's input rounded to
-float32, and its float32 output is compared with the float64 layer applied to that same input
-(mean |error| / mean |layer update|, over all layers of three texts); "head" is the same for the final norm
-and LM head (mean |error| of the logits). These per-layer numbers move by about 3% between texts.
+XLA reads its flags once per process, so each ``--xla-flags`` set (default: the one that moves float32 dots
+from YNNPACK, this jaxlib's default, to Eigen) runs workbench and the control again in a child process; so
+does "exact dots" (the control with every matmul accumulated in float64 and rounded once to float32, under
+``jax_enable_x64``): what float32 elementwise arithmetic alone costs.
+
+End-to-end errors are chaotic: an op's rounding early in the 30 layers is amplified differently by every later
+op, so changing the last bit anywhere (even making rope exact) moves the max by up to 2x and the mean by
+10-20%; transformers' own sdpa and eager paths differ that much. The second table removes that: each decoder
+layer gets the reference's input rounded to float32, and its float32 output is compared with the float64 layer
+applied to that same input (mean |error| / mean |layer update|, over all layers of three texts); "head" is the
+same for the final norm and LM head (mean |error| of the logits). These per-layer numbers move by about 3%
+between texts.
 """
 
 import argparse
@@ -476,9 +482,12 @@ def run_child(args, data_path: pathlib.Path, flags: str | None) -> tuple[list, l
     if flags is not None:
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flags}".strip()
     cmd = [sys.executable, __file__, "--child", "--data", str(data_path), "--checkpoint", args.checkpoint, *extra]
-    out = subprocess.run(cmd + (["--quick"] if args.quick else []), env=env, check=True, capture_output=True, text=True)
-    rows = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("ROWS "))[5:])
+    out = subprocess.run(cmd + (["--quick"] if args.quick else []), env=env, capture_output=True, text=True)
     tag = "exact dots" if flags is None else f"XLA_FLAGS {flags}"
+    if out.returncode != 0:
+        print(out.stderr[-2000:], file=sys.stderr)
+        return [], [], [f"the child process for {tag} failed (exit status {out.returncode}); its rows are missing"]
+    rows = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("ROWS "))[5:])
     label = lambda r: r[0] if flags is None else f"{r[0]} [{tag}]"
     return ([(label(r), *r[1:]) for r in rows["e2e"]], [(label(r), *r[1:]) for r in rows["local"]],
             [f"{n} [{tag}]" for n in rows["notes"]])
