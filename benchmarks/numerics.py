@@ -379,10 +379,11 @@ def jax_rows(checkpoint: str, batches, data, controls: dict, with_workbench: boo
         e2e.append((name, *logits_errors(batches, data, ctl)))
         if name in twins:
             label, fn = twins[name]
-            diffs = [float(np.abs(np.asarray(fn(ids, mask)) - np.asarray(ctl(ids, mask)))[keep(ids, mask)].max())
+            pairs = [(np.asarray(fn(ids, mask))[keep(ids, mask)], np.asarray(ctl(ids, mask))[keep(ids, mask)])
                      for ids, mask in batches]
-            notes.append(f"{label} vs {name}: bit-identical logits on {sum(d == 0 for d in diffs)} of "
-                         f"{len(diffs)} inputs, max |difference| {max(diffs):.2e}")
+            same = sum(np.array_equal(a, b, equal_nan=True) for a, b in pairs)
+            notes.append(f"{label} vs {name}: bit-identical logits on {same} of {len(pairs)} inputs, max |difference| "
+                         f"{max(float(np.nanmax(np.abs(a - b), initial=0.0)) for a, b in pairs):.2e}")
         if not opts or not set(opts) <= {"scan", "jit"}:  # per-layer rows: the control and arithmetic switches
             local.append((name, *local_errors(batches, data, n, ctl.local,
                                               lambda x, c=ctl: c.jit_head(c.w, jnp.asarray(x)))))
