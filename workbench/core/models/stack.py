@@ -72,13 +72,18 @@ def stack_blocks(make_block: tp.Callable[[nnx.Rngs], nnx.Module], num_layers: in
         # a vmapped init would compile op by op per depth, a jitted one takes seconds to compile
         layers = [init(k) for k in keys]
         state = jax.tree.map(lambda *xs: jnp.asarray(np.stack([np.asarray(x) for x in xs])), *layers)
-    stack = nnx.merge(graphdef, state)
-    for _, var in nnx.to_flat_state(nnx.state(stack)):
+    return _with_layers(nnx.merge(graphdef, state), stacked_axes, num_layers)
+
+
+def _with_layers(module: nnx.Module, map_axes: tp.Callable[[tp.Any], DynamicShardingAxes],
+                 num_layers: int | None) -> nnx.Module:
+    """``module`` with every variable's semantic axes mapped (LAYERS added or removed) and ``num_layers`` set."""
+    for _, var in nnx.to_flat_state(nnx.state(module)):
         axes = var.get_metadata().get("semantic_axes")
         if axes is not None:
-            var.set_metadata(semantic_axes=stacked_axes(axes))
-    stack.num_layers = num_layers
-    return stack
+            var.set_metadata(semantic_axes=map_axes(axes))
+    module.num_layers = num_layers
+    return module
 
 
 def num_stacked(stack: nnx.Module) -> int:
@@ -97,13 +102,7 @@ def layer_view(stack: nnx.Module, index: int) -> nnx.Module:
         raise IndexError(f"layer {index} out of range: the model has {n} layers")
     index = int(index) % n
     graphdef, state = nnx.split(stack)
-    block = nnx.merge(graphdef, jax.tree.map(lambda a: _slice(a, index), state))
-    for _, var in nnx.to_flat_state(nnx.state(block)):
-        axes = var.get_metadata().get("semantic_axes")
-        if axes is not None:
-            var.set_metadata(semantic_axes=unstacked_axes(axes))
-    block.num_layers = None
-    return block
+    return _with_layers(nnx.merge(graphdef, jax.tree.map(lambda a: _slice(a, index), state)), unstacked_axes, None)
 
 
 def _slice(a: tp.Any, index: int) -> tp.Any:
