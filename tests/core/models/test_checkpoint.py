@@ -320,3 +320,20 @@ def test_workbench_models_is_a_lazy_face():
     assert models.from_pretrained is from_pretrained and models.SequenceClassifier is SequenceClassifier
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         models.nope  # noqa: B018
+
+
+@pytest.mark.parametrize("on_mesh", [False, True], ids=["default-device", "mesh"])
+def test_loaded_model_owns_its_memory(tmp_path, llama_dir, on_mesh):
+    """A CPU device adopts aligned host memory without a copy, a memory-mapped file's pages included: the
+    loaded parameters must not be views of the checkpoint, which a user may overwrite in place."""
+    directory = shutil.copytree(llama_dir, tmp_path / "ckpt")
+    model = from_pretrained(directory, mesh=make_mesh(dp=2, fsdp=2, tp=2) if on_mesh else None, progress=False)
+    ids, mask = batch()
+    before = ours_logits(model, ids, mask)
+    file = directory / "model.safetensors"
+    header_end = 8 + int.from_bytes(file.read_bytes()[:8], "little")
+    with open(file, "r+b") as f:  # the same inode, so any mapping of it sees the new bytes
+        f.seek(header_end)
+        f.write(b"\0" * (file.stat().st_size - header_end))
+    assert not np.any(safetensors.numpy.load_file(str(file))["model.embed_tokens.weight"])
+    np.testing.assert_array_equal(ours_logits(model, ids, mask), before)

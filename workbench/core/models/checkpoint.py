@@ -160,11 +160,14 @@ def assemble_layers(shape: tuple[int, ...], dtype: np.dtype, sharding, read, num
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
+    from workbench.core.models.hf_convert import convert_into
+
     spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
     layer_sharding = NamedSharding(sharding.mesh, P(*spec[1:]))
     stack = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)()
     for i in range(num_layers):
-        value = np.asarray(read(i), dtype)
+        value = np.empty(shape[1:], dtype)
+        convert_into(value, read(i))
         piece = jax.make_array_from_callback(value.shape, layer_sharding, lambda index, v=value: v[index])
         stack = _set_layer(stack, piece, i, sharding)
     return stack
@@ -174,7 +177,7 @@ def _placer(mesh, specs: dict[str, tp.Any] | None):
     """``place(path, var, read, num_layers)`` for :func:`load_model`: each parameter onto its NamedSharding."""
     from jax.sharding import NamedSharding
 
-    from workbench.core.models.hf_convert import place_on_default_device
+    from workbench.core.models.hf_convert import convert_into, host_buffer, place_on_default_device
     from workbench.core.models.sharding import path_str
 
     if mesh is None:
@@ -185,8 +188,9 @@ def _placer(mesh, specs: dict[str, tp.Any] | None):
         sharding = NamedSharding(mesh, specs[path_str(path)])
         if num_layers is not None:
             return assemble_layers(tuple(var.shape), dtype, sharding, read, num_layers)
-        value = read(None)
-        return jax.make_array_from_callback(value.shape, sharding, lambda index: np.asarray(value[index], dtype))
+        value = host_buffer(tuple(var.shape), dtype)  # a copy: an array may alias the host memory it is given,
+        convert_into(value, read(None))  # and must not alias the mapped checkpoint file
+        return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
     return place
 
