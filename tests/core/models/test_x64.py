@@ -32,6 +32,15 @@ def test_float64_forward_equals_numpy_float64(results, family):
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama-bias-tied"])
+def test_float64_forward_equals_transformers_float64_without_its_float32_islands(results, family):
+    """With those islands made float64 (x64_worker.without_float32_islands), transformers agrees with the
+    NumPy reference and with ours to 1e-10, left padding included: the islands are the whole difference."""
+    r = results[family]
+    assert r["hf64_no_islands_vs_numpy64"] <= 1e-10
+    assert r["hf64_no_islands_vs_ours"] <= 1e-10
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama-bias-tied"])
 def test_caches_sharding_generation_and_training_work_in_float64(results, family):
     r = results[family]
     assert r["cache_dtype"] == "float64" and r["decode_vs_full"] <= 1e-10

@@ -24,6 +24,34 @@ from workbench.core.models.checkpoint import from_pretrained
 from workbench.core.models.generation import GenerationConfig
 
 
+def without_float32_islands(hf) -> None:
+    """transformers' float64 forward with its float32 islands made float64: the rotary cos/sin (computed
+    in float32, then cast), RMSNorm's variance (cast to float32) and eager attention's softmax (float32:
+    SDPA instead, which stays in the inputs' dtype). Default rope only (the tiny configs here)."""
+    import types
+
+    def rms_norm(self, h):
+        variance = h.pow(2).mean(-1, keepdim=True)
+        return self.weight * (h * torch.rsqrt(variance + self.variance_epsilon))
+
+    def rotary(self, x, position_ids):
+        dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
+        inv_freq = 1.0 / (self.config.rope_parameters["rope_theta"]
+                          ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        freqs = position_ids[..., None].to(torch.float64) * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    for module in hf.modules():
+        name = type(module).__name__
+        if name.endswith("RMSNorm"):
+            module.forward = types.MethodType(rms_norm, module)
+        elif name.endswith("RotaryEmbedding"):
+            assert module.rope_type == "default", module.rope_type
+            module.forward = types.MethodType(rotary, module)
+    hf.set_attn_implementation("sdpa")
+
+
 def main() -> None:
     if not jax.config.jax_enable_x64:
         raise SystemExit("run with JAX_ENABLE_X64=1 in the environment (tests/core/models/test_x64.py does)")
@@ -47,6 +75,11 @@ def main() -> None:
         with torch.no_grad():  # transformers' float64 forward (its norm, rotary and softmax run in float32)
             hf64 = hf(torch.tensor(ids[:1])).logits.numpy()
         res["hf64_vs_numpy64"] = float(np.abs(hf64 - numpy_reference.forward(config, weights, ids[:1])).max())
+        without_float32_islands(hf)
+        with torch.no_grad():
+            hf64 = hf(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+        res["hf64_no_islands_vs_ours"] = float(np.abs(hf64 - got)[real].max())
+        res["hf64_no_islands_vs_numpy64"] = float(np.abs(hf64 - want)[real].max())
         # cached decode equals the full forward, in float64
         full = np.asarray(model(jnp.asarray(ids)).logits)
         step = model(jnp.asarray(ids[:, :-1]), cache=model.init_cache(ids.shape[0], 16))
