@@ -23,8 +23,16 @@ FAMILIES = {
     "llama-bias-tied": lambda: transformers.LlamaConfig(**TINY, attention_bias=True, tie_word_embeddings=True),
     "qwen2-sliding-layers": lambda: transformers.Qwen2Config(**TINY, use_sliding_window=True, sliding_window=3,
                                                              max_window_layers=1),
+    # local (window 4, rope base 1e4) and global (linear-scaled rope base 1e6) layers; query scalar != head_dim
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        **{k: v for k, v in TINY.items() if k != "num_hidden_layers"}, num_hidden_layers=3, head_dim=16,
+        sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        query_pre_attn_scalar=24, final_logit_softcapping=30.0, pad_token_id=0, bos_token_id=None,
+        eos_token_id=None, rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                               "rope_theta": 1e6},
+                                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
 }
-MAIN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral")
+MAIN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "gemma3")
 B, T, PAD = 2, 12, 4
 
 

@@ -33,15 +33,19 @@ if tp.TYPE_CHECKING:
 
 class RMSNorm(nnx.Module):
     """``weight * x / rms(x)`` over the last axis, normalised in float32 as Hugging Face does (float64 for a
-    float64 ``x``); keeps x's dtype."""
+    float64 ``x``); keeps x's dtype. ``unit_offset`` (Gemma): ``(1 + weight)`` times the normalised x, the
+    product taken in float32 before the cast (Llama casts first), weight initialised to 0."""
 
-    def __init__(self, dim: int, *, eps: float = 1e-6, param_dtype=jnp.float32):
-        self.weight = nnx.Param(jnp.ones((dim,), param_dtype), semantic_axes=Replicated)
-        self.eps = eps
+    def __init__(self, dim: int, *, eps: float = 1e-6, unit_offset: bool = False, param_dtype=jnp.float32):
+        init = jnp.zeros if unit_offset else jnp.ones
+        self.weight = nnx.Param(init((dim,), param_dtype), semantic_axes=Replicated)
+        self.eps, self.unit_offset = eps, unit_offset
 
     def __call__(self, x: Array) -> Array:
         x32 = x.astype(accumulation_dtype(x.dtype))
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        if self.unit_offset:
+            return (x32 * (1.0 + self.weight[...].astype(x32.dtype))).astype(x.dtype)
         return (self.weight[...] * x32.astype(x.dtype)).astype(x.dtype)
 
 
@@ -62,8 +66,10 @@ class LayerNorm(nnx.Module):
 
 
 def make_norm(config: ModelConfig, dim: int | None = None, *, param_dtype=jnp.float32) -> RMSNorm | LayerNorm:
-    kind = RMSNorm if config.norm_type == "rms" else LayerNorm
-    return kind(dim or config.hidden_size, eps=config.norm_eps, param_dtype=param_dtype)
+    if config.norm_type == "layer":
+        return LayerNorm(dim or config.hidden_size, eps=config.norm_eps, param_dtype=param_dtype)
+    return RMSNorm(dim or config.hidden_size, eps=config.norm_eps, unit_offset=config.norm_unit_offset,
+                   param_dtype=param_dtype)
 
 
 def _linear(kind, in_f: int, out_f: int, bias: bool, dtype, param_dtype, rngs: nnx.Rngs):
@@ -86,12 +92,15 @@ class Attention(nnx.Module):
         self.v_proj = _linear(ColumnParallelLinear, c.hidden_size, kv * d, c.attention_bias, dtype, param_dtype, rngs)
         self.o_proj = _linear(RowParallelLinear, h * d, c.hidden_size, c.attention_out_bias, dtype, param_dtype, rngs)
         if c.qk_norm:
-            self.q_norm = RMSNorm(d, eps=c.norm_eps, param_dtype=param_dtype)
-            self.k_norm = RMSNorm(d, eps=c.norm_eps, param_dtype=param_dtype)
+            self.q_norm = make_norm(c, d, param_dtype=param_dtype)
+            self.k_norm = make_norm(c, d, param_dtype=param_dtype)
         else:
             self.q_norm = self.k_norm = nnx.data(None)
         self.num_heads, self.num_kv_heads, self.head_dim = h, kv, d
         self.rotary = c.position_embedding == "rope"
+        # passed to the attention operation: None keeps its defaults (1/sqrt(head_dim), no cap)
+        self.softmax_scale = None if c.query_pre_attn_scalar is None else c.query_pre_attn_scalar ** -0.5
+        self.logits_soft_cap = c.attn_logit_softcapping
         OperationRegistry.get(attn_mechanism)  # fail now, naming the registered ones
         self.attn_mechanism = attn_mechanism
 
@@ -106,18 +115,27 @@ class Attention(nnx.Module):
             q_BTHD, k_BTKD = self.q_norm(q_BTHD), self.k_norm(k_BTKD)
         if self.rotary:
             q_BTHD, k_BTKD = apply_rope(q_BTHD, cos_BTD, sin_BTD), apply_rope(k_BTKD, cos_BTD, sin_BTD)
+        options = self.op_options()
         if cache is None:
             op = OperationRegistry.create(self.attn_mechanism, OperationMetadata())
-            out = op(q_BTHD, k_BTKD, v_BTKD, mask=mask_B1TS, causal=True, sliding_window=sliding_window)
+            out = op(q_BTHD, k_BTKD, v_BTKD, mask=mask_B1TS, causal=True, sliding_window=sliding_window, **options)
             out_BTHD, kv = out.attention_outputs, None
         else:
             out_BTHD, kv = cache.step.attend(cache.kv, cache.layer, q_BTHD, k_BTKD, v_BTKD,
-                                             attn_mechanism=self.attn_mechanism, sliding_window=sliding_window)
+                                             attn_mechanism=self.attn_mechanism, sliding_window=sliding_window,
+                                             **options)
         return self.o_proj(out_BTHD.reshape(b, t, self.num_heads * self.head_dim)), kv
 
 
+    def op_options(self) -> dict[str, tp.Any]:
+        """The family's extra arguments to the attention operation (only those it sets)."""
+        options = {"softmax_scale": self.softmax_scale, "logits_soft_cap": self.logits_soft_cap}
+        return {k: v for k, v in options.items() if v is not None}
+
+
 class MLP(nnx.Module):
-    """SwiGLU ``down(silu(gate(x)) * up(x))``, or with ``mlp_type="gelu"`` ``down(gelu(up(x)))`` (GPT-2)."""
+    """SwiGLU ``down(silu(gate(x)) * up(x))`` (GeGLU with ``hidden_act="gelu_pytorch_tanh"``), or with
+    ``mlp_type="gelu"`` ``down(gelu(up(x)))`` (GPT-2)."""
 
     def __init__(self, config: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
         d, f, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
@@ -127,10 +145,13 @@ class MLP(nnx.Module):
         self.up_proj = _linear(ColumnParallelLinear, d, f, bias, dtype, param_dtype, rngs)
         self.down_proj = _linear(RowParallelLinear, f, d, bias, dtype, param_dtype, rngs)
         self.exact_gelu = config.hidden_act == "gelu"
+        self.gate_act = config.hidden_act if self.gated else None
 
     def __call__(self, x_BTD: Array) -> Array:
         if self.gated:
-            return self.down_proj(jax.nn.silu(self.gate_proj(x_BTD)) * self.up_proj(x_BTD))
+            gate = self.gate_proj(x_BTD)
+            gate = jax.nn.silu(gate) if self.gate_act == "silu" else jax.nn.gelu(gate, approximate=True)
+            return self.down_proj(gate * self.up_proj(x_BTD))
         return self.down_proj(jax.nn.gelu(self.up_proj(x_BTD), approximate=not self.exact_gelu))
 
 
@@ -144,7 +165,10 @@ def make_mlp(config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.
 
 
 class DecoderBlock(nnx.Module):
-    """Pre-norm residual block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``.
+    """Pre-norm residual block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``; with ``sandwich_norms``
+    (Gemma) ``x + norm(attn(norm(x)))``, then ``x + norm(mlp(norm(x)))``. Norm names follow Hugging
+    Face: ``post_attention_layernorm`` is the pre-MLP norm without sandwich norms, the norm of the
+    attention output with them (then ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm``).
 
     A model holds its blocks stacked (see :mod:`.stack`): one ``DecoderBlock`` whose parameters
     have a leading ``layers`` axis; indexing the stack gives a one-layer block like this one.
@@ -157,6 +181,11 @@ class DecoderBlock(nnx.Module):
                                    rngs=rngs)
         self.post_attention_layernorm = make_norm(config, param_dtype=param_dtype)
         self.mlp = make_mlp(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        if config.sandwich_norms:
+            self.pre_feedforward_layernorm = make_norm(config, param_dtype=param_dtype)
+            self.post_feedforward_layernorm = make_norm(config, param_dtype=param_dtype)
+        else:
+            self.pre_feedforward_layernorm = self.post_feedforward_layernorm = nnx.data(None)
         self.moe = config.mlp_type == "moe"
         self.num_layers: int | None = None  # set on a stack of layers (stack.stack_blocks)
 
@@ -180,10 +209,17 @@ class DecoderBlock(nnx.Module):
         """New hidden states, the cache arrays after this layer, and router logits ``(B*T, E)`` for a MoE."""
         attn_BTD, kv = self.self_attn(self.input_layernorm(x_BTD), cos_BTD, sin_BTD, mask_B1TS,
                                       sliding_window=sliding_window, cache=cache)
-        x_BTD = x_BTD + attn_BTD
-        h_BTD = self.post_attention_layernorm(x_BTD)
+        sandwich = self.pre_feedforward_layernorm is not None
+        if sandwich:
+            x_BTD = x_BTD + self.post_attention_layernorm(attn_BTD)
+            h_BTD = self.pre_feedforward_layernorm(x_BTD)
+        else:
+            x_BTD = x_BTD + attn_BTD
+            h_BTD = self.post_attention_layernorm(x_BTD)
         if self.moe:
             mlp_BTD, router_NE = self.mlp(h_BTD)
         else:
             mlp_BTD, router_NE = self.mlp(h_BTD), None
+        if sandwich:
+            mlp_BTD = self.post_feedforward_layernorm(mlp_BTD)
         return x_BTD + mlp_BTD, kv, router_NE

@@ -137,8 +137,10 @@ class _ContiguousStep:
         return self.cache.keys, self.cache.values
 
     def attend(self, kv: tuple[Array, Array], layer: tp.Any, q_BTHD: Array, k_BTKD: Array, v_BTKD: Array, *,
-               attn_mechanism: str, sliding_window: int | None) -> tuple[Array, tuple[Array, Array]]:
-        """Write this layer's new keys/values at slots ``index ..`` and attend over the layer's slots.
+               attn_mechanism: str, sliding_window: int | None, **options: tp.Any
+               ) -> tuple[Array, tuple[Array, Array]]:
+        """Write this layer's new keys/values at slots ``index ..`` and attend over the layer's slots
+        (``options``: the family's extra attention arguments, e.g. ``softmax_scale``).
 
         Visibility is causal in slot order with ``kv_lengths = index + T`` (so a blockwise kernel
         skips the unwritten tail) and ``valid_BS`` hiding left padding; a window counts slots,
@@ -155,14 +157,14 @@ class _ContiguousStep:
         mask_B11S = self.valid_BS[:, None, None, :]
         if KV_LENGTHS in op.capabilities.features:
             out = op(q_BTHD, k_BSKD, v_BSKD, mask=mask_B11S, kv_lengths=filled_B, causal=True,
-                     sliding_window=sliding_window)
+                     sliding_window=sliding_window, **options)
         else:  # the same visibility as one explicit mask
             q_T = self.cache.index + jnp.arange(t, dtype=INDEX)
             s_S = jnp.arange(keys.shape[2], dtype=INDEX)
             visible_TS = s_S[None, :] <= q_T[:, None]
             if sliding_window is not None:
                 visible_TS &= s_S[None, :] > q_T[:, None] - sliding_window
-            out = op(q_BTHD, k_BSKD, v_BSKD, mask=mask_B11S & visible_TS[None, None], causal=False)
+            out = op(q_BTHD, k_BSKD, v_BSKD, mask=mask_B11S & visible_TS[None, None], causal=False, **options)
         return out.attention_outputs, (keys, values)
 
     def finish(self, kv: tuple[Array, Array]) -> KVCache:
@@ -299,7 +301,8 @@ class _PagedStep:
         return self.cache.key_pages, self.cache.value_pages
 
     def attend(self, kv: tuple[Array, Array], layer: tp.Any, q_BTHD: Array, k_BTKD: Array, v_BTKD: Array, *,
-               attn_mechanism: str, sliding_window: int | None) -> tuple[Array, tuple[Array, Array]]:
+               attn_mechanism: str, sliding_window: int | None, **options: tp.Any
+               ) -> tuple[Array, tuple[Array, Array]]:
         """Writes this layer's new keys/values into their pages, then runs ``paged`` attention over the
         layer's pages (whatever the model's ``attn_mechanism``: only ``paged`` reads pages)."""
         kp, vp = kv
@@ -307,7 +310,8 @@ class _PagedStep:
         vp = vp.at[layer, self.page_BT, self.offset_BT].set(_as(v_BTKD, vp.dtype), mode="drop")
         op = OperationRegistry.create("paged", OperationMetadata())
         out = op(q_BTHD, _as(_layer(kp, layer), q_BTHD.dtype), _as(_layer(vp, layer), q_BTHD.dtype),
-                 page_table=self.page_table, kv_lengths=self.lengths_B, causal=True, sliding_window=sliding_window)
+                 page_table=self.page_table, kv_lengths=self.lengths_B, causal=True, sliding_window=sliding_window,
+                 **options)
         return out.attention_outputs, (kp, vp)
 
     def finish(self, kv: tuple[Array, Array]) -> PagedKVCache:

@@ -194,8 +194,11 @@ class CausalLM(ModelMethods, nnx.Module):
 
     def head(self, x_BTD: Array) -> Array:
         if self.lm_head is None:
-            return jnp.einsum("btd,vd->btv", x_BTD, self.embed_tokens[...].astype(self.dtype))
-        return self.lm_head(x_BTD)
+            logits = jnp.einsum("btd,vd->btv", x_BTD, self.embed_tokens[...].astype(self.dtype))
+        else:
+            logits = self.lm_head(x_BTD)
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else cap * jnp.tanh(logits / cap)
 
     def hidden_states(self, input_ids: Array, attention_mask: Array | None = None, *,
                       cache: KVCache | PagedKVCache | None = None) -> tuple[Array, tp.Any, Array | None]:
@@ -219,19 +222,21 @@ class CausalLM(ModelMethods, nnx.Module):
             keep_BT = attention_mask.astype(bool)
             positions_BT = jnp.maximum(jnp.cumsum(keep_BT, axis=-1, dtype=jnp.int32) - 1, 0)
             mask_B1TS = keep_BT[:, None, None, :]
+        c = self.config
         x_BTD = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(self.dtype)
-        cos_BTD = sin_BTD = None
+        if c.embedding_multiplier is not None:  # in the model's dtype, as HF does (sqrt(3072) is 55.5 in bf16)
+            x_BTD = x_BTD * jnp.asarray(c.embedding_multiplier, self.dtype)
+        kinds_L = [c.layer_kind(i) for i in range(c.num_hidden_layers)]
+        ropes = None
         if self.embed_positions is not None:
             x_BTD = x_BTD + jnp.take(self.embed_positions[...], positions_BT, axis=0).astype(self.dtype)
         else:
-            c = self.config
-            inv_freq_K = inv_frequencies(c.head_dim, c.rope_theta, c.rope_scaling, dtype=self.logits_dtype)
-            cos_BTD, sin_BTD = cos_sin(positions_BT, inv_freq_K)
-        c = self.config
+            tables = {"global": (c.rope_theta, c.rope_scaling), "local": (c.local_rope_theta, None)}
+            ropes = {name: cos_sin(positions_BT, inv_frequencies(c.head_dim, *tables[name], dtype=self.logits_dtype))
+                     for name in sorted({rope for _, rope in kinds_L})}
         kv = None if step is None else step.arrays()
         constrain = self._activation_constraint()
-        x_BTD, kv, router = run_layers(self.layers, constrain(x_BTD), cos_BTD, sin_BTD, mask_B1TS,
-                                       windows_L=[c.layer_window(i) for i in range(c.num_hidden_layers)],
+        x_BTD, kv, router = run_layers(self.layers, constrain(x_BTD), ropes, mask_B1TS, kinds_L=kinds_L,
                                        step=step, kv=kv, scan=self.scan_layers, remat=self.remat,
                                        constrain=constrain)
         cache = None if step is None else step.finish(kv)

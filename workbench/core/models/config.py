@@ -2,8 +2,10 @@
 
 A family is this config plus a few switches: qkv bias, q/k norm, sliding window, tied
 embeddings (Llama, Mistral, Qwen2, Qwen3), LayerNorm + GELU MLP + learned positions (GPT-2),
-a mixture of experts (Mixtral). :meth:`ModelConfig.from_hf` reads a Hugging Face
-``config.json`` dict and :meth:`ModelConfig.to_hf` writes one back.
+a mixture of experts (Mixtral), sandwich norms with unit-offset RMSNorm, scaled embeddings, a
+query scalar, a local rope base for sliding layers and logit soft-capping (Gemma 3).
+:meth:`ModelConfig.from_hf` reads a Hugging Face ``config.json`` dict and :meth:`ModelConfig.to_hf`
+writes one back.
 """
 
 from __future__ import annotations
@@ -11,13 +13,15 @@ from __future__ import annotations
 import dataclasses
 import typing as tp
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "gemma3_text")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 NORM_TYPES = ("rms", "layer")
 MLP_TYPES = ("swiglu", "gelu", "moe")
 GELU_ACTS = ("gelu_new", "gelu_pytorch_tanh", "gelu")
+GATED_ACTS = ("silu", "gelu_pytorch_tanh")  # SwiGLU, and GeGLU with tanh-approximated GELU (Gemma)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "gpt2": "GPT2LMHeadModel", "mixtral": "MixtralForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "gpt2": "GPT2LMHeadModel", "mixtral": "MixtralForCausalLM",
+                 "gemma3_text": "Gemma3ForCausalLM"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +35,13 @@ class RopeScaling:
 
 
 @dataclasses.dataclass(frozen=True)
+class LinearRopeScaling:
+    """Linear rotary scaling (``rope_type="linear"``): every inverse frequency divided by ``factor``."""
+
+    factor: float
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Sizes and switches of a decoder-only causal LM.
 
@@ -41,6 +52,13 @@ class ModelConfig:
     ``norm_type`` "layer" (LayerNorm with bias), ``mlp_type`` "gelu" (``up -> gelu -> down`` with
     biases when ``mlp_bias``) and ``position_embedding`` "learned" make GPT-2; ``mlp_type`` "moe"
     (``num_local_experts``, top ``num_experts_per_tok``) makes Mixtral.
+
+    Gemma 3: ``norm_unit_offset`` (RMSNorm scales by ``1 + weight``, in float32), ``sandwich_norms`` (a
+    norm after attention and around the MLP too), ``embedding_multiplier`` (embeddings times
+    ``sqrt(hidden_size)``), ``query_pre_attn_scalar`` (softmax scale ``query_pre_attn_scalar ** -0.5``
+    instead of ``head_dim ** -0.5``), ``local_rope_theta`` (the rope base of sliding layers; full layers
+    use ``rope_theta`` and ``rope_scaling``), ``attn_logit_softcapping`` / ``final_logit_softcapping``
+    (``c * tanh(x / c)`` on attention logits / output logits), ``hidden_act="gelu_pytorch_tanh"`` (GeGLU).
     """
 
     vocab_size: int
@@ -58,7 +76,8 @@ class ModelConfig:
     mlp_bias: bool = False
     position_embedding: str = "rope"
     rope_theta: float = 10000.0
-    rope_scaling: RopeScaling | None = None
+    rope_scaling: RopeScaling | LinearRopeScaling | None = None
+    local_rope_theta: float | None = None
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     attention_bias: bool = False
@@ -68,6 +87,12 @@ class ModelConfig:
     layer_types: tuple[str, ...] | None = None
     num_local_experts: int = 0
     num_experts_per_tok: int = 0
+    norm_unit_offset: bool = False
+    sandwich_norms: bool = False
+    embedding_multiplier: float | None = None
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
@@ -84,10 +109,15 @@ class ModelConfig:
                               ("position_embedding", ("rope", "learned"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"ModelConfig.{name} must be one of {allowed}; got {getattr(self, name)!r}")
-        act_ok = self.hidden_act == "silu" if self.mlp_type != "gelu" else self.hidden_act in GELU_ACTS
-        if not act_ok:
-            raise ValueError(f"hidden_act={self.hidden_act!r} does not fit mlp_type={self.mlp_type!r}: SwiGLU and "
-                             f"MoE experts use 'silu', the GELU MLP one of {GELU_ACTS}")
+        allowed_acts = {"swiglu": GATED_ACTS, "moe": ("silu",), "gelu": GELU_ACTS}[self.mlp_type]
+        if self.hidden_act not in allowed_acts:
+            raise ValueError(f"hidden_act={self.hidden_act!r} does not fit mlp_type={self.mlp_type!r}: the gated MLP "
+                             f"takes one of {GATED_ACTS}, MoE experts 'silu', the GELU MLP one of {GELU_ACTS}")
+        for name in ("embedding_multiplier", "query_pre_attn_scalar", "attn_logit_softcapping",
+                     "final_logit_softcapping", "local_rope_theta"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int | float) and value > 0):
+                raise ValueError(f"ModelConfig.{name} must be a positive number or None; got {value!r}")
         if self.mlp_type == "moe" and not 1 <= self.num_experts_per_tok <= self.num_local_experts:
             raise ValueError(f"a MoE needs 1 <= num_experts_per_tok ({self.num_experts_per_tok}) <= "
                              f"num_local_experts ({self.num_local_experts})")
@@ -116,6 +146,16 @@ class ModelConfig:
         """The sliding window of layer ``layer``, None for full attention."""
         return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
 
+    def layer_rope(self, layer: int) -> str:
+        """Which rotary table layer ``layer`` uses: "local" (``local_rope_theta``, sliding layers of a
+        config that has one) or "global" (``rope_theta`` with ``rope_scaling``)."""
+        local = self.local_rope_theta is not None and self.layer_types[layer] == "sliding_attention"
+        return "local" if local else "global"
+
+    def layer_kind(self, layer: int) -> tuple[int | None, str]:
+        """What differs between layers of one stack: ``(sliding window or None, rope table)``."""
+        return self.layer_window(layer), self.layer_rope(layer)
+
     def replace(self, **changes: tp.Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
@@ -132,6 +172,8 @@ class ModelConfig:
         tokens = {k: hf.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
         if model_type == "gpt2":
             return cls(**_gpt2_fields(hf), **tokens)
+        if model_type == "gemma3_text":
+            return cls(**_gemma3_fields(hf), **tokens)
         act = hf.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"hidden_act={act!r} is not supported; the decoder block's MLP is SwiGLU ('silu')")
@@ -142,15 +184,7 @@ class ModelConfig:
         heads, hidden = hf["num_attention_heads"], hf["hidden_size"]
         rope = dict(hf.get("rope_parameters") or {})
         rope.update(hf.get("rope_scaling") or {})  # transformers 4.x key
-        theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type == "llama3":
-            scaling = RopeScaling(float(rope["factor"]), float(rope["low_freq_factor"]),
-                                  float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))
-        elif rope_type == "default":
-            scaling = None
-        else:
-            raise ValueError(f"rope_type {rope_type!r} is not supported; supported: ('default', 'llama3')")
+        theta, scaling = _rope(rope, hf.get("rope_theta", 10000.0))
         bias = bool(hf.get("attention_bias", False))
         qkv_bias, out_bias = (True, False) if model_type == "qwen2" else (bias, bias)
         window = hf.get("sliding_window")
@@ -183,9 +217,9 @@ class ModelConfig:
                            "n_positions": self.max_position_embeddings, "layer_norm_epsilon": self.norm_eps,
                            "activation_function": self.hidden_act, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
                            "attn_pdrop": 0.0}
-        rope: dict[str, tp.Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
-        if self.rope_scaling is not None:
-            rope = {"rope_type": "llama3", "rope_theta": self.rope_theta, **dataclasses.asdict(self.rope_scaling)}
+        rope = _rope_dict(self.rope_theta, self.rope_scaling)
+        if self.model_type == "gemma3_text":
+            return base | _gemma3_hf(self, rope)
         out = base | {"hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
                       "num_hidden_layers": self.num_hidden_layers, "num_attention_heads": self.num_attention_heads,
                       "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
@@ -207,6 +241,84 @@ class ModelConfig:
             out |= {"num_local_experts": self.num_local_experts, "num_experts_per_tok": self.num_experts_per_tok,
                     "router_jitter_noise": 0.0}
         return out
+
+
+def _rope(rope: tp.Mapping[str, tp.Any], theta: float) -> tuple[float, RopeScaling | LinearRopeScaling | None]:
+    """``(rope_theta, scaling)`` of a HF rope dict (``rope_parameters`` / ``rope_scaling``)."""
+    theta = float(rope.get("rope_theta", theta))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type == "llama3":
+        return theta, RopeScaling(float(rope["factor"]), float(rope["low_freq_factor"]),
+                                  float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))
+    if rope_type == "linear":
+        return theta, LinearRopeScaling(float(rope["factor"]))
+    if rope_type == "default":
+        return theta, None
+    raise ValueError(f"rope_type {rope_type!r} is not supported; supported: ('default', 'linear', 'llama3')")
+
+
+def _rope_dict(theta: float, scaling: RopeScaling | LinearRopeScaling | None) -> dict[str, tp.Any]:
+    if scaling is None:
+        return {"rope_type": "default", "rope_theta": theta}
+    kind = "linear" if isinstance(scaling, LinearRopeScaling) else "llama3"
+    return {"rope_type": kind, "rope_theta": theta, **dataclasses.asdict(scaling)}
+
+
+def _gemma3_fields(hf: tp.Mapping[str, tp.Any]) -> dict[str, tp.Any]:
+    """Gemma 3 (text): a ``config.json`` as transformers 5 writes it (``rope_parameters`` per layer type)
+    or as the released checkpoints have it (``rope_theta``, ``rope_local_base_freq``, ``rope_scaling``,
+    ``sliding_window_pattern``)."""
+    if hf.get("use_bidirectional_attention"):
+        raise ValueError("Gemma 3 with use_bidirectional_attention=True (an encoder) is not supported; set it false")
+    if hf.get("attn_logit_softcapping") is not None:
+        raise ValueError(f"attn_logit_softcapping={hf['attn_logit_softcapping']}: transformers' Gemma 3 does not "
+                         f"apply it (Gemma 2 did), so a model exact to it cannot either; set it to null")
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    if act != "gelu_pytorch_tanh":
+        raise ValueError(f"Gemma 3 hidden_activation={act!r} is not supported; its MLP is GeGLU 'gelu_pytorch_tanh'")
+    n = hf["num_hidden_layers"]
+    layer_types = hf.get("layer_types")
+    if layer_types is None:  # released configs: every `sliding_window_pattern`-th layer is global
+        pattern = hf.get("sliding_window_pattern", 6)
+        layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    params = hf.get("rope_parameters") or {}
+    nested = isinstance(params.get("full_attention"), tp.Mapping)
+    full = dict(params["full_attention"]) if nested else {**params, **(hf.get("rope_scaling") or {})}
+    local = dict(params.get("sliding_attention") or {}) if nested else {}
+    theta, scaling = _rope(full, hf.get("rope_theta", 1_000_000.0))
+    local_theta, local_scaling = _rope(local, hf.get("rope_local_base_freq", 10_000.0))
+    if local_scaling is not None:
+        raise ValueError("Gemma 3 with a scaled rope on its sliding layers is not supported; sliding_attention "
+                         "rope_parameters must be rope_type 'default'")
+    heads, hidden = hf["num_attention_heads"], hf["hidden_size"]
+    return dict(vocab_size=hf["vocab_size"], hidden_size=hidden, intermediate_size=hf["intermediate_size"],
+                num_hidden_layers=n, num_attention_heads=heads,
+                num_key_value_heads=hf.get("num_key_value_heads") or heads,
+                head_dim=hf.get("head_dim") or hidden // heads, model_type="gemma3_text",
+                norm_eps=float(hf.get("rms_norm_eps", 1e-6)), hidden_act=act, rope_theta=theta, rope_scaling=scaling,
+                local_rope_theta=local_theta, max_position_embeddings=hf.get("max_position_embeddings", 131_072),
+                tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
+                attention_bias=bool(hf.get("attention_bias", False)),
+                attention_out_bias=bool(hf.get("attention_bias", False)), qk_norm=True,
+                sliding_window=hf.get("sliding_window"), layer_types=tuple(layer_types), norm_unit_offset=True,
+                sandwich_norms=True, embedding_multiplier=float(hidden) ** 0.5,
+                query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
+                final_logit_softcapping=hf.get("final_logit_softcapping"))
+
+
+def _gemma3_hf(c: ModelConfig, rope: dict[str, tp.Any]) -> dict[str, tp.Any]:
+    query_scalar = c.query_pre_attn_scalar
+    return {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+            "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
+            "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim, "rms_norm_eps": c.norm_eps,
+            "hidden_activation": c.hidden_act, "max_position_embeddings": c.max_position_embeddings,
+            "attention_bias": c.attention_bias, "attention_dropout": 0.0,
+            "query_pre_attn_scalar": int(query_scalar) if float(query_scalar).is_integer() else query_scalar,
+            "sliding_window": c.sliding_window, "layer_types": list(c.layer_types),
+            "rope_parameters": {"full_attention": rope,
+                                "sliding_attention": {"rope_type": "default", "rope_theta": c.local_rope_theta}},
+            "final_logit_softcapping": c.final_logit_softcapping, "attn_logit_softcapping": None,
+            "use_bidirectional_attention": False}
 
 
 def _gpt2_fields(hf: tp.Mapping[str, tp.Any]) -> dict[str, tp.Any]:

@@ -59,7 +59,9 @@ class Reader(tp.Protocol):
 def _llama_layer(config: ModelConfig) -> dict[Path, Entry]:
     hf = "model.layers.{i}"
     out: dict[Path, Entry] = {}
-    for norm in ("input_layernorm", "post_attention_layernorm"):
+    norms = ("input_layernorm", "post_attention_layernorm")
+    norms += ("pre_feedforward_layernorm", "post_feedforward_layernorm") if config.sandwich_norms else ()
+    for norm in norms:
         out[("layers", norm, "weight")] = Entry(f"{hf}.{norm}.weight", layered=True)
     for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
         out[("layers", "self_attn", proj, "kernel")] = Entry(f"{hf}.self_attn.{proj}.weight", "transpose", layered=True)

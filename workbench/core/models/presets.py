@@ -46,6 +46,14 @@ _CONFIGS: dict[str, dict[str, tp.Any]] = {
     # 4 experts, 2 routed per token
     "mixtral": dict(model_type="mixtral", architectures=["MixtralForCausalLM"], **_DECODER, num_local_experts=4,
                     num_experts_per_tok=2, sliding_window=None),
+    # Gemma 3: local layers (window 16, rope base 1e4) with a global one every 2nd layer (rope base 1e6),
+    # sandwich norms, GeGLU, q/k norm, embeddings times sqrt(64), query scalar 32, tied embeddings
+    "gemma3": dict(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"],
+                   **{**_DECODER, "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+                      "rope_theta": 1_000_000.0},
+                   head_dim=16, hidden_activation="gelu_pytorch_tanh", sliding_window=16,
+                   layer_types=["sliding_attention", "full_attention"], rope_local_base_freq=10_000.0,
+                   query_pre_attn_scalar=32, final_logit_softcapping=None, attn_logit_softcapping=None),
 }
 FAMILIES = tuple(_CONFIGS)
 

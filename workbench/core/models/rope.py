@@ -1,4 +1,4 @@
-"""Rotary position embedding in Hugging Face's ``rotate_half`` convention, with Llama-3 scaling.
+"""Rotary position embedding in Hugging Face's ``rotate_half`` convention, with Llama-3 or linear scaling.
 
 The head dimension is split in halves ``(x1, x2)``; position ``p`` rotates pair ``(x1[i], x2[i])``
 by the angle ``p * inv_freq[i]``.
@@ -12,11 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from workbench.core.models.config import RopeScaling
+from workbench.core.models.config import LinearRopeScaling, RopeScaling
 
 
-def inv_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None, dtype=np.float32) -> np.ndarray:
-    """``(head_dim // 2,)`` inverse frequencies, Llama-3 scaled when ``scaling`` is given.
+def inv_frequencies(head_dim: int, theta: float, scaling: RopeScaling | LinearRopeScaling | None = None,
+                    dtype=np.float32) -> np.ndarray:
+    """``(head_dim // 2,)`` inverse frequencies, Llama-3 or linearly scaled when ``scaling`` is given.
 
     Float32 as transformers computes them (exact to its float32 forward); ``dtype=np.float64`` for a
     float64 model.
@@ -26,6 +27,8 @@ def inv_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = N
     inv_freq = inv_freq.astype(dtype)
     if scaling is None:
         return inv_freq
+    if isinstance(scaling, LinearRopeScaling):
+        return (inv_freq / dtype.type(scaling.factor)).astype(dtype)
     old_len, low, high = scaling.original_max_position_embeddings, scaling.low_freq_factor, scaling.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     scaled = np.where(wavelen > old_len / low, inv_freq / scaling.factor, inv_freq)

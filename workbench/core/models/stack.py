@@ -9,11 +9,11 @@ shape arithmetic on one traced block, whatever the depth. :func:`run_layers` run
 - ``scan=False``: a Python loop over static layer slices, every layer its own ops in the HLO
   (for inspecting one layer); the parameters are the same stacked arrays either way.
 
-Per-layer differences are data, not structure. A layer's kind (its sliding window, or none)
-indexes a ``lax.switch`` over one body per kind, so alternating local/global layers compile two
-bodies at any depth. A KV cache rides in the scan carry; each layer writes only its new tokens
-into it (see ``cache.py``). ``remat`` wraps the per-layer body in ``jax.checkpoint`` with a named
-policy, which a training step's backward pass follows.
+Per-layer differences are data, not structure. A layer's kind (its sliding window or none, and
+which rotary table it uses) indexes a ``lax.switch`` over one body per kind, so alternating
+local/global layers compile two bodies at any depth. A KV cache rides in the scan carry; each layer
+writes only its new tokens into it (see ``cache.py``). ``remat`` wraps the per-layer body in
+``jax.checkpoint`` with a named policy, which a training step's backward pass follows.
 """
 
 from __future__ import annotations
@@ -111,13 +111,13 @@ def _slice(a: tp.Any, index: int) -> tp.Any:
     return a[index]
 
 
-def layer_kinds(windows_L: tp.Sequence[int | None]) -> tuple[tuple[int | None, ...], np.ndarray]:
-    """The distinct per-layer sliding windows (in order of first use) and each layer's index into them."""
-    kinds: list[int | None] = []
-    for w in windows_L:
-        if w not in kinds:
-            kinds.append(w)
-    return tuple(kinds), np.asarray([kinds.index(w) for w in windows_L], np.int32)
+def layer_kinds(kinds_L: tp.Sequence[tp.Hashable]) -> tuple[tuple[tp.Any, ...], np.ndarray]:
+    """The distinct per-layer kinds (in order of first use) and each layer's index into them."""
+    kinds: list[tp.Any] = []
+    for k in kinds_L:
+        if k not in kinds:
+            kinds.append(k)
+    return tuple(kinds), np.asarray([kinds.index(k) for k in kinds_L], np.int32)
 
 
 class LayerCache(tp.NamedTuple):
@@ -128,22 +128,26 @@ class LayerCache(tp.NamedTuple):
     layer: tp.Any
 
 
-def run_layers(stack: nnx.Module, x_BTD: Array, cos_BTD: Array | None, sin_BTD: Array | None,
-               mask_B1TS: Array | None, *, windows_L: tp.Sequence[int | None], step: tp.Any = None,
+def run_layers(stack: nnx.Module, x_BTD: Array, ropes: tp.Mapping[str, tuple[Array, Array]] | None,
+               mask_B1TS: Array | None, *, kinds_L: tp.Sequence[tuple[int | None, str]], step: tp.Any = None,
                kv: tp.Any = None, scan: bool = True, remat: str = "none",
                constrain: tp.Callable[[Array], Array] | None = None) -> tuple[Array, tp.Any, Array | None]:
     """Run every layer of ``stack``: hidden states, the cache arrays after the last layer, and the
-    stacked per-layer router logits ``(L, N, E)`` of a MoE (else None). ``constrain`` pins each
-    layer's output hidden states to a sharding (the scan carry's layout is XLA's choice otherwise)."""
+    stacked per-layer router logits ``(L, N, E)`` of a MoE (else None). ``kinds_L[i]`` is layer i's
+    ``(sliding window or None, rotary table name)`` (``ModelConfig.layer_kind``); ``ropes`` maps a table
+    name to its ``(cos, sin)`` (None without rotary positions). ``constrain`` pins each layer's output
+    hidden states to a sharding (the scan carry's layout is XLA's choice otherwise)."""
     constrain = constrain or (lambda x: x)
     n = num_stacked(stack)
-    if len(windows_L) != n:
-        raise ValueError(f"internal: {len(windows_L)} layer windows for {n} layers")
-    kinds, kind_L = layer_kinds(windows_L)
+    if len(kinds_L) != n:
+        raise ValueError(f"internal: {len(kinds_L)} layer kinds for {n} layers")
+    kinds, kind_L = layer_kinds(kinds_L)
     graphdef, state = nnx.split(stack)
     policy = REMAT_POLICIES[check_remat(remat)]
 
-    def layer(window, x_BTD, kv, state_l, index):
+    def layer(kind, x_BTD, kv, state_l, index):
+        window, rope = kind
+        cos_BTD, sin_BTD = (None, None) if ropes is None else ropes[rope]
         block = nnx.merge(graphdef, state_l)
         cache = None if step is None else LayerCache(step, kv, index)
         x_BTD, kv, router = block(x_BTD, cos_BTD, sin_BTD, mask_B1TS, sliding_window=window, cache=cache)

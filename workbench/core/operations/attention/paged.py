@@ -3,7 +3,7 @@
 Its call differs from the other attention implementations::
 
     impl(query, key_pages, value_pages, *, page_table, kv_lengths, causal=True,
-         sliding_window=None, logits_soft_cap=None)
+         sliding_window=None, logits_soft_cap=None, softmax_scale=None)
 
 ``query (B, T, H, D)``; ``key_pages``/``value_pages (num_pages, page_size, KV, D)``;
 ``page_table (B, pages_per_seq)`` int: sequence ``b``'s keys ``j * page_size + i`` live at
@@ -120,7 +120,8 @@ class PagedAttention(AttentionImplMixin, OperationImpl):
         return "paged"
 
     def forward_native(self, query, key_pages, value_pages, *, page_table, kv_lengths, causal=True,
-                       sliding_window=None, logits_soft_cap=None, return_weights=False) -> AttentionOutput:
+                       sliding_window=None, logits_soft_cap=None, softmax_scale=None,
+                       return_weights=False) -> AttentionOutput:
         if kv_lengths is None:
             raise ValueError("paged: kv_lengths (B,) is required: the number of valid keys of each sequence")
         page_table = jnp.asarray(page_table)
@@ -129,7 +130,8 @@ class PagedAttention(AttentionImplMixin, OperationImpl):
         # the logical contiguous cache, as a shape only: prepare checks it, nothing builds it
         cache = jax.ShapeDtypeStruct((query.shape[0], page_table.shape[1] * page_size, kv, d), key_pages.dtype)
         call = self.prepare(query, cache, cache, causal=causal, sliding_window=sliding_window,
-                            logits_soft_cap=logits_soft_cap, kv_lengths=kv_lengths, return_weights=return_weights)
+                            logits_soft_cap=logits_soft_cap, kv_lengths=kv_lengths, softmax_scale=softmax_scale,
+                            return_weights=return_weights)
         _check_concrete(page_table, call.visibility.kv_lengths, num_pages, page_size)
         out = paged_attention(call, key_pages, value_pages, page_table)
         return AttentionOutput(out, None, kernel_path="paged/native")
