@@ -31,8 +31,12 @@ FAMILIES = {
         eos_token_id=None, rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
                                                                "rope_theta": 1e6},
                                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+    # a leading dense layer (mlp_only_layers), then experts of their own width; renormalised top-k
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
+        **{k: v for k, v in TINY.items() if k != "num_hidden_layers"}, num_hidden_layers=3, head_dim=16,
+        moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[0], norm_topk_prob=True),
 }
-MAIN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "gemma3")
+MAIN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "gemma3", "qwen3_moe")
 B, T, PAD = 2, 12, 4
 
 

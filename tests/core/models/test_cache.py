@@ -42,7 +42,8 @@ def jitted_incremental_logits(model, cache, ids, mask):
 
 
 @pytest.mark.parametrize("family, kind", [
-    *[(f, "contiguous") for f in ("llama", "mistral", "qwen2-sliding-layers", "qwen3", "gpt2", "mixtral", "gemma3")],
+    *[(f, "contiguous") for f in ("llama", "mistral", "qwen2-sliding-layers", "qwen3", "gpt2", "mixtral", "gemma3",
+                                  "qwen3_moe")],
     *[(f, "paged") for f in ("llama", "qwen2-sliding-layers", "gpt2", "gemma3")]])
 def test_cached_decoding_equals_full_forward(family, kind):
     model = model_for(family)

@@ -160,8 +160,9 @@ def make_mlp(config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.
         return MLP(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     from workbench.core.models.moe import MoE
 
-    return MoE(config.hidden_size, config.intermediate_size, config.num_local_experts, config.num_experts_per_tok,
-               dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    c = config
+    return MoE(c.hidden_size, c.expert_intermediate_size, c.num_local_experts, c.num_experts_per_tok, dtype=dtype,
+               param_dtype=param_dtype, rngs=rngs)
 
 
 class DecoderBlock(nnx.Module):

@@ -58,7 +58,9 @@ class CausalLM(ModelMethods, nnx.Module):
     default backend; :meth:`with_attention` switches it later.
 
     The decoder blocks are one :class:`DecoderBlock` whose parameters are stacked on a leading
-    ``layers`` axis (``model.layers[3]`` is layer 3 as a one-layer block). ``scan_layers`` runs
+    ``layers`` axis (``model.layers[3]`` is layer 3 as a one-layer block). A MoE config with
+    ``first_dense_layers = k`` stacks its leading dense layers apart: ``model.dense_layers[i]`` is layer
+    ``i`` and ``model.layers[i]`` layer ``k + i``. ``scan_layers`` runs
     them with ``lax.scan`` (compiled once, whatever the depth) or, if False, as an unrolled loop;
     ``remat`` ("none", "dots_saveable", "full", ...) is the per-block rematerialisation policy a
     backward pass follows. :meth:`with_options` changes either later.
@@ -84,9 +86,12 @@ class CausalLM(ModelMethods, nnx.Module):
             nnx.Param(init(rngs.params(), (config.max_position_embeddings, config.hidden_size), param_dtype),
                       semantic_axes=DynamicShardingAxes((EMPTY, EMPTY), MODE_TRAIN))
             if config.position_embedding == "learned" else nnx.data(None))
-        self.layers = stack_blocks(lambda r: DecoderBlock(config, attn_mechanism=attn_mechanism, dtype=dtype,
-                                                          param_dtype=param_dtype, rngs=r),
-                                   config.num_hidden_layers, rngs)
+        k = config.first_dense_layers
+        block = lambda c: lambda r: DecoderBlock(c, attn_mechanism=attn_mechanism, dtype=dtype,
+                                                 param_dtype=param_dtype, rngs=r)
+        # leading dense-MLP layers of a MoE model (DeepSeek-V3, Qwen3-MoE): their own stack, HF layers 0..k-1
+        self.dense_layers = stack_blocks(block(config.dense_prefix()), k, rngs) if k else nnx.data(None)
+        self.layers = stack_blocks(block(config), config.num_hidden_layers - k, rngs)
         self.norm = make_norm(config, param_dtype=param_dtype)
         self._init_head(config, rngs)
         # What generate() falls back on for unset fields: a checkpoint's generation_config.json (from_pretrained
@@ -236,9 +241,13 @@ class CausalLM(ModelMethods, nnx.Module):
                      for name in sorted({rope for _, rope in kinds_L})}
         kv = None if step is None else step.arrays()
         constrain = self._activation_constraint()
-        x_BTD, kv, router = run_layers(self.layers, constrain(x_BTD), ropes, mask_B1TS, kinds_L=kinds_L,
-                                       step=step, kv=kv, scan=self.scan_layers, remat=self.remat,
-                                       constrain=constrain)
+        x_BTD = constrain(x_BTD)
+        k = c.first_dense_layers
+        run = functools.partial(run_layers, ropes=ropes, mask_B1TS=mask_B1TS, step=step, scan=self.scan_layers,
+                                remat=self.remat, constrain=constrain)
+        if k:
+            x_BTD, kv, _ = run(self.dense_layers, x_BTD, kinds_L=kinds_L[:k], kv=kv)
+        x_BTD, kv, router = run(self.layers, x_BTD, kinds_L=kinds_L[k:], kv=kv, first_layer=k)
         cache = None if step is None else step.finish(kv)
         return self.norm(x_BTD), cache, router
 

@@ -280,6 +280,7 @@ def hf_tensor_plan(model, dtype=None) -> list[CheckpointTensor]:
     from flax import nnx
 
     from workbench.core.models.causal_lm import SequenceClassifier
+    from workbench.core.models.hf_convert import moe_tensor_names
 
     config = getattr(model, "config", None)
     if not isinstance(config, ModelConfig):
@@ -303,7 +304,8 @@ def hf_tensor_plan(model, dtype=None) -> list[CheckpointTensor]:
     first = next((k for k, (_, e) in enumerate(items) if e.layered), len(items))
     layered = [(p, e) for p, e in items if e.layered]
     units = [(p, e, None) for p, e in items[:first]]
-    units += [(p, e.at(i), i) for i in range(config.num_hidden_layers) for p, e in layered]
+    units += [(p, e.at(i), i) for i in range(max(params[p].shape[0] for p, _ in layered)) for p, e in layered
+              if i < params[p].shape[0]]
     units += [(p, e, None) for p, e in items[first:] if not e.layered]
     out: list[CheckpointTensor] = []
     qkv: dict[str, dict[int, tuple]] = {}
@@ -312,9 +314,8 @@ def hf_tensor_plan(model, dtype=None) -> list[CheckpointTensor]:
         dt = np.dtype(dtype if dtype is not None else params[path].dtype)
         if entry.kind == "copy":
             out.append(CheckpointTensor(entry.name, shape, dt, lambda p=path, i=i: get(p, i)))
-        elif entry.kind in ("transpose", "router"):
-            name = entry.name if entry.kind == "transpose" else f"{entry.name}.block_sparse_moe.gate.weight"
-            out.append(CheckpointTensor(name, shape[::-1], dt, lambda p=path, i=i: get(p, i).T))
+        elif entry.kind == "transpose":
+            out.append(CheckpointTensor(entry.name, shape[::-1], dt, lambda p=path, i=i: get(p, i).T))
         elif entry.kind == "qkv":
             parts = qkv.setdefault(entry.name, {})
             parts[entry.part] = path
@@ -322,11 +323,12 @@ def hf_tensor_plan(model, dtype=None) -> list[CheckpointTensor]:
                 paths = [parts[k] for k in range(3)]
                 out.append(CheckpointTensor(entry.name, (*shape[:-1], 3 * shape[-1]), dt,
                                             lambda ps=paths, i=i: np.concatenate([get(p, i) for p in ps], axis=-1)))
-        else:
-            w = {"gate": "w1", "up": "w3", "down": "w2"}[entry.kind]
-            for j in range(shape[0]):
-                name = f"{entry.name}.block_sparse_moe.experts.{j}.{w}.weight"
-                out.append(CheckpointTensor(name, shape[1:][::-1], dt, lambda p=path, i=i, j=j: get(p, i)[j].T))
+        else:  # a router or experts: per-expert tensors, named as the family's checkpoints name them
+            for j, name in enumerate(moe_tensor_names(config, entry)):
+                if entry.kind == "router":
+                    out.append(CheckpointTensor(name, shape[::-1], dt, lambda p=path, i=i: get(p, i).T))
+                else:
+                    out.append(CheckpointTensor(name, shape[1:][::-1], dt, lambda p=path, i=i, j=j: get(p, i)[j].T))
     return out
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import typing as tp
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "gemma3_text")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "gemma3_text", "qwen3_moe")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 NORM_TYPES = ("rms", "layer")
 MLP_TYPES = ("swiglu", "gelu", "moe")
@@ -21,7 +21,7 @@ GELU_ACTS = ("gelu_new", "gelu_pytorch_tanh", "gelu")
 GATED_ACTS = ("silu", "gelu_pytorch_tanh")  # SwiGLU, and GeGLU with tanh-approximated GELU (Gemma)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "gpt2": "GPT2LMHeadModel", "mixtral": "MixtralForCausalLM",
-                 "gemma3_text": "Gemma3ForCausalLM"}
+                 "gemma3_text": "Gemma3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,10 @@ class ModelConfig:
     ``layer_types[i]`` is "full_attention" or "sliding_attention" (window ``sliding_window``).
     ``norm_type`` "layer" (LayerNorm with bias), ``mlp_type`` "gelu" (``up -> gelu -> down`` with
     biases when ``mlp_bias``) and ``position_embedding`` "learned" make GPT-2; ``mlp_type`` "moe"
-    (``num_local_experts``, top ``num_experts_per_tok``) makes Mixtral.
+    (``num_local_experts``, top ``num_experts_per_tok``) makes Mixtral; ``moe_intermediate_size`` is the
+    experts' width when it differs from ``intermediate_size`` and ``first_dense_layers`` the number of
+    leading layers with a dense MLP of ``intermediate_size`` instead (Qwen3-MoE ``mlp_only_layers``,
+    DeepSeek-V3 ``first_k_dense_replace``): the model stacks those layers apart (``dense_layers``).
 
     Gemma 3: ``norm_unit_offset`` (RMSNorm scales by ``1 + weight``, in float32), ``sandwich_norms`` (a
     norm after attention and around the MLP too), ``embedding_multiplier`` (embeddings times
@@ -87,6 +90,8 @@ class ModelConfig:
     layer_types: tuple[str, ...] | None = None
     num_local_experts: int = 0
     num_experts_per_tok: int = 0
+    moe_intermediate_size: int | None = None
+    first_dense_layers: int = 0
     norm_unit_offset: bool = False
     sandwich_norms: bool = False
     embedding_multiplier: float | None = None
@@ -121,6 +126,11 @@ class ModelConfig:
         if self.mlp_type == "moe" and not 1 <= self.num_experts_per_tok <= self.num_local_experts:
             raise ValueError(f"a MoE needs 1 <= num_experts_per_tok ({self.num_experts_per_tok}) <= "
                              f"num_local_experts ({self.num_local_experts})")
+        if not isinstance(self.first_dense_layers, int) or not 0 <= self.first_dense_layers < self.num_hidden_layers:
+            raise ValueError(f"first_dense_layers={self.first_dense_layers!r} must be an int in [0, num_hidden_layers="
+                             f"{self.num_hidden_layers})")
+        if self.first_dense_layers and self.mlp_type != "moe":
+            raise ValueError("first_dense_layers only applies to a mixture of experts (mlp_type='moe')")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads={self.num_attention_heads} must be a multiple of "
                              f"num_key_value_heads={self.num_key_value_heads}")
@@ -151,6 +161,15 @@ class ModelConfig:
         config that has one) or "global" (``rope_theta`` with ``rope_scaling``)."""
         local = self.local_rope_theta is not None and self.layer_types[layer] == "sliding_attention"
         return "local" if local else "global"
+
+    @property
+    def expert_intermediate_size(self) -> int:
+        return self.moe_intermediate_size or self.intermediate_size
+
+    def dense_prefix(self) -> ModelConfig:
+        """The config of the leading dense layers (``first_dense_layers`` of them): a SwiGLU MLP."""
+        return self.replace(mlp_type="swiglu", num_local_experts=0, num_experts_per_tok=0, first_dense_layers=0,
+                            moe_intermediate_size=None)
 
     def layer_kind(self, layer: int) -> tuple[int | None, str]:
         """What differs between layers of one stack: ``(sliding window or None, rope table)``."""
@@ -188,20 +207,22 @@ class ModelConfig:
         bias = bool(hf.get("attention_bias", False))
         qkv_bias, out_bias = (True, False) if model_type == "qwen2" else (bias, bias)
         window = hf.get("sliding_window")
-        if model_type in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False):
+        if model_type in ("qwen2", "qwen3", "qwen3_moe") and not hf.get("use_sliding_window", False):
             window, layer_types = None, None
         else:
             layer_types = hf.get("layer_types")
         head_dim = hf.get("head_dim") or hidden // heads
         moe = {"mlp_type": "moe", "num_local_experts": hf["num_local_experts"],
                "num_experts_per_tok": hf["num_experts_per_tok"]} if model_type == "mixtral" else {}
+        if model_type == "qwen3_moe":
+            moe = _qwen3_moe_fields(hf)
         return cls(vocab_size=hf["vocab_size"], hidden_size=hidden, intermediate_size=hf["intermediate_size"],
                    num_hidden_layers=hf["num_hidden_layers"], num_attention_heads=heads,
                    num_key_value_heads=hf.get("num_key_value_heads") or heads, head_dim=head_dim,
                    model_type=model_type, norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
                    rope_scaling=scaling, max_position_embeddings=hf.get("max_position_embeddings", 2048),
                    tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)), attention_bias=qkv_bias,
-                   attention_out_bias=out_bias, qk_norm=model_type == "qwen3", sliding_window=window,
+                   attention_out_bias=out_bias, qk_norm=model_type in ("qwen3", "qwen3_moe"), sliding_window=window,
                    layer_types=None if layer_types is None else tuple(layer_types), **moe, **tokens)
 
     def to_hf(self) -> dict[str, tp.Any]:
@@ -230,13 +251,18 @@ class ModelConfig:
             out["rope_scaling"] = rope
         if self.model_type in ("llama", "mistral", "mixtral"):
             out["attention_bias"] = self.attention_bias
-        if self.model_type in ("qwen2", "qwen3"):
+        if self.model_type in ("qwen2", "qwen3", "qwen3_moe"):
             out["use_sliding_window"] = self.sliding_window is not None
             if self.sliding_window is not None:
                 out["max_window_layers"] = self.layer_types.count("full_attention")
         out["sliding_window"] = self.sliding_window
-        if self.model_type == "qwen2" or self.model_type == "qwen3":
+        if self.model_type in ("qwen2", "qwen3", "qwen3_moe"):
             out["layer_types"] = list(self.layer_types)
+        if self.model_type == "qwen3_moe":
+            out |= {"num_experts": self.num_local_experts, "num_experts_per_tok": self.num_experts_per_tok,
+                    "moe_intermediate_size": self.expert_intermediate_size, "norm_topk_prob": True,
+                    "decoder_sparse_step": 1, "mlp_only_layers": list(range(self.first_dense_layers)),
+                    "attention_bias": self.attention_bias}
         if self.model_type == "mixtral":
             out |= {"num_local_experts": self.num_local_experts, "num_experts_per_tok": self.num_experts_per_tok,
                     "router_jitter_noise": 0.0}
@@ -262,6 +288,21 @@ def _rope_dict(theta: float, scaling: RopeScaling | LinearRopeScaling | None) ->
         return {"rope_type": "default", "rope_theta": theta}
     kind = "linear" if isinstance(scaling, LinearRopeScaling) else "llama3"
     return {"rope_type": kind, "rope_theta": theta, **dataclasses.asdict(scaling)}
+
+
+def _qwen3_moe_fields(hf: tp.Mapping[str, tp.Any]) -> dict[str, tp.Any]:
+    """Qwen3-MoE's experts: softmax top-k, dense layers only as a leading run (``mlp_only_layers``)."""
+    n, step = hf["num_hidden_layers"], hf.get("decoder_sparse_step", 1)
+    dense = sorted(set(hf.get("mlp_only_layers") or []) | {i for i in range(n) if (i + 1) % step})
+    if dense != list(range(len(dense))):
+        raise ValueError(f"Qwen3-MoE with dense layers {dense} (mlp_only_layers / decoder_sparse_step) is not "
+                         f"supported: dense MLP layers must be the first ones (a leading run), the rest sparse")
+    if not hf.get("norm_topk_prob", False):
+        raise ValueError("Qwen3-MoE with norm_topk_prob=false is not supported yet (the released models set it "
+                         "true); set norm_topk_prob to true")
+    experts = hf["num_experts"] if "num_experts" in hf else hf["num_local_experts"]  # transformers 5 writes the latter
+    return {"mlp_type": "moe", "num_local_experts": experts, "num_experts_per_tok": hf["num_experts_per_tok"],
+            "moe_intermediate_size": hf.get("moe_intermediate_size"), "first_dense_layers": len(dense)}
 
 
 def _gemma3_fields(hf: tp.Mapping[str, tp.Any]) -> dict[str, tp.Any]:

@@ -27,7 +27,7 @@ import typing as tp
 import numpy as np
 
 from workbench.core.models.config import ModelConfig
-from workbench.core.models.moe import from_hf_experts, from_legacy_experts, to_legacy_experts
+from workbench.core.models.moe import from_hf_experts
 
 Path = tuple[str | int, ...]
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
@@ -42,12 +42,18 @@ class Entry:
     kind: str = "copy"
     part: int = 0
     layered: bool = False
+    first: int = 0  # the checkpoint's layer number of the stack's layer 0 (a MoE model's dense layers come first)
 
     def at(self, layer: int | None) -> Entry:
-        """This entry for one layer (``name`` formatted, no longer layered)."""
+        """This entry for layer ``layer`` of its stack (``name`` formatted, no longer layered)."""
         if not self.layered:
             return self
-        return dataclasses.replace(self, name=self.name.format(i=layer), layered=False)
+        return dataclasses.replace(self, name=self.name.format(i=self.first + layer), layered=False, first=0)
+
+
+# Per-expert tensor names on disk: (module under the layer, names of gate / up / down)
+EXPERTS_ON_DISK = {"mixtral": ("block_sparse_moe", ("w1", "w3", "w2")),
+                   "qwen3_moe": ("mlp", ("gate_proj", "up_proj", "down_proj"))}
 
 
 class Reader(tp.Protocol):
@@ -56,7 +62,13 @@ class Reader(tp.Protocol):
     def keys(self) -> tp.Iterable[str]: ...
 
 
-def _llama_layer(config: ModelConfig) -> dict[Path, Entry]:
+def _llama_layer(config: ModelConfig, stack: str = "layers", first: int = 0) -> dict[Path, Entry]:
+    """Entries of one stack of decoder layers (``stack``), whose layer 0 is the checkpoint's layer ``first``."""
+    table = _llama_layer_entries(config)
+    return {(stack, *path[1:]): dataclasses.replace(e, first=first) for path, e in table.items()}
+
+
+def _llama_layer_entries(config: ModelConfig) -> dict[Path, Entry]:
     hf = "model.layers.{i}"
     out: dict[Path, Entry] = {}
     norms = ("input_layernorm", "post_attention_layernorm")
@@ -107,7 +119,10 @@ def param_table(config: ModelConfig, *, classifier: bool = False) -> dict[Path, 
         table[("norm", "bias")] = Entry("transformer.ln_f.bias")
         return table
     table[("embed_tokens",)] = Entry("model.embed_tokens.weight")
-    table |= _llama_layer(config)
+    k = config.first_dense_layers
+    if k:
+        table |= _llama_layer(config.dense_prefix(), "dense_layers")
+    table |= _llama_layer(config, "layers", k)
     table[("norm", "weight")] = Entry("model.norm.weight")
     if classifier:
         table[("score", "kernel")] = Entry("score.weight", "transpose")
@@ -131,11 +146,18 @@ def _read(reader: Reader, name: str, used: set[str]) -> np.ndarray:
     return _np(reader[name])
 
 
-def load_param(config: ModelConfig, entry: Entry, reader: Reader, used: set[str] | None = None) -> np.ndarray:
-    """The value of one parameter in our layout, read from ``reader`` (names it reads go into ``used``);
+def stack_size(config: ModelConfig, path: Path) -> int:
+    """How many layers the stack of parameter ``path`` holds (``dense_layers``: the leading dense ones)."""
+    k = config.first_dense_layers
+    return k if path[0] == "dense_layers" else config.num_hidden_layers - k
+
+
+def load_param(config: ModelConfig, path: Path, entry: Entry, reader: Reader,
+               used: set[str] | None = None) -> np.ndarray:
+    """The value of parameter ``path`` in our layout, read from ``reader`` (names it reads go into ``used``);
     a layered entry is read layer by layer and stacked (use :func:`load_layer` for one slice)."""
     if entry.layered:
-        return np.stack([load_layer(config, entry, reader, i, used) for i in range(config.num_hidden_layers)])
+        return np.stack([load_layer(config, entry, reader, i, used) for i in range(stack_size(config, path))])
     return load_layer(config, entry, reader, None, used)
 
 
@@ -151,15 +173,16 @@ def load_layer(config: ModelConfig, entry: Entry, reader: Reader, layer: int | N
         return _read(reader, name, used).T
     if kind == "qkv":
         return np.split(_read(reader, name, used), 3, axis=-1)[entry.part]
-    legacy = f"{name}.block_sparse_moe"
-    if kind == "router":
+    module, disk_names = EXPERTS_ON_DISK[config.model_type]
+    legacy = f"{name}.{module}"
+    if kind == "router":  # on disk under `module`; transformers 5's in-memory state dict under `mlp`
         key = f"{legacy}.gate.weight" if f"{legacy}.gate.weight" in reader else f"{name}.mlp.gate.weight"
         return _read(reader, key, used).T
     which = ("gate", "up", "down").index(kind)
-    if f"{legacy}.experts.0.w1.weight" in reader:
-        names = [f"{legacy}.experts.{j}.{w}.weight" for j in range(config.num_local_experts)
-                 for w in ("w1", "w2", "w3")]
-        return from_legacy_experts({n: _read(reader, n, used) for n in names}, f"{legacy}.experts.")[which]
+    if f"{legacy}.experts.0.{disk_names[which]}.weight" in reader:  # one (out, in) tensor per expert
+        w = disk_names[which]
+        return np.stack([_read(reader, f"{legacy}.experts.{j}.{w}.weight", used).T
+                         for j in range(config.num_local_experts)])
     fused = (f"{name}.mlp.experts.gate_up_proj", f"{name}.mlp.experts.down_proj")
     return from_hf_experts(*(_read(reader, n, used) for n in fused))[which]
 
@@ -168,9 +191,10 @@ def expected_names(config: ModelConfig, entry: Entry, layer: int | None = None) 
     """Human-readable checkpoint name(s) an entry reads, for error messages."""
     entry = entry.at(layer)
     if entry.kind in ("router", "gate", "up", "down"):
-        w = {"router": "gate.weight", "gate": "experts.*.w1.weight", "up": "experts.*.w3.weight",
-             "down": "experts.*.w2.weight"}[entry.kind]
-        return f"{entry.name}.block_sparse_moe.{w}"
+        module, (gate, up, down) = EXPERTS_ON_DISK[config.model_type]
+        w = {"router": "gate.weight", "gate": f"experts.*.{gate}.weight", "up": f"experts.*.{up}.weight",
+             "down": f"experts.*.{down}.weight"}[entry.kind]
+        return f"{entry.name}.{module}.{w}"
     return entry.name
 
 
@@ -184,10 +208,9 @@ def to_hf_tensors(config: ModelConfig, params: tp.Mapping[Path, np.ndarray], *,
     """Checkpoint tensors (the names ``transformers`` writes to disk) from parameter values by path."""
     out: dict[str, np.ndarray] = {}
     qkv: dict[str, list[np.ndarray | None]] = {}
-    experts: dict[str, dict[str, np.ndarray]] = {}
     for path, layered in param_table(config, classifier=classifier).items():
         stacked = np.asarray(params[path])
-        for i in range(config.num_hidden_layers) if layered.layered else (None,):
+        for i in range(stacked.shape[0]) if layered.layered else (None,):
             entry, value = layered.at(i), stacked if i is None else stacked[i]
             if entry.kind == "copy":
                 out[entry.name] = value
@@ -195,16 +218,28 @@ def to_hf_tensors(config: ModelConfig, params: tp.Mapping[Path, np.ndarray], *,
                 out[entry.name] = np.ascontiguousarray(value.T)
             elif entry.kind == "qkv":
                 qkv.setdefault(entry.name, [None] * 3)[entry.part] = value
-            elif entry.kind == "router":
-                out[f"{entry.name}.block_sparse_moe.gate.weight"] = np.ascontiguousarray(value.T)
             else:
-                experts.setdefault(entry.name, {})[entry.kind] = value
+                out |= {n: np.ascontiguousarray(v) for n, v in moe_tensors(config, entry, value).items()}
     for name, parts in qkv.items():
         out[name] = np.concatenate(parts, axis=-1)
-    for name, e in experts.items():
-        tensors = to_legacy_experts(e["gate"], e["up"], e["down"], prefix=f"{name}.block_sparse_moe.experts.")
-        out |= {k: np.ascontiguousarray(v) for k, v in tensors.items()}
     return out
+
+
+def moe_tensor_names(config: ModelConfig, entry: Entry) -> list[str]:
+    """The on-disk names of one layer's router (one tensor) or experts (one per expert)."""
+    module, disk_names = EXPERTS_ON_DISK[config.model_type]
+    if entry.kind == "router":
+        return [f"{entry.name}.{module}.gate.weight"]
+    w = disk_names[("gate", "up", "down").index(entry.kind)]
+    return [f"{entry.name}.{module}.experts.{j}.{w}.weight" for j in range(config.num_local_experts)]
+
+
+def moe_tensors(config: ModelConfig, entry: Entry, value: tp.Any) -> dict[str, tp.Any]:
+    """One layer's router (``(D, E)``) or experts (``(E, in, out)``) as on-disk tensors, per expert."""
+    names = moe_tensor_names(config, entry)
+    if entry.kind == "router":
+        return {names[0]: value.T}
+    return {name: value[j].T for j, name in enumerate(names)}
 
 
 Read = tp.Callable[[int | None], np.ndarray]
@@ -290,7 +325,6 @@ def load_model(config: ModelConfig, reader: Reader, *, model_cls: type | None = 
         raise ValueError(f"internal: parameters {sorted(set(flat) ^ set(table))[:4]} have no checkpoint entry")
     place = place or place_on_default_device
     used: set[str] = set()
-    n = config.num_hidden_layers
 
     def reader_for(path, entry):
         var = flat[path]
@@ -313,7 +347,7 @@ def load_model(config: ModelConfig, reader: Reader, *, model_cls: type | None = 
 
         return read
 
-    work = [(path, entry, n if entry.layered else None) for path, entry in table.items()]
+    work = [(path, entry, flat[path].shape[0] if entry.layered else None) for path, entry in table.items()]
     for path, entry, layers in (progress(work) if progress else work):
         flat[path].set_value(place(path, flat[path], reader_for(path, entry), layers))
     unused = sorted(k for k in reader.keys() if k not in used and not ignorable(config, k))

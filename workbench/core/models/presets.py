@@ -46,6 +46,10 @@ _CONFIGS: dict[str, dict[str, tp.Any]] = {
     # 4 experts, 2 routed per token
     "mixtral": dict(model_type="mixtral", architectures=["MixtralForCausalLM"], **_DECODER, num_local_experts=4,
                     num_experts_per_tok=2, sliding_window=None),
+    # Qwen3-MoE: q/k norm, layer 0 a dense MLP (mlp_only_layers), then 4 experts of width 64, 2 per token
+    "qwen3_moe": dict(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], **_DECODER, head_dim=16,
+                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, mlp_only_layers=[0],
+                      decoder_sparse_step=1, norm_topk_prob=True, use_sliding_window=False),
     # Gemma 3: local layers (window 16, rope base 1e4) with a global one every 2nd layer (rope base 1e6),
     # sandwich norms, GeGLU, q/k norm, embeddings times sqrt(64), query scalar 32, tied embeddings
     "gemma3": dict(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"],

@@ -297,7 +297,7 @@ class ModelMethods:
         """HF checkpoint tensors -> parameter arrays by path (what loading does), as a flat dict."""
         from workbench.core.models.hf_convert import load_param, param_table
 
-        return {path: load_param(self.config, entry, state_dict)
+        return {path: load_param(self.config, path, entry, state_dict)
                 for path, entry in param_table(self.config, classifier=hasattr(self, "score")).items()}
 
     def pure_transform_fn(self, state_dict) -> dict:

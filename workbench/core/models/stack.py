@@ -131,12 +131,14 @@ class LayerCache(tp.NamedTuple):
 def run_layers(stack: nnx.Module, x_BTD: Array, ropes: tp.Mapping[str, tuple[Array, Array]] | None,
                mask_B1TS: Array | None, *, kinds_L: tp.Sequence[tuple[int | None, str]], step: tp.Any = None,
                kv: tp.Any = None, scan: bool = True, remat: str = "none",
-               constrain: tp.Callable[[Array], Array] | None = None) -> tuple[Array, tp.Any, Array | None]:
+               constrain: tp.Callable[[Array], Array] | None = None,
+               first_layer: int = 0) -> tuple[Array, tp.Any, Array | None]:
     """Run every layer of ``stack``: hidden states, the cache arrays after the last layer, and the
     stacked per-layer router logits ``(L, N, E)`` of a MoE (else None). ``kinds_L[i]`` is layer i's
     ``(sliding window or None, rotary table name)`` (``ModelConfig.layer_kind``); ``ropes`` maps a table
     name to its ``(cos, sin)`` (None without rotary positions). ``constrain`` pins each layer's output
-    hidden states to a sharding (the scan carry's layout is XLA's choice otherwise)."""
+    hidden states to a sharding (the scan carry's layout is XLA's choice otherwise). ``first_layer``: the
+    model's index of the stack's first layer (where its layers sit in a cache of all layers)."""
     constrain = constrain or (lambda x: x)
     n = num_stacked(stack)
     if len(kinds_L) != n:
@@ -170,12 +172,12 @@ def run_layers(stack: nnx.Module, x_BTD: Array, ropes: tp.Mapping[str, tuple[Arr
             x_BTD, kv, router = run(x_BTD, kv, *xs)
             return (x_BTD, kv), router
 
-        xs = (state, jnp.arange(n, dtype=jnp.int32), jnp.asarray(kind_L))
+        xs = (state, first_layer + jnp.arange(n, dtype=jnp.int32), jnp.asarray(kind_L))
         (x_BTD, kv), routers = jax.lax.scan(body, (x_BTD, kv), xs)
         return x_BTD, kv, routers
     routers = []
     for i in range(n):
         state_l = jax.tree.map(lambda a, i=i: a[i], state)
-        x_BTD, kv, router = remat_(functools.partial(layer, kinds[kind_L[i]]))(x_BTD, kv, state_l, i)
+        x_BTD, kv, router = remat_(functools.partial(layer, kinds[kind_L[i]]))(x_BTD, kv, state_l, first_layer + i)
         routers.append(router)
     return x_BTD, kv, None if routers[0] is None else jnp.stack(routers)
