@@ -20,6 +20,8 @@ _LAZY = {
     "GenerationConfig": "workbench.core.models.generation",
     "as_tokenizer": "workbench.core.models.tokenizer",
     "tiny": "workbench.core.models.presets",
+    "tiny_config": "workbench.core.models.presets",
+    "FAMILIES": "workbench.core.models.presets",
     "local_checkpoint": "workbench.core.models.zoo",
 }
 
