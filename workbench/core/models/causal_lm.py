@@ -20,7 +20,7 @@ from workbench.core.models.cache import KVCache, PagedKVCache
 from workbench.core.models.config import ModelConfig
 from workbench.core.models.generation_config import GenerationConfig
 from workbench.core.models.protocol import ModelMethods
-from workbench.core.models.rope import cos_sin, inv_frequencies
+from workbench.core.models.rope import attention_factor, cos_sin, inv_frequencies
 from workbench.core.models.stack import check_remat, run_layers, stack_blocks
 from workbench.core.operations import OperationRegistry
 
@@ -237,7 +237,8 @@ class CausalLM(ModelMethods, nnx.Module):
             x_BTD = x_BTD + jnp.take(self.embed_positions[...], positions_BT, axis=0).astype(self.dtype)
         else:
             tables = {"global": (c.rope_theta, c.rope_scaling), "local": (c.local_rope_theta, None)}
-            ropes = {name: cos_sin(positions_BT, inv_frequencies(c.head_dim, *tables[name], dtype=self.logits_dtype))
+            ropes = {name: cos_sin(positions_BT, inv_frequencies(c.head_dim, *tables[name], dtype=self.logits_dtype),
+                                   attention_factor(tables[name][1]))
                      for name in sorted({rope for _, rope in kinds_L})}
         kv = None if step is None else step.arrays()
         constrain = self._activation_constraint()

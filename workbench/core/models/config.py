@@ -42,6 +42,23 @@ class LinearRopeScaling:
 
 
 @dataclasses.dataclass(frozen=True)
+class YarnRopeScaling:
+    """YaRN (``rope_type="yarn"``, GPT-OSS, DeepSeek-V3): frequencies between ``beta_slow`` and
+    ``beta_fast`` rotations over ``original_max_position_embeddings`` blend from extrapolated to
+    divided by ``factor``; cos and sin are multiplied by an attention factor (given, or from
+    ``factor`` with ``mscale`` / ``mscale_all_dim``)."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Sizes and switches of a decoder-only causal LM.
 
@@ -79,7 +96,7 @@ class ModelConfig:
     mlp_bias: bool = False
     position_embedding: str = "rope"
     rope_theta: float = 10000.0
-    rope_scaling: RopeScaling | LinearRopeScaling | None = None
+    rope_scaling: RopeScaling | LinearRopeScaling | YarnRopeScaling | None = None
     local_rope_theta: float | None = None
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
@@ -269,7 +286,8 @@ class ModelConfig:
         return out
 
 
-def _rope(rope: tp.Mapping[str, tp.Any], theta: float) -> tuple[float, RopeScaling | LinearRopeScaling | None]:
+def _rope(rope: tp.Mapping[str, tp.Any], theta: float
+          ) -> tuple[float, RopeScaling | LinearRopeScaling | YarnRopeScaling | None]:
     """``(rope_theta, scaling)`` of a HF rope dict (``rope_parameters`` / ``rope_scaling``)."""
     theta = float(rope.get("rope_theta", theta))
     rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -278,16 +296,23 @@ def _rope(rope: tp.Mapping[str, tp.Any], theta: float) -> tuple[float, RopeScali
                                   float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))
     if rope_type == "linear":
         return theta, LinearRopeScaling(float(rope["factor"]))
+    if rope_type == "yarn":
+        opt = lambda key: None if rope.get(key) is None else float(rope[key])
+        return theta, YarnRopeScaling(float(rope["factor"]), int(rope["original_max_position_embeddings"]),
+                                      float(rope.get("beta_fast") or 32.0), float(rope.get("beta_slow") or 1.0),
+                                      opt("mscale"), opt("mscale_all_dim"), opt("attention_factor"),
+                                      bool(rope.get("truncate", True)))
     if rope_type == "default":
         return theta, None
-    raise ValueError(f"rope_type {rope_type!r} is not supported; supported: ('default', 'linear', 'llama3')")
+    raise ValueError(f"rope_type {rope_type!r} is not supported; supported: ('default', 'linear', 'llama3', 'yarn')")
 
 
-def _rope_dict(theta: float, scaling: RopeScaling | LinearRopeScaling | None) -> dict[str, tp.Any]:
+def _rope_dict(theta: float, scaling: RopeScaling | LinearRopeScaling | YarnRopeScaling | None) -> dict[str, tp.Any]:
     if scaling is None:
         return {"rope_type": "default", "rope_theta": theta}
-    kind = "linear" if isinstance(scaling, LinearRopeScaling) else "llama3"
-    return {"rope_type": kind, "rope_theta": theta, **dataclasses.asdict(scaling)}
+    kind = {LinearRopeScaling: "linear", YarnRopeScaling: "yarn", RopeScaling: "llama3"}[type(scaling)]
+    fields = {k: v for k, v in dataclasses.asdict(scaling).items() if v is not None}
+    return {"rope_type": kind, "rope_theta": theta, **fields}
 
 
 def _qwen3_moe_fields(hf: tp.Mapping[str, tp.Any]) -> dict[str, tp.Any]:
