@@ -9,8 +9,9 @@ import numpy as np
 
 def reference_attention(q, k, v, *, mask=None, bias=None, causal=False, sliding_window=None,
                         logits_soft_cap=None, q_segment_ids=None, kv_segment_ids=None, kv_lengths=None,
-                        softmax_scale=None):
-    """Output ``(B, T, H, D)`` and weights ``(B, H, T, S)``, float64, by explicit loops over heads."""
+                        softmax_scale=None, sinks=None):
+    """Output ``(B, T, H, D)`` and weights ``(B, H, T, S)``, float64, by explicit loops over heads.
+    ``sinks (H,)``: one extra logit per head in every row's softmax, whose weight is dropped."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     b, t, h, d = q.shape
     s, kv = k.shape[1], k.shape[2]
@@ -40,8 +41,14 @@ def reference_attention(q, k, v, *, mask=None, bias=None, causal=False, sliding_
                 if not ok.any():
                     continue  # a query that sees nothing: zeros
                 row = np.where(ok, logits[ti], -np.inf)
-                e = np.exp(row - row[ok].max())
-                w = e / e.sum()
+                if sinks is None:
+                    e = np.exp(row - row[ok].max())
+                    w = e / e.sum()
+                else:
+                    sink = float(np.asarray(sinks, np.float64)[hi])
+                    top = max(row[ok].max(), sink)
+                    e = np.exp(row - top)
+                    w = e / (e.sum() + np.exp(sink - top))
                 weights[bi, hi, ti] = w
                 out[bi, ti, hi] = w @ v[bi, :, kh]
     return out, weights

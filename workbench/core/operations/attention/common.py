@@ -9,6 +9,8 @@ Conventions (all implementations):
   ``(p - w, p]``; segment ids: equal ids only; ``mask``: bool, True = attend;
 - logits: ``scale * q.k``, then ``c * tanh(logits / c)`` with ``logits_soft_cap=c``, then
   ``+ bias``, then the mask; softmax in float32 (float64 for float64 inputs: :func:`accumulation_dtype`);
+- ``sinks (H,)`` (GPT-OSS's learned attention sinks): head ``h``'s sink logit joins every row's softmax
+  as one more column, which takes weight and is dropped: the weights of the keys sum to less than 1;
 - a query that sees no key gets a zero output (never NaN, never mean(V)).
 """
 
@@ -36,8 +38,9 @@ MASK = "mask"
 GQA = "gqa"
 RETURN_WEIGHTS = "return_weights"
 GRADIENTS = "gradients"
+SINKS = "sinks"
 ALL_FEATURES = frozenset({CAUSAL, SLIDING_WINDOW, SOFT_CAP, SEGMENT_IDS, KV_LENGTHS, BIAS, MASK, GQA,
-                          RETURN_WEIGHTS, GRADIENTS})
+                          RETURN_WEIGHTS, GRADIENTS, SINKS})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +130,14 @@ class AttentionCall:
     logits_soft_cap: float | None
     scale: float
     return_weights: bool
+    sinks: Array | None = None  # (H,) in the accumulation dtype
+
+    def sinks_tiles(self) -> Array | None:
+        """The sinks as ``(1, KV, G, 1, 1)``, to broadcast against tile logits."""
+        if self.sinks is None:
+            return None
+        _, _, _, h, kv, _ = self.shape
+        return self.sinks.reshape(1, kv, h // kv, 1, 1)
 
     @property
     def shape(self) -> tuple[int, int, int, int, int, int]:
@@ -140,7 +151,7 @@ def prepare(impl: str, supported: frozenset[str], query: Array, key: Array, valu
             sliding_window: int | None = None, logits_soft_cap: float | None = None,
             q_segment_ids: Array | None = None, kv_segment_ids: Array | None = None,
             kv_lengths: Array | None = None, return_weights: bool = False,
-            softmax_scale: float | None = None) -> AttentionCall:
+            softmax_scale: float | None = None, sinks: Array | None = None) -> AttentionCall:
     """Check the inputs of ``impl`` and refuse features it does not support, naming who does."""
     for name, x in (("query", query), ("key", key), ("value", value)):
         if getattr(x, "ndim", None) != 4:
@@ -161,7 +172,7 @@ def prepare(impl: str, supported: frozenset[str], query: Array, key: Array, valu
         raise ValueError(f"{impl}: logits_soft_cap must be positive; got {logits_soft_cap!r}")
     used = {CAUSAL: causal, SLIDING_WINDOW: sliding_window is not None, SOFT_CAP: logits_soft_cap is not None,
             SEGMENT_IDS: q_segment_ids is not None, KV_LENGTHS: kv_lengths is not None, BIAS: bias is not None,
-            MASK: mask is not None, GQA: kv != h, RETURN_WEIGHTS: return_weights}
+            MASK: mask is not None, GQA: kv != h, RETURN_WEIGHTS: return_weights, SINKS: sinks is not None}
     for feature, on in used.items():
         if on and feature not in supported:
             raise unsupported(impl, feature)
@@ -180,9 +191,15 @@ def prepare(impl: str, supported: frozenset[str], query: Array, key: Array, valu
         raise ValueError(f"{impl}: mask must be bool (True = attend); got {mask.dtype}. For an additive float "
                          f"mask pass it as bias=")
     bias = _as_4d(bias, "bias", b, h, t, s, impl)
+    if sinks is not None:
+        sinks = jnp.asarray(sinks)
+        if sinks.shape != (h,) or not jnp.issubdtype(sinks.dtype, jnp.floating):
+            raise ValueError(f"{impl}: sinks must be a float array (H,) = ({h},), one logit per query head; got "
+                             f"{sinks.dtype} {sinks.shape}")
+        sinks = sinks.astype(accumulation_dtype(query.dtype))
     vis = Visibility(t, s, causal, sliding_window, kv_lengths, q_segment_ids, kv_segment_ids, mask)
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
-    return AttentionCall(query, key, value, vis, bias, logits_soft_cap, scale, return_weights)
+    return AttentionCall(query, key, value, vis, bias, logits_soft_cap, scale, return_weights, sinks)
 
 
 def unsupported(impl: str, feature: str) -> ValueError:
@@ -255,8 +272,14 @@ def dense_attention(call: AttentionCall) -> tuple[Array, Array | None]:
     if visible is not None:
         scores = jnp.where(visible, scores, -jnp.inf)
     m = jnp.max(scores, axis=-1, keepdims=True)
-    p = jnp.exp(scores - jnp.where(jnp.isfinite(m), m, 0.0))  # exp(-inf) = 0 on masked keys
+    sinks = call.sinks_tiles()
+    if sinks is not None:
+        m = jnp.maximum(m, sinks)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.exp(scores - m)  # exp(-inf) = 0 on masked keys
     denom = jnp.sum(p, axis=-1, keepdims=True)
+    if sinks is not None:  # the sink's column: in the denominator, not in the output
+        denom = denom + jnp.exp(sinks - m)
     weights = p / jnp.where(denom == 0, 1.0, denom)
     out = jnp.einsum("bkgts,bksd->bkgtd", weights, keys_to_tiles(call.value).astype(weights.dtype))
     out = tiles_to_output(out).astype(call.query.dtype)
@@ -307,6 +330,12 @@ def tile_update(carry: SoftmaxCarry, q_BKGTD: Array, k_BKSD: Array, v_BKSD: Arra
     return SoftmaxCarry(o_new, m_new, l_new)
 
 
-def tile_finish(carry: SoftmaxCarry, dtype: tp.Any) -> Array:
-    """Normalise the carry into a BTHD output; rows that saw no key are 0."""
-    return tiles_to_output(carry.o / jnp.where(carry.l == 0, 1.0, carry.l)).astype(dtype)
+def tile_finish(carry: SoftmaxCarry, dtype: tp.Any, sinks: Array | None = None) -> Array:
+    """Normalise the carry into a BTHD output; rows that saw no key are 0. ``sinks`` (``(1, KV, G, 1, 1)``,
+    :meth:`AttentionCall.sinks_tiles`) join the softmax's denominator here, once, as one more column."""
+    o, l = carry.o, carry.l  # noqa: E741
+    if sinks is not None:
+        m = jnp.maximum(carry.m, sinks)
+        alpha = jnp.exp(carry.m - m)  # 0 where no key was visible (m = -inf)
+        o, l = alpha * o, alpha * l + jnp.exp(sinks - m)  # noqa: E741
+    return tiles_to_output(o / jnp.where(l == 0, 1.0, l)).astype(dtype)

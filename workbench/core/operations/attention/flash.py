@@ -99,7 +99,7 @@ def flash_attention(call: AttentionCall, block_q: int, block_k: int) -> Array:
 
         init = SoftmaxCarry.init(b, kv, h // kv, block_q, d, call.query.dtype)
         carry, _ = jax.lax.scan(key_block, init, (k_NBKsD, v_NBKsD, k_starts))
-        return None, tile_finish(carry, call.query.dtype)
+        return None, tile_finish(carry, call.query.dtype, call.sinks_tiles())
 
     _, o_NBtHD = jax.lax.scan(query_block, None, (q_NBKGtD, q_starts))
     return o_NBtHD.swapaxes(0, 1).reshape(b, nq * block_q, h, d)[:, :t]

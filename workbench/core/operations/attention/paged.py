@@ -23,6 +23,7 @@ from workbench.core.operations.attention.common import (
     CAUSAL,
     GQA,
     KV_LENGTHS,
+    SINKS,
     SLIDING_WINDOW,
     SOFT_CAP,
     Array,
@@ -97,7 +98,7 @@ def paged_attention(call: AttentionCall, key_pages: Array, value_pages: Array, p
 
     lo, hi = _page_range(call, page_size, page_table.shape[1])
     carry = jax.lax.fori_loop(lo, hi, step, SoftmaxCarry.init(b, kv, h // kv, t, d, call.query.dtype))
-    return tile_finish(carry, call.query.dtype)
+    return tile_finish(carry, call.query.dtype, call.sinks_tiles())
 
 
 @OperationRegistry.register
@@ -111,7 +112,7 @@ class PagedAttention(AttentionImplMixin, OperationImpl):
     """
 
     capabilities = Capabilities(
-        features=frozenset({PAGED_KV, CAUSAL, SLIDING_WINDOW, SOFT_CAP, KV_LENGTHS, GQA}),
+        features=frozenset({PAGED_KV, CAUSAL, SLIDING_WINDOW, SOFT_CAP, KV_LENGTHS, GQA, SINKS}),
         description="paged KV cache (decode, chunked prefill); its own signature: impl(query, key_pages, "
                     "value_pages, *, page_table, kv_lengths, causal=True, sliding_window=None, logits_soft_cap=None)")
 
@@ -120,7 +121,7 @@ class PagedAttention(AttentionImplMixin, OperationImpl):
         return "paged"
 
     def forward_native(self, query, key_pages, value_pages, *, page_table, kv_lengths, causal=True,
-                       sliding_window=None, logits_soft_cap=None, softmax_scale=None,
+                       sliding_window=None, logits_soft_cap=None, softmax_scale=None, sinks=None,
                        return_weights=False) -> AttentionOutput:
         if kv_lengths is None:
             raise ValueError("paged: kv_lengths (B,) is required: the number of valid keys of each sequence")
@@ -131,7 +132,7 @@ class PagedAttention(AttentionImplMixin, OperationImpl):
         cache = jax.ShapeDtypeStruct((query.shape[0], page_table.shape[1] * page_size, kv, d), key_pages.dtype)
         call = self.prepare(query, cache, cache, causal=causal, sliding_window=sliding_window,
                             logits_soft_cap=logits_soft_cap, kv_lengths=kv_lengths, softmax_scale=softmax_scale,
-                            return_weights=return_weights)
+                            sinks=sinks, return_weights=return_weights)
         _check_concrete(page_table, call.visibility.kv_lengths, num_pages, page_size)
         out = paged_attention(call, key_pages, value_pages, page_table)
         return AttentionOutput(out, None, kernel_path="paged/native")

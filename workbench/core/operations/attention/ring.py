@@ -26,6 +26,7 @@ from workbench.core.axes import fit_spec
 from workbench.core.operations.attention.common import (
     ALL_FEATURES,
     RETURN_WEIGHTS,
+    SINKS,
     AttentionCall,
     AttentionImplMixin,
     SoftmaxCarry,
@@ -40,7 +41,7 @@ from workbench.core.operations.base import AttentionOutput, Capabilities, Operat
 Array = jax.Array
 AxisEntry = tuple[str, ...] | None
 
-SEQUENCE_PARALLEL_FEATURES = ALL_FEATURES - {RETURN_WEIGHTS}
+SEQUENCE_PARALLEL_FEATURES = ALL_FEATURES - {RETURN_WEIGHTS, SINKS}  # sinks: not through shard_map yet
 
 
 # -- helpers shared with ulysses ------------------------------------------------------------------
