@@ -35,8 +35,13 @@ FAMILIES = {
     "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
         **{k: v for k, v in TINY.items() if k != "num_hidden_layers"}, num_hidden_layers=3, head_dim=16,
         moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[0], norm_topk_prob=True),
+    # sinks, biased attention, alternating window-4 / full layers, YaRN, top-k-then-softmax MoE with biased,
+    # clamped-SwiGLU experts (limit 0.1: gate and up values reach ~0.5 here, so the clamps act)
+    "gpt_oss": lambda: transformers.GptOssConfig(
+        **{k: v for k, v in TINY.items() if k != "num_hidden_layers"}, num_hidden_layers=2, head_dim=16,
+        num_local_experts=4, num_experts_per_tok=2, sliding_window=4, swiglu_limit=0.1),
 }
-MAIN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "gemma3", "qwen3_moe")
+MAIN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "gemma3", "qwen3_moe", "gpt_oss")
 B, T, PAD = 2, 12, 4
 
 
@@ -56,8 +61,8 @@ def hf_model(family, *, cls=None, seed=0, **config_changes):
         for name, p in model.named_parameters():
             if name.endswith(("norm.weight", "ln_1.weight", "ln_2.weight", "ln_f.weight")):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            elif name.endswith(".bias"):
-                p.copy_(0.1 * torch.randn_like(p))
+            elif name.endswith((".bias", "_bias", ".sinks")):
+                p.copy_(0.1 * torch.randn_like(p) if not name.endswith(".sinks") else torch.randn_like(p))
     return model
 
 

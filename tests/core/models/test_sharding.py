@@ -21,7 +21,8 @@ def model_for(family):
 
 @pytest.mark.parametrize("family, mesh_axes", [("llama", dict(dp=2, fsdp=2, tp=2)), ("mixtral", dict(ep=4, fsdp=2)),
                                                ("gpt2", dict(fsdp=4, tp=2)), ("gemma3", dict(dp=2, fsdp=2, tp=2)),
-                                               ("qwen3_moe", dict(ep=2, fsdp=2, tp=2))])
+                                               ("qwen3_moe", dict(ep=2, fsdp=2, tp=2)),
+                                               ("gpt_oss", dict(ep=2, dp=2, tp=2))])
 def test_shard_model_places_every_param_by_its_spec(family, mesh_axes):
     model = model_for(family)
     mesh = make_mesh(**mesh_axes)

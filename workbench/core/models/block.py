@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from workbench.core.axes import Replicated
+from workbench.core.axes import MODE_TRAIN, TP, DynamicShardingAxes, Replicated
 from workbench.core.linear import ColumnParallelLinear, RowParallelLinear
 from workbench.core.models.config import ModelConfig
 from workbench.core.models.rope import apply_rope
@@ -98,6 +98,9 @@ class Attention(nnx.Module):
             self.q_norm = self.k_norm = nnx.data(None)
         self.num_heads, self.num_kv_heads, self.head_dim = h, kv, d
         self.rotary = c.position_embedding == "rope"
+        # GPT-OSS: a learned logit per query head that joins each row's softmax (heads split over tp)
+        self.sinks = (nnx.Param(jnp.zeros((h,), param_dtype), semantic_axes=DynamicShardingAxes((TP,), MODE_TRAIN))
+                      if c.attention_sinks else nnx.data(None))
         # passed to the attention operation: None keeps its defaults (1/sqrt(head_dim), no cap)
         self.softmax_scale = None if c.query_pre_attn_scalar is None else c.query_pre_attn_scalar ** -0.5
         self.logits_soft_cap = c.attn_logit_softcapping
@@ -129,7 +132,8 @@ class Attention(nnx.Module):
 
     def op_options(self) -> dict[str, tp.Any]:
         """The family's extra arguments to the attention operation (only those it sets)."""
-        options = {"softmax_scale": self.softmax_scale, "logits_soft_cap": self.logits_soft_cap}
+        options = {"softmax_scale": self.softmax_scale, "logits_soft_cap": self.logits_soft_cap,
+                   "sinks": None if self.sinks is None else self.sinks[...]}
         return {k: v for k, v in options.items() if v is not None}
 
 
@@ -161,7 +165,9 @@ def make_mlp(config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.
     from workbench.core.models.moe import MoE
 
     c = config
-    return MoE(c.hidden_size, c.expert_intermediate_size, c.num_local_experts, c.num_experts_per_tok, dtype=dtype,
+    return MoE(c.hidden_size, c.expert_intermediate_size, c.num_local_experts, c.num_experts_per_tok,
+               routing=c.moe_routing, router_bias=c.moe_router_bias, expert_bias=c.moe_expert_bias,
+               activation=c.moe_activation, swiglu_alpha=c.swiglu_alpha, swiglu_limit=c.swiglu_limit, dtype=dtype,
                param_dtype=param_dtype, rngs=rngs)
 
 

@@ -280,7 +280,7 @@ def hf_tensor_plan(model, dtype=None) -> list[CheckpointTensor]:
     from flax import nnx
 
     from workbench.core.models.causal_lm import SequenceClassifier
-    from workbench.core.models.hf_convert import moe_tensor_names
+    from workbench.core.models.hf_convert import fuse, moe_tensor_names
 
     config = getattr(model, "config", None)
     if not isinstance(config, ModelConfig):
@@ -316,13 +316,14 @@ def hf_tensor_plan(model, dtype=None) -> list[CheckpointTensor]:
             out.append(CheckpointTensor(entry.name, shape, dt, lambda p=path, i=i: get(p, i)))
         elif entry.kind == "transpose":
             out.append(CheckpointTensor(entry.name, shape[::-1], dt, lambda p=path, i=i: get(p, i).T))
-        elif entry.kind == "qkv":
+        elif entry.kind in ("qkv", "interleave"):  # one fused tensor of 3 (q, k, v) or 2 (gate, up) parameters
             parts = qkv.setdefault(entry.name, {})
             parts[entry.part] = path
-            if len(parts) == 3:
-                paths = [parts[k] for k in range(3)]
-                out.append(CheckpointTensor(entry.name, (*shape[:-1], 3 * shape[-1]), dt,
-                                            lambda ps=paths, i=i: np.concatenate([get(p, i) for p in ps], axis=-1)))
+            n = 3 if entry.kind == "qkv" else 2
+            if len(parts) == n:
+                paths = [parts[k] for k in range(n)]
+                out.append(CheckpointTensor(entry.name, (*shape[:-1], n * shape[-1]), dt,
+                                            lambda ps=paths, i=i: fuse([get(p, i) for p in ps])))
         else:  # a router or experts: per-expert tensors, named as the family's checkpoints name them
             for j, name in enumerate(moe_tensor_names(config, entry)):
                 if entry.kind == "router":

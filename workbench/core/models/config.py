@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import typing as tp
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "gemma3_text", "qwen3_moe")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "gemma3_text", "qwen3_moe",
+                         "gpt_oss")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 NORM_TYPES = ("rms", "layer")
 MLP_TYPES = ("swiglu", "gelu", "moe")
@@ -21,7 +22,7 @@ GELU_ACTS = ("gelu_new", "gelu_pytorch_tanh", "gelu")
 GATED_ACTS = ("silu", "gelu_pytorch_tanh")  # SwiGLU, and GeGLU with tanh-approximated GELU (Gemma)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "gpt2": "GPT2LMHeadModel", "mixtral": "MixtralForCausalLM",
-                 "gemma3_text": "Gemma3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+                 "gemma3_text": "Gemma3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +74,10 @@ class ModelConfig:
     leading layers with a dense MLP of ``intermediate_size`` instead (Qwen3-MoE ``mlp_only_layers``,
     DeepSeek-V3 ``first_k_dense_replace``): the model stacks those layers apart (``dense_layers``).
 
+    GPT-OSS: ``attention_sinks`` (a learned logit per head joins each softmax), experts routed by
+    ``moe_routing="topk_softmax"`` (softmax over the top-k logits) with ``moe_router_bias`` and
+    ``moe_expert_bias``, and ``moe_activation="clamped_swiglu"`` (``swiglu_alpha``, ``swiglu_limit``).
+
     Gemma 3: ``norm_unit_offset`` (RMSNorm scales by ``1 + weight``, in float32), ``sandwich_norms`` (a
     norm after attention and around the MLP too), ``embedding_multiplier`` (embeddings times
     ``sqrt(hidden_size)``), ``query_pre_attn_scalar`` (softmax scale ``query_pre_attn_scalar ** -0.5``
@@ -109,6 +114,13 @@ class ModelConfig:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int | None = None
     first_dense_layers: int = 0
+    moe_routing: str = "softmax_topk"
+    moe_router_bias: bool = False
+    moe_expert_bias: bool = False
+    moe_activation: str = "silu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    attention_sinks: bool = False
     norm_unit_offset: bool = False
     sandwich_norms: bool = False
     embedding_multiplier: float | None = None
@@ -210,6 +222,8 @@ class ModelConfig:
             return cls(**_gpt2_fields(hf), **tokens)
         if model_type == "gemma3_text":
             return cls(**_gemma3_fields(hf), **tokens)
+        if model_type == "gpt_oss":
+            return cls(**_gpt_oss_fields(hf), **tokens)
         act = hf.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"hidden_act={act!r} is not supported; the decoder block's MLP is SwiGLU ('silu')")
@@ -258,6 +272,8 @@ class ModelConfig:
         rope = _rope_dict(self.rope_theta, self.rope_scaling)
         if self.model_type == "gemma3_text":
             return base | _gemma3_hf(self, rope)
+        if self.model_type == "gpt_oss":
+            return base | _gpt_oss_hf(self, rope)
         out = base | {"hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
                       "num_hidden_layers": self.num_hidden_layers, "num_attention_heads": self.num_attention_heads,
                       "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
@@ -328,6 +344,39 @@ def _qwen3_moe_fields(hf: tp.Mapping[str, tp.Any]) -> dict[str, tp.Any]:
     experts = hf["num_experts"] if "num_experts" in hf else hf["num_local_experts"]  # transformers 5 writes the latter
     return {"mlp_type": "moe", "num_local_experts": experts, "num_experts_per_tok": hf["num_experts_per_tok"],
             "moe_intermediate_size": hf.get("moe_intermediate_size"), "first_dense_layers": len(dense)}
+
+
+def _gpt_oss_fields(hf: tp.Mapping[str, tp.Any]) -> dict[str, tp.Any]:
+    """GPT-OSS: sinks, biased q/k/v/o, alternating sliding/full layers, YaRN, its MoE."""
+    heads, hidden, n = hf["num_attention_heads"], hf["hidden_size"], hf["num_hidden_layers"]
+    layer_types = hf.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta, scaling = _rope(rope, hf.get("rope_theta", 1.5e5))
+    bias = bool(hf.get("attention_bias", True))
+    return dict(vocab_size=hf["vocab_size"], hidden_size=hidden, intermediate_size=hf["intermediate_size"],
+                num_hidden_layers=n, num_attention_heads=heads,
+                num_key_value_heads=hf.get("num_key_value_heads") or heads,
+                head_dim=hf.get("head_dim") or hidden // heads, model_type="gpt_oss",
+                norm_eps=float(hf.get("rms_norm_eps", 1e-5)), rope_theta=theta, rope_scaling=scaling,
+                max_position_embeddings=hf.get("max_position_embeddings", 131_072),
+                tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)), attention_bias=bias,
+                attention_out_bias=bias, sliding_window=hf.get("sliding_window"), layer_types=tuple(layer_types),
+                mlp_type="moe", num_local_experts=hf["num_local_experts"],
+                num_experts_per_tok=hf["num_experts_per_tok"],
+                moe_routing="topk_softmax", moe_router_bias=True, moe_expert_bias=True,
+                moe_activation="clamped_swiglu", swiglu_alpha=float(hf.get("swiglu_alpha", 1.702)),
+                swiglu_limit=float(hf.get("swiglu_limit", 7.0)), attention_sinks=True)
+
+
+def _gpt_oss_hf(c: ModelConfig, rope: dict[str, tp.Any]) -> dict[str, tp.Any]:
+    return {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+            "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
+            "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim, "rms_norm_eps": c.norm_eps,
+            "max_position_embeddings": c.max_position_embeddings, "attention_bias": c.attention_bias,
+            "attention_dropout": 0.0, "sliding_window": c.sliding_window, "layer_types": list(c.layer_types),
+            "rope_parameters": rope, "num_local_experts": c.num_local_experts,
+            "num_experts_per_tok": c.num_experts_per_tok, "swiglu_limit": c.swiglu_limit,
+            "swiglu_alpha": c.swiglu_alpha, "router_aux_loss_coef": 0.0, "hidden_act": "silu"}
 
 
 def _gemma3_fields(hf: tp.Mapping[str, tp.Any]) -> dict[str, tp.Any]:

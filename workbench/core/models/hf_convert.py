@@ -36,7 +36,8 @@ IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
 @dataclasses.dataclass(frozen=True)
 class Entry:
     """Where a parameter comes from: tensor ``name`` (with ``{i}`` for the layer when ``layered``),
-    converted by ``kind``; ``part`` picks q/k/v from GPT-2's fused tensor."""
+    converted by ``kind``; ``part`` picks q/k/v from GPT-2's fused tensor ("qkv"), or gate/up from GPT-OSS's
+    interleaved one ("interleave": columns ``part::2``)."""
 
     name: str
     kind: str = "copy"
@@ -82,7 +83,19 @@ def _llama_layer_entries(config: ModelConfig) -> dict[Path, Entry]:
     if config.qk_norm:
         for norm in ("q_norm", "k_norm"):
             out[("layers", "self_attn", norm, "weight")] = Entry(f"{hf}.self_attn.{norm}.weight", layered=True)
-    if config.mlp_type == "moe":
+    if config.attention_sinks:
+        out[("layers", "self_attn", "sinks")] = Entry(f"{hf}.self_attn.sinks", layered=True)
+    if config.mlp_type == "moe" and config.model_type == "gpt_oss":  # fused (E, D, 2F), gate/up interleaved
+        mlp = f"{hf}.mlp"
+        out[("layers", "mlp", "router_kernel")] = Entry(f"{mlp}.router.weight", "transpose", layered=True)
+        out[("layers", "mlp", "router_bias")] = Entry(f"{mlp}.router.bias", layered=True)
+        for part, name in enumerate(("gate", "up")):
+            out[("layers", "mlp", f"{name}_proj")] = Entry(f"{mlp}.experts.gate_up_proj", "interleave", part, True)
+            out[("layers", "mlp", f"{name}_bias")] = Entry(f"{mlp}.experts.gate_up_proj_bias", "interleave", part,
+                                                           True)
+        out[("layers", "mlp", "down_proj")] = Entry(f"{mlp}.experts.down_proj", layered=True)
+        out[("layers", "mlp", "down_bias")] = Entry(f"{mlp}.experts.down_proj_bias", layered=True)
+    elif config.mlp_type == "moe":
         out[("layers", "mlp", "router_kernel")] = Entry(hf, "router", layered=True)
         for proj in ("gate", "up", "down"):
             out[("layers", "mlp", f"{proj}_proj")] = Entry(hf, proj, layered=True)
@@ -173,6 +186,8 @@ def load_layer(config: ModelConfig, entry: Entry, reader: Reader, layer: int | N
         return _read(reader, name, used).T
     if kind == "qkv":
         return np.split(_read(reader, name, used), 3, axis=-1)[entry.part]
+    if kind == "interleave":
+        return _read(reader, name, used)[..., entry.part::2]
     module, disk_names = EXPERTS_ON_DISK[config.model_type]
     legacy = f"{name}.{module}"
     if kind == "router":  # on disk under `module`; transformers 5's in-memory state dict under `mlp`
@@ -216,13 +231,20 @@ def to_hf_tensors(config: ModelConfig, params: tp.Mapping[Path, np.ndarray], *,
                 out[entry.name] = value
             elif entry.kind == "transpose":
                 out[entry.name] = np.ascontiguousarray(value.T)
-            elif entry.kind == "qkv":
-                qkv.setdefault(entry.name, [None] * 3)[entry.part] = value
+            elif entry.kind in ("qkv", "interleave"):
+                qkv.setdefault(entry.name, [None] * (3 if entry.kind == "qkv" else 2))[entry.part] = value
             else:
                 out |= {n: np.ascontiguousarray(v) for n, v in moe_tensors(config, entry, value).items()}
     for name, parts in qkv.items():
-        out[name] = np.concatenate(parts, axis=-1)
+        out[name] = fuse(parts)
     return out
+
+
+def fuse(parts: list[np.ndarray]) -> np.ndarray:
+    """GPT-2's q/k/v side by side (3 parts), or GPT-OSS's gate/up interleaved column by column (2 parts)."""
+    if len(parts) == 3:
+        return np.concatenate(parts, axis=-1)
+    return np.stack(parts, axis=-1).reshape(*parts[0].shape[:-1], -1)
 
 
 def moe_tensor_names(config: ModelConfig, entry: Entry) -> list[str]:

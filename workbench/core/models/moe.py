@@ -24,6 +24,7 @@ Parameter layouts (the contract the checkpoint converter maps onto): ``router_ke
 
 from __future__ import annotations
 
+import functools
 import typing as tp
 
 import jax
@@ -32,19 +33,24 @@ import numpy as np
 from flax import nnx
 from flax.nnx.nn import dtypes
 
-from workbench.core.axes import EMPTY, MODE_TRAIN, DynamicShardingAxes, ExpertColumnWise, ExpertRowWise
+from workbench.core.axes import EMPTY, EP, MODE_TRAIN, TP, DynamicShardingAxes, ExpertColumnWise, ExpertRowWise
 
 __all__ = ["STRATEGIES", "MoE", "RouterReplicated", "from_hf_experts", "from_hf_moe", "from_legacy_experts",
            "load_hf_moe", "to_hf_experts", "to_hf_moe", "to_legacy_experts"]
 
 Array = jax.Array
 STRATEGIES = ("dense", "ragged")
+ROUTINGS = ("softmax_topk", "topk_softmax")
+ACTIVATIONS = ("silu", "clamped_swiglu")
 DEFAULT_KERNEL_INIT = nnx.initializers.normal(0.02)  # HF Mixtral's initializer_range
 # The router kernel is replicated: it is tiny (D*E), and sharding D over tp would need an all-reduce
 # of the (N, E) logits before softmax and top-k; replicated, each device routes its own tokens.
 RouterReplicated = DynamicShardingAxes((EMPTY, EMPTY), MODE_TRAIN)
 PARAM_AXES = {"router_kernel": RouterReplicated, "gate_proj": ExpertColumnWise, "up_proj": ExpertColumnWise,
-              "down_proj": ExpertRowWise}
+              "down_proj": ExpertRowWise, "router_bias": DynamicShardingAxes((EMPTY,), MODE_TRAIN),
+              "gate_bias": DynamicShardingAxes((EP, TP), MODE_TRAIN),
+              "up_bias": DynamicShardingAxes((EP, TP), MODE_TRAIN),
+              "down_bias": DynamicShardingAxes((EP, EMPTY), MODE_TRAIN)}
 
 
 def _check_strategy(strategy: str) -> str:
@@ -57,7 +63,9 @@ class MoE(nnx.Module):
     """Mixtral's sparse MoE block: ``__call__(x_BTD) -> (y_BTD, router_logits_NE)`` with ``N = B*T``."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, num_experts_per_tok: int, *,
-                 strategy: str = "dense", router_jitter_noise: float = 0.0, dtype=jnp.float32,
+                 strategy: str = "dense", router_jitter_noise: float = 0.0, routing: str = "softmax_topk",
+                 router_bias: bool = False, expert_bias: bool = False, activation: str = "silu",
+                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, dtype=jnp.float32,
                  param_dtype=jnp.float32, precision=None, kernel_init=DEFAULT_KERNEL_INIT,
                  rngs: nnx.Rngs):
         if not 1 <= num_experts_per_tok <= num_experts:
@@ -66,22 +74,51 @@ class MoE(nnx.Module):
         if router_jitter_noise:
             raise ValueError(f"router_jitter_noise={router_jitter_noise}: router jitter (HF applies it only in "
                              f"training) is not supported; set router_jitter_noise=0.0")
+        if routing not in ROUTINGS or activation not in ACTIVATIONS:
+            raise ValueError(f"routing={routing!r} / activation={activation!r}: use one of {ROUTINGS} / {ACTIVATIONS}")
         D, F, E = hidden_size, intermediate_size, num_experts
         shapes = {"router_kernel": (D, E), "gate_proj": (E, D, F), "up_proj": (E, D, F), "down_proj": (E, F, D)}
         for name, shape in shapes.items():
             setattr(self, name, nnx.Param(kernel_init(rngs.params(), shape, param_dtype),
                                           semantic_axes=PARAM_AXES[name]))
+        biases = {"router_bias": (E,)} if router_bias else {}
+        biases |= {"gate_bias": (E, F), "up_bias": (E, F), "down_bias": (E, D)} if expert_bias else {}
+        for name in ("router_bias", "gate_bias", "up_bias", "down_bias"):
+            setattr(self, name, nnx.Param(jnp.zeros(biases[name], param_dtype), semantic_axes=PARAM_AXES[name])
+                    if name in biases else nnx.data(None))
+        self.routing, self.activation = routing, activation
+        self.swiglu_alpha, self.swiglu_limit = swiglu_alpha, swiglu_limit
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.num_experts, self.num_experts_per_tok = num_experts, num_experts_per_tok
         self.strategy = _check_strategy(strategy)
         self.dtype, self.param_dtype, self.precision = dtype, param_dtype, precision
 
     def route(self, x_ND: Array, router_kernel_DE: Array) -> tuple[Array, Array, Array]:
-        """Router logits ``(N, E)`` and the renormalised float32 top-k weights and expert ids ``(N, k)``."""
+        """Router logits ``(N, E)`` and the top-k weights (float32, or float64) and expert ids ``(N, k)``.
+
+        ``softmax_topk`` (Mixtral, Qwen3-MoE): softmax over all experts, top k, renormalised to sum to 1;
+        ``topk_softmax`` (GPT-OSS): top k of the logits (with the router bias), softmax over those k."""
         logits_NE = jnp.matmul(x_ND, router_kernel_DE, precision=self.precision)
-        probs_NE = jax.nn.softmax(logits_NE.astype(jnp.promote_types(logits_NE.dtype, jnp.float32)), axis=-1)
+        if self.router_bias is not None:
+            logits_NE = logits_NE + self.router_bias[...].astype(logits_NE.dtype)
+        acc = jnp.promote_types(logits_NE.dtype, jnp.float32)
+        if self.routing == "topk_softmax":
+            top_NK, experts_NK = jax.lax.top_k(logits_NE, self.num_experts_per_tok)
+            return logits_NE, jax.nn.softmax(top_NK.astype(acc), axis=-1), experts_NK
+        probs_NE = jax.nn.softmax(logits_NE.astype(acc), axis=-1)
         weights_NK, experts_NK = jax.lax.top_k(probs_NE, self.num_experts_per_tok)
         return logits_NE, weights_NK / weights_NK.sum(-1, keepdims=True), experts_NK
+
+    def experts(self) -> Experts:
+        """The expert weights (and biases) in the compute dtype, with the gated activation to use."""
+        names = ("gate_proj", "up_proj", "down_proj", "gate_bias", "up_bias", "down_bias")
+        values = [None if getattr(self, n) is None else getattr(self, n)[...] for n in names]
+        present = [v for v in values if v is not None]
+        present = dtypes.promote_dtype(tuple(present), dtype=self.dtype)
+        it = iter(present)
+        values = [None if v is None else next(it) for v in values]
+        act = functools.partial(_gated, activation=self.activation, alpha=self.swiglu_alpha, limit=self.swiglu_limit)
+        return Experts(*values, act=act)
 
     def __call__(self, x_BTD: Array, *, strategy: str | None = None) -> tuple[Array, Array]:
         if x_BTD.ndim != 3 or x_BTD.shape[-1] != self.hidden_size:
@@ -89,37 +126,65 @@ class MoE(nnx.Module):
                              f"{self.hidden_size})")
         strategy = _check_strategy(self.strategy if strategy is None else strategy)
         B, T, D = x_BTD.shape
-        x_BTD, router_DE, gate_EDF, up_EDF, down_EFD = dtypes.promote_dtype(
-            (x_BTD, self.router_kernel[...], self.gate_proj[...], self.up_proj[...], self.down_proj[...]),
-            dtype=self.dtype)
+        x_BTD, router_DE = dtypes.promote_dtype((x_BTD, self.router_kernel[...]), dtype=self.dtype)
         x_ND = x_BTD.reshape(B * T, D)
         logits_NE, weights_NK, experts_NK = self.route(x_ND, router_DE)
         run = _dense if strategy == "dense" else _ragged
-        y_ND = run(x_ND, weights_NK, experts_NK, gate_EDF, up_EDF, down_EFD, self.precision)
+        y_ND = run(x_ND, weights_NK, experts_NK, self.experts(), self.precision)
         return y_ND.astype(x_BTD.dtype).reshape(B, T, D), logits_NE
 
 
-def _dense(x_ND, weights_NK, experts_NK, gate_EDF, up_EDF, down_EFD, precision) -> Array:
+class Experts(tp.NamedTuple):
+    """Stacked expert weights ``(E, ...)``, optional biases, and ``act(gate, up)`` (the gated activation)."""
+
+    gate_EDF: Array
+    up_EDF: Array
+    down_EFD: Array
+    gate_bias_EF: Array | None
+    up_bias_EF: Array | None
+    down_bias_ED: Array | None
+    act: tp.Callable[[Array, Array], Array]
+
+
+def _gated(g: Array, u: Array, *, activation: str, alpha: float, limit: float) -> Array:
+    """``silu(g) * u`` (SwiGLU), or GPT-OSS's clamped form ``(clip(u) + 1) * g' * sigmoid(alpha * g')`` with
+    ``g' = min(g, limit)`` and ``u`` clipped to ``[-limit, limit]``."""
+    if activation == "silu":
+        return jax.nn.silu(g) * u
+    g = jnp.minimum(g, limit)
+    return (jnp.clip(u, -limit, limit) + 1) * (g * jax.nn.sigmoid(g * alpha))
+
+
+def _dense(x_ND, weights_NK, experts_NK, ex: Experts, precision) -> Array:
     """Every expert on every token; the (N, E) weights are the top-k weights, 0 elsewhere."""
-    E = gate_EDF.shape[0]
+    E = ex.gate_EDF.shape[0]
     combine_NE = jnp.einsum("nk,nke->ne", weights_NK, jax.nn.one_hot(experts_NK, E, dtype=weights_NK.dtype))
-    g_ENF = jnp.einsum("nd,edf->enf", x_ND, gate_EDF, precision=precision)
-    u_ENF = jnp.einsum("nd,edf->enf", x_ND, up_EDF, precision=precision)
-    y_END = jnp.einsum("enf,efd->end", jax.nn.silu(g_ENF) * u_ENF, down_EFD, precision=precision)
+    g_ENF = jnp.einsum("nd,edf->enf", x_ND, ex.gate_EDF, precision=precision)
+    u_ENF = jnp.einsum("nd,edf->enf", x_ND, ex.up_EDF, precision=precision)
+    if ex.gate_bias_EF is not None:
+        g_ENF, u_ENF = g_ENF + ex.gate_bias_EF[:, None], u_ENF + ex.up_bias_EF[:, None]
+    y_END = jnp.einsum("enf,efd->end", ex.act(g_ENF, u_ENF), ex.down_EFD, precision=precision)
+    if ex.down_bias_ED is not None:
+        y_END = y_END + ex.down_bias_ED[:, None]
     return jnp.einsum("end,ne->nd", y_END, combine_NE.astype(y_END.dtype), precision=precision)
 
 
-def _ragged(x_ND, weights_NK, experts_NK, gate_EDF, up_EDF, down_EFD, precision) -> Array:
+def _ragged(x_ND, weights_NK, experts_NK, ex: Experts, precision) -> Array:
     """Token copies sorted by expert, one ragged dot per projection over the expert groups, unsorted."""
     N, K = experts_NK.shape
-    E = gate_EDF.shape[0]
+    E = ex.gate_EDF.shape[0]
     experts_M = experts_NK.reshape(N * K)  # M = N*K token copies, copy m is token m // K
     order_M = jnp.argsort(experts_M, stable=True)
     sizes_E = jnp.bincount(experts_M, length=E).astype(jnp.int32)
     xs_MD = x_ND[order_M // K]
-    g_MF = jax.lax.ragged_dot(xs_MD, gate_EDF, sizes_E, precision=precision)
-    u_MF = jax.lax.ragged_dot(xs_MD, up_EDF, sizes_E, precision=precision)
-    ys_MD = jax.lax.ragged_dot(jax.nn.silu(g_MF) * u_MF, down_EFD, sizes_E, precision=precision)
+    g_MF = jax.lax.ragged_dot(xs_MD, ex.gate_EDF, sizes_E, precision=precision)
+    u_MF = jax.lax.ragged_dot(xs_MD, ex.up_EDF, sizes_E, precision=precision)
+    sorted_experts_M = experts_M[order_M]
+    if ex.gate_bias_EF is not None:
+        g_MF, u_MF = g_MF + ex.gate_bias_EF[sorted_experts_M], u_MF + ex.up_bias_EF[sorted_experts_M]
+    ys_MD = jax.lax.ragged_dot(ex.act(g_MF, u_MF), ex.down_EFD, sizes_E, precision=precision)
+    if ex.down_bias_ED is not None:
+        ys_MD = ys_MD + ex.down_bias_ED[sorted_experts_M]
     y_NKD = ys_MD[jnp.argsort(order_M)].reshape(N, K, -1)
     return jnp.einsum("nkd,nk->nd", y_NKD, weights_NK.astype(y_NKD.dtype), precision=precision)
 

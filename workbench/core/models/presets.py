@@ -50,6 +50,13 @@ _CONFIGS: dict[str, dict[str, tp.Any]] = {
     "qwen3_moe": dict(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], **_DECODER, head_dim=16,
                       num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, mlp_only_layers=[0],
                       decoder_sparse_step=1, norm_topk_prob=True, use_sliding_window=False),
+    # GPT-OSS: learned attention sinks, biased q/k/v/o, alternating window-16 / full layers, YaRN (x4 over 64
+    # positions), 4 experts (2 per token, softmax over their logits) with biases and the clamped SwiGLU
+    "gpt_oss": dict(model_type="gpt_oss", architectures=["GptOssForCausalLM"], **_DECODER, head_dim=16,
+                    num_local_experts=4, num_experts_per_tok=2, sliding_window=16,
+                    layer_types=["sliding_attention", "full_attention"], attention_bias=True, swiglu_limit=7.0,
+                    rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                                     "beta_slow": 1.0, "original_max_position_embeddings": 64, "truncate": False}),
     # Gemma 3: local layers (window 16, rope base 1e4) with a global one every 2nd layer (rope base 1e6),
     # sandwich norms, GeGLU, q/k norm, embeddings times sqrt(64), query scalar 32, tied embeddings
     "gemma3": dict(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"],
