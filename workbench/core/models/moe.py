@@ -33,14 +33,24 @@ import numpy as np
 from flax import nnx
 from flax.nnx.nn import dtypes
 
-from workbench.core.axes import EMPTY, EP, MODE_TRAIN, TP, DynamicShardingAxes, ExpertColumnWise, ExpertRowWise
+from workbench.core.axes import (
+    EMPTY,
+    EP,
+    MODE_TRAIN,
+    TP,
+    ColumnWise,
+    DynamicShardingAxes,
+    ExpertColumnWise,
+    ExpertRowWise,
+    RowWise,
+)
 
 __all__ = ["STRATEGIES", "MoE", "RouterReplicated", "from_hf_experts", "from_hf_moe", "from_legacy_experts",
            "load_hf_moe", "to_hf_experts", "to_hf_moe", "to_legacy_experts"]
 
 Array = jax.Array
 STRATEGIES = ("dense", "ragged")
-ROUTINGS = ("softmax_topk", "topk_softmax")
+ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_grouped")
 ACTIVATIONS = ("silu", "clamped_swiglu")
 DEFAULT_KERNEL_INIT = nnx.initializers.normal(0.02)  # HF Mixtral's initializer_range
 # The router kernel is replicated: it is tiny (D*E), and sharding D over tp would need an all-reduce
@@ -50,7 +60,9 @@ PARAM_AXES = {"router_kernel": RouterReplicated, "gate_proj": ExpertColumnWise, 
               "down_proj": ExpertRowWise, "router_bias": DynamicShardingAxes((EMPTY,), MODE_TRAIN),
               "gate_bias": DynamicShardingAxes((EP, TP), MODE_TRAIN),
               "up_bias": DynamicShardingAxes((EP, TP), MODE_TRAIN),
-              "down_bias": DynamicShardingAxes((EP, EMPTY), MODE_TRAIN)}
+              "down_bias": DynamicShardingAxes((EP, EMPTY), MODE_TRAIN),
+              "correction_bias": DynamicShardingAxes((EMPTY,), MODE_TRAIN),
+              "shared_gate": ColumnWise, "shared_up": ColumnWise, "shared_down": RowWise}
 
 
 def _check_strategy(strategy: str) -> str:
@@ -65,7 +77,9 @@ class MoE(nnx.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, num_experts_per_tok: int, *,
                  strategy: str = "dense", router_jitter_noise: float = 0.0, routing: str = "softmax_topk",
                  router_bias: bool = False, expert_bias: bool = False, activation: str = "silu",
-                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, dtype=jnp.float32,
+                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, norm_topk_prob: bool = True,
+                 n_group: int = 1, topk_group: int = 1, routed_scaling_factor: float = 1.0,
+                 shared_intermediate_size: int = 0, dtype=jnp.float32,
                  param_dtype=jnp.float32, precision=None, kernel_init=DEFAULT_KERNEL_INIT,
                  rngs: nnx.Rngs):
         if not 1 <= num_experts_per_tok <= num_experts:
@@ -88,6 +102,20 @@ class MoE(nnx.Module):
                     if name in biases else nnx.data(None))
         self.routing, self.activation = routing, activation
         self.swiglu_alpha, self.swiglu_limit = swiglu_alpha, swiglu_limit
+        self.norm_topk_prob, self.routed_scaling_factor = norm_topk_prob, routed_scaling_factor
+        self.n_group, self.topk_group = n_group, topk_group
+        if routing == "sigmoid_grouped" and (E % n_group or not 1 <= topk_group <= n_group
+                                             or num_experts_per_tok > topk_group * (E // n_group)):
+            raise ValueError(f"grouped routing: {E} experts must split into n_group={n_group} equal groups, "
+                             f"1 <= topk_group={topk_group} <= n_group, and the kept groups must hold at least "
+                             f"num_experts_per_tok={num_experts_per_tok} experts")
+        # DeepSeek-V3's bias for choosing experts only (aux-loss-free balancing; no gradient reaches it)
+        self.correction_bias = (nnx.Param(jnp.zeros((E,), param_dtype), semantic_axes=PARAM_AXES["correction_bias"])
+                                if routing == "sigmoid_grouped" else nnx.data(None))
+        Fs = shared_intermediate_size
+        for name, shape in (("shared_gate", (D, Fs)), ("shared_up", (D, Fs)), ("shared_down", (Fs, D))):
+            setattr(self, name, nnx.Param(kernel_init(rngs.params(), shape, param_dtype),
+                                          semantic_axes=PARAM_AXES[name]) if Fs else nnx.data(None))
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.num_experts, self.num_experts_per_tok = num_experts, num_experts_per_tok
         self.strategy = _check_strategy(strategy)
@@ -97,17 +125,47 @@ class MoE(nnx.Module):
         """Router logits ``(N, E)`` and the top-k weights (float32, or float64) and expert ids ``(N, k)``.
 
         ``softmax_topk`` (Mixtral, Qwen3-MoE): softmax over all experts, top k, renormalised to sum to 1;
-        ``topk_softmax`` (GPT-OSS): top k of the logits (with the router bias), softmax over those k."""
+        ``topk_softmax`` (GPT-OSS): top k of the logits (with the router bias), softmax over those k;
+        ``sigmoid_grouped`` (DeepSeek-V3): see :meth:`_grouped`."""
         logits_NE = jnp.matmul(x_ND, router_kernel_DE, precision=self.precision)
         if self.router_bias is not None:
             logits_NE = logits_NE + self.router_bias[...].astype(logits_NE.dtype)
         acc = jnp.promote_types(logits_NE.dtype, jnp.float32)
+        if self.routing == "sigmoid_grouped":
+            return logits_NE, *self._grouped(logits_NE.astype(acc))
         if self.routing == "topk_softmax":
             top_NK, experts_NK = jax.lax.top_k(logits_NE, self.num_experts_per_tok)
             return logits_NE, jax.nn.softmax(top_NK.astype(acc), axis=-1), experts_NK
         probs_NE = jax.nn.softmax(logits_NE.astype(acc), axis=-1)
         weights_NK, experts_NK = jax.lax.top_k(probs_NE, self.num_experts_per_tok)
         return logits_NE, weights_NK / weights_NK.sum(-1, keepdims=True), experts_NK
+
+    def _grouped(self, logits_NE: Array) -> tuple[Array, Array]:
+        """DeepSeek-V3: sigmoid scores; experts chosen by score + ``correction_bias`` among the ``topk_group``
+        groups (of ``n_group``) whose two best biased scores sum highest; weights are the chosen experts'
+        unbiased scores, renormalised (``norm_topk_prob``), times ``routed_scaling_factor``."""
+        N, E = logits_NE.shape
+        scores_NE = jax.nn.sigmoid(logits_NE)
+        choice_NE = scores_NE + self.correction_bias[...].astype(scores_NE.dtype)
+        group_NG = jax.lax.top_k(choice_NE.reshape(N, self.n_group, E // self.n_group), 2)[0].sum(-1)
+        _, groups_NK = jax.lax.top_k(group_NG, self.topk_group)
+        keep_NG = jnp.zeros_like(group_NG, bool).at[jnp.arange(N)[:, None], groups_NK].set(True)
+        keep_NE = jnp.repeat(keep_NG, E // self.n_group, axis=1)
+        _, experts_NK = jax.lax.top_k(jnp.where(keep_NE, choice_NE, -jnp.inf), self.num_experts_per_tok)
+        weights_NK = jnp.take_along_axis(scores_NE, experts_NK, axis=1)
+        if self.norm_topk_prob:
+            weights_NK = weights_NK / (weights_NK.sum(-1, keepdims=True) + 1e-20)
+        return weights_NK * self.routed_scaling_factor, experts_NK
+
+    def shared(self, x_ND: Array) -> Array | None:
+        """The shared experts' SwiGLU on every token (DeepSeek-V3), or None."""
+        if self.shared_gate is None:
+            return None
+        gate, up, down = dtypes.promote_dtype((self.shared_gate[...], self.shared_up[...], self.shared_down[...]),
+                                              dtype=self.dtype)
+        h = jax.nn.silu(jnp.matmul(x_ND, gate, precision=self.precision)) * jnp.matmul(x_ND, up,
+                                                                                        precision=self.precision)
+        return jnp.matmul(h, down, precision=self.precision)
 
     def experts(self) -> Experts:
         """The expert weights (and biases) in the compute dtype, with the gated activation to use."""
@@ -131,6 +189,9 @@ class MoE(nnx.Module):
         logits_NE, weights_NK, experts_NK = self.route(x_ND, router_DE)
         run = _dense if strategy == "dense" else _ragged
         y_ND = run(x_ND, weights_NK, experts_NK, self.experts(), self.precision)
+        shared_ND = self.shared(x_ND)
+        if shared_ND is not None:
+            y_ND = y_ND + shared_ND.astype(y_ND.dtype)
         return y_ND.astype(x_BTD.dtype).reshape(B, T, D), logits_NE
 
 
