@@ -143,3 +143,17 @@ def test_missing_and_misshaped_parameters_are_named():
         from_hf_state_dict(config, wrong)
     with pytest.raises(ValueError, match="no matching parameter"):
         from_hf_state_dict(config, {**weights, "model.extra.weight": np.ones(3)})
+
+
+def test_attention_is_chosen_for_what_the_family_needs(monkeypatch):
+    """GPT-OSS's sinks: "auto" skips a backend default that lacks them (sdpa on GPU), and naming such an
+    implementation is refused with the error that names who can."""
+    from workbench.core.models import causal_lm
+    from workbench.core.models.presets import tiny_config
+
+    config = ModelConfig.from_hf(tiny_config("gpt_oss"))
+    monkeypatch.setattr(causal_lm.jax, "default_backend", lambda: "gpu")
+    assert causal_lm.resolve_attention("auto", config) == "flash"
+    assert causal_lm.resolve_attention("auto", ModelConfig.from_hf(tiny_config("llama"))) == "sdpa"
+    with pytest.raises(ValueError, match="'sdpa' does not support sinks; implementations that do: .*flash"):
+        causal_lm.resolve_attention("sdpa", config)

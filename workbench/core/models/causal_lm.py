@@ -23,6 +23,7 @@ from workbench.core.models.protocol import ModelMethods
 from workbench.core.models.rope import attention_factor, cos_sin, inv_frequencies
 from workbench.core.models.stack import check_remat, run_layers, stack_blocks
 from workbench.core.operations import OperationRegistry
+from workbench.core.operations.attention.common import SINKS, SOFT_CAP, unsupported
 
 Array = jax.Array
 AUTO_ATTENTION = {"cpu": "vanilla", "gpu": "sdpa", "tpu": "flash"}
@@ -31,11 +32,24 @@ AUTO_ATTENTION = {"cpu": "vanilla", "gpu": "sdpa", "tpu": "flash"}
 ACTIVATION_AXES = DynamicShardingAxes((BATCH, QUERY_LENGTH, EMPTY), 1)
 
 
-def resolve_attention(name: str) -> str:
-    """``"auto"`` -> the implementation for the default backend (``AUTO_ATTENTION``); else ``name`` checked."""
+def needed_attention_features(config: ModelConfig) -> tuple[str, ...]:
+    """What a family asks of its attention implementation beyond plain causal attention."""
+    return (SINKS,) * config.attention_sinks + (SOFT_CAP,) * (config.attn_logit_softcapping is not None)
+
+
+def resolve_attention(name: str, config: ModelConfig | None = None) -> str:
+    """``"auto"`` -> the implementation for the default backend (``AUTO_ATTENTION``), or, when that one
+    lacks a feature ``config``'s family needs (GPT-OSS's sinks), the first of flash / vanilla that has it;
+    a named one is checked, and refused (naming who can) if it lacks such a feature."""
+    needed = () if config is None else needed_attention_features(config)
     if name == "auto":
-        return AUTO_ATTENTION.get(jax.default_backend(), "vanilla")
-    return OperationRegistry.canonical_name(name)
+        candidates = [AUTO_ATTENTION.get(jax.default_backend(), "vanilla"), "flash", "vanilla"]
+        return next(n for n in candidates if all(n in OperationRegistry.supporting(f) for f in needed))
+    name = OperationRegistry.canonical_name(name)
+    for feature in needed:
+        if name not in OperationRegistry.supporting(feature):
+            raise unsupported(name, feature)
+    return name
 
 
 @jax.tree_util.register_dataclass
@@ -73,7 +87,7 @@ class CausalLM(ModelMethods, nnx.Module):
         if not isinstance(config, ModelConfig):
             raise TypeError(f"{type(self).__name__} takes a ModelConfig (ModelConfig.from_hf(dict)); "
                             f"got {type(config).__name__}")
-        attn_mechanism = resolve_attention(attn_mechanism)
+        attn_mechanism = resolve_attention(attn_mechanism, config)
         if not isinstance(scan_layers, bool):
             raise TypeError(f"scan_layers must be True or False; got {scan_layers!r}")
         self.scan_layers, self.remat = scan_layers, check_remat(remat)
@@ -124,7 +138,7 @@ class CausalLM(ModelMethods, nnx.Module):
     def with_attention(self, name: str) -> CausalLM:
         """A model running attention ``name`` that shares this model's parameter arrays (no copy); its
         Variables are new, so updating one model's parameters leaves the other's alone."""
-        name = resolve_attention(name)
+        name = resolve_attention(name, self.config)
         graphdef, state = nnx.split(self)
         model = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
         for _, module in nnx.iter_modules(model):
