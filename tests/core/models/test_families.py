@@ -155,5 +155,5 @@ def test_attention_is_chosen_for_what_the_family_needs(monkeypatch):
     monkeypatch.setattr(causal_lm.jax, "default_backend", lambda: "gpu")
     assert causal_lm.resolve_attention("auto", config) == "flash"
     assert causal_lm.resolve_attention("auto", ModelConfig.from_hf(tiny_config("llama"))) == "sdpa"
-    with pytest.raises(ValueError, match="'sdpa' does not support sinks; implementations that do: .*flash"):
+    with pytest.raises(ValueError, match=r"'sdpa' does not support sinks; implementations that do: .*flash"):
         causal_lm.resolve_attention("sdpa", config)
