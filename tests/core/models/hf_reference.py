@@ -35,6 +35,10 @@ FAMILIES = {
     "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
         **{k: v for k, v in TINY.items() if k != "num_hidden_layers"}, num_hidden_layers=3, head_dim=16,
         moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[0], norm_topk_prob=True),
+    # transformers' default: the top-k probabilities are not renormalised
+    "qwen3_moe-unnormalised": lambda: transformers.Qwen3MoeConfig(
+        **{k: v for k, v in TINY.items() if k != "num_hidden_layers"}, num_hidden_layers=2, head_dim=16,
+        moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=False),
     # sinks, biased attention, alternating window-4 / full layers, YaRN, top-k-then-softmax MoE with biased,
     # clamped-SwiGLU experts (limit 0.1: gate and up values reach ~0.5 here, so the clamps act)
     "gpt_oss": lambda: transformers.GptOssConfig(

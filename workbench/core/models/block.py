@@ -167,7 +167,8 @@ def make_mlp(config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.
     c = config
     return MoE(c.hidden_size, c.expert_intermediate_size, c.num_local_experts, c.num_experts_per_tok,
                routing=c.moe_routing, router_bias=c.moe_router_bias, expert_bias=c.moe_expert_bias,
-               activation=c.moe_activation, swiglu_alpha=c.swiglu_alpha, swiglu_limit=c.swiglu_limit, dtype=dtype,
+               activation=c.moe_activation, swiglu_alpha=c.swiglu_alpha, swiglu_limit=c.swiglu_limit,
+               norm_topk_prob=c.moe_norm_topk_prob, dtype=dtype,
                param_dtype=param_dtype, rngs=rngs)
 
 

@@ -72,7 +72,8 @@ class ModelConfig:
     (``num_local_experts``, top ``num_experts_per_tok``) makes Mixtral; ``moe_intermediate_size`` is the
     experts' width when it differs from ``intermediate_size`` and ``first_dense_layers`` the number of
     leading layers with a dense MLP of ``intermediate_size`` instead (Qwen3-MoE ``mlp_only_layers``,
-    DeepSeek-V3 ``first_k_dense_replace``): the model stacks those layers apart (``dense_layers``).
+    DeepSeek-V3 ``first_k_dense_replace``): the model stacks those layers apart (``dense_layers``);
+    ``moe_norm_topk_prob=False`` keeps the top-k probabilities as they are (Qwen3-MoE's option).
 
     GPT-OSS: ``attention_sinks`` (a learned logit per head joins each softmax), experts routed by
     ``moe_routing="topk_softmax"`` (softmax over the top-k logits) with ``moe_router_bias`` and
@@ -115,6 +116,7 @@ class ModelConfig:
     moe_intermediate_size: int | None = None
     first_dense_layers: int = 0
     moe_routing: str = "softmax_topk"
+    moe_norm_topk_prob: bool = True
     moe_router_bias: bool = False
     moe_expert_bias: bool = False
     moe_activation: str = "silu"
@@ -293,7 +295,7 @@ class ModelConfig:
             out["layer_types"] = list(self.layer_types)
         if self.model_type == "qwen3_moe":
             out |= {"num_experts": self.num_local_experts, "num_experts_per_tok": self.num_experts_per_tok,
-                    "moe_intermediate_size": self.expert_intermediate_size, "norm_topk_prob": True,
+                    "moe_intermediate_size": self.expert_intermediate_size, "norm_topk_prob": self.moe_norm_topk_prob,
                     "decoder_sparse_step": 1, "mlp_only_layers": list(range(self.first_dense_layers)),
                     "attention_bias": self.attention_bias}
         if self.model_type == "mixtral":
@@ -332,18 +334,17 @@ def _rope_dict(theta: float, scaling: RopeScaling | LinearRopeScaling | YarnRope
 
 
 def _qwen3_moe_fields(hf: tp.Mapping[str, tp.Any]) -> dict[str, tp.Any]:
-    """Qwen3-MoE's experts: softmax top-k, dense layers only as a leading run (``mlp_only_layers``)."""
+    """Qwen3-MoE's experts: softmax top-k (renormalised when ``norm_topk_prob``), dense layers only as a
+    leading run (``mlp_only_layers``)."""
     n, step = hf["num_hidden_layers"], hf.get("decoder_sparse_step", 1)
     dense = sorted(set(hf.get("mlp_only_layers") or []) | {i for i in range(n) if (i + 1) % step})
     if dense != list(range(len(dense))):
         raise ValueError(f"Qwen3-MoE with dense layers {dense} (mlp_only_layers / decoder_sparse_step) is not "
                          f"supported: dense MLP layers must be the first ones (a leading run), the rest sparse")
-    if not hf.get("norm_topk_prob", False):
-        raise ValueError("Qwen3-MoE with norm_topk_prob=false is not supported yet (the released models set it "
-                         "true); set norm_topk_prob to true")
     experts = hf["num_experts"] if "num_experts" in hf else hf["num_local_experts"]  # transformers 5 writes the latter
     return {"mlp_type": "moe", "num_local_experts": experts, "num_experts_per_tok": hf["num_experts_per_tok"],
-            "moe_intermediate_size": hf.get("moe_intermediate_size"), "first_dense_layers": len(dense)}
+            "moe_intermediate_size": hf.get("moe_intermediate_size"), "first_dense_layers": len(dense),
+            "moe_norm_topk_prob": bool(hf.get("norm_topk_prob", False))}
 
 
 def _gpt_oss_fields(hf: tp.Mapping[str, tp.Any]) -> dict[str, tp.Any]:

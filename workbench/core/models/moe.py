@@ -124,7 +124,8 @@ class MoE(nnx.Module):
     def route(self, x_ND: Array, router_kernel_DE: Array) -> tuple[Array, Array, Array]:
         """Router logits ``(N, E)`` and the top-k weights (float32, or float64) and expert ids ``(N, k)``.
 
-        ``softmax_topk`` (Mixtral, Qwen3-MoE): softmax over all experts, top k, renormalised to sum to 1;
+        ``softmax_topk`` (Mixtral, Qwen3-MoE): softmax over all experts, top k, renormalised to sum to 1
+        (unless ``norm_topk_prob`` is False: Qwen3-MoE's option);
         ``topk_softmax`` (GPT-OSS): top k of the logits (with the router bias), softmax over those k;
         ``sigmoid_grouped`` (DeepSeek-V3): see :meth:`_grouped`."""
         logits_NE = jnp.matmul(x_ND, router_kernel_DE, precision=self.precision)
@@ -138,7 +139,9 @@ class MoE(nnx.Module):
             return logits_NE, jax.nn.softmax(top_NK.astype(acc), axis=-1), experts_NK
         probs_NE = jax.nn.softmax(logits_NE.astype(acc), axis=-1)
         weights_NK, experts_NK = jax.lax.top_k(probs_NE, self.num_experts_per_tok)
-        return logits_NE, weights_NK / weights_NK.sum(-1, keepdims=True), experts_NK
+        if self.norm_topk_prob:
+            weights_NK = weights_NK / weights_NK.sum(-1, keepdims=True)
+        return logits_NE, weights_NK, experts_NK
 
     def _grouped(self, logits_NE: Array) -> tuple[Array, Array]:
         """DeepSeek-V3: sigmoid scores; experts chosen by score + ``correction_bias`` among the ``topk_group``
