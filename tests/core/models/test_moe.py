@@ -26,7 +26,7 @@ transformers = pytest.importorskip("transformers")
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock  # noqa: E402
 
 D, F, B, T = 32, 48, 2, 5
-STRATEGIES = ("dense", "ragged")
+STRATEGIES = ("dense", "ragged", "alltoall")
 
 
 def hf_block(E, k):

@@ -42,7 +42,7 @@ def deepseek_pair(norm_topk_prob: bool):
 
 
 @pytest.mark.parametrize("norm_topk_prob", [True, False])
-@pytest.mark.parametrize("strategy", ["dense", "ragged"])
+@pytest.mark.parametrize("strategy", ["dense", "ragged", "alltoall"])
 def test_deepseek_v3_moe_matches_hugging_face(strategy, norm_topk_prob):
     hf, ours = deepseek_pair(norm_topk_prob)
     x = np.random.default_rng(1).standard_normal((2, 5, D)).astype(np.float32)

@@ -29,6 +29,7 @@ Array = jax.Array
 AUTO_ATTENTION = {"cpu": "vanilla", "gpu": "sdpa", "tpu": "flash"}
 # Hidden states between blocks: batch over the data axes, sequence over sp (not in decode: mode from dim 1),
 # features whole (tensor-parallel layers all-reduce back to replicated features, Megatron style).
+KEEP = object()  # with_options: leave this option as it is
 ACTIVATION_AXES = DynamicShardingAxes((BATCH, QUERY_LENGTH, EMPTY), 1)
 
 
@@ -123,10 +124,28 @@ class CausalLM(ModelMethods, nnx.Module):
     def attn_mechanism(self) -> str:
         return self.layers.self_attn.attn_mechanism
 
-    def with_options(self, *, scan_layers: bool | None = None, remat: str | None = None) -> CausalLM:
-        """A model running its layers scanned or unrolled, with another remat policy; parameters shared."""
+    def with_options(self, *, scan_layers: bool | None = None, remat: str | None = None,
+                     moe_strategy: str | None = None, capacity_factor: tp.Any = KEEP) -> CausalLM:
+        """A model running its layers scanned or unrolled, with another remat policy, or another MoE strategy
+        (``"dense"``, ``"ragged"``, ``"alltoall"``; see :mod:`.moe`) and all-to-all ``capacity_factor``
+        (None: never drop); parameters shared."""
+        from workbench.core.models.moe import MoE, check_strategy
+        from workbench.core.models.moe_alltoall import capacity
+
         graphdef, state = nnx.split(self)
         model = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
+        if moe_strategy is not None or capacity_factor is not KEEP:
+            moes = [m for _, m in nnx.iter_modules(model) if isinstance(m, MoE)]
+            if not moes:
+                raise ValueError(f"this {self.config.model_type} model has no mixture-of-experts layers; "
+                                 f"moe_strategy / capacity_factor apply to MoE families only")
+            if moe_strategy is not None:
+                check_strategy(moe_strategy)
+            if capacity_factor not in (KEEP, None):
+                capacity(1, 1, 1, capacity_factor)  # checks it is > 0
+            for m in moes:
+                m.strategy = m.strategy if moe_strategy is None else moe_strategy
+                m.capacity_factor = m.capacity_factor if capacity_factor is KEEP else capacity_factor
         if scan_layers is not None:
             if not isinstance(scan_layers, bool):
                 raise TypeError(f"scan_layers must be True or False; got {scan_layers!r}")

@@ -16,6 +16,11 @@ Two exact strategies, chosen by ``strategy`` (at construction or per call):
   axes; the ragged dots contract over the ep-sharded expert axis (and the fsdp-sharded ``D``), so
   all-reduces over ``ep`` (and ``fsdp``) follow. Neither strategy gathers experts over ``ep``.
   (On CPU XLA lowers ``ragged_dot`` to a masked dense dot; TPU/GPU have native kernels.)
+- ``"alltoall"``: expert parallelism proper (:mod:`.moe_alltoall`): each device routes its own tokens,
+  packs them per expert into ``capacity_factor``-sized buffers (None: never drop, then it equals
+  ``dense``), and two ``all_to_all``s over ``ep`` carry them to the device holding their expert and
+  back. It needs the model's mesh (``shard_model`` / ``with_mesh`` gives it); without one it runs the
+  same dispatch on one device.
 
 Parameter layouts (the contract the checkpoint converter maps onto): ``router_kernel (D, E)``,
 ``gate_proj (E, D, F)``, ``up_proj (E, D, F)``, ``down_proj (E, F, D)``. :func:`from_hf_experts`,
@@ -44,12 +49,13 @@ from workbench.core.axes import (
     ExpertRowWise,
     RowWise,
 )
+from workbench.core.models.moe_alltoall import Dispatch, alltoall
 
 __all__ = ["STRATEGIES", "MoE", "RouterReplicated", "from_hf_experts", "from_hf_moe", "from_legacy_experts",
            "load_hf_moe", "to_hf_experts", "to_hf_moe", "to_legacy_experts"]
 
 Array = jax.Array
-STRATEGIES = ("dense", "ragged")
+STRATEGIES = ("dense", "ragged", "alltoall")
 ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_grouped")
 ACTIVATIONS = ("silu", "clamped_swiglu")
 DEFAULT_KERNEL_INIT = nnx.initializers.normal(0.02)  # HF Mixtral's initializer_range
@@ -65,7 +71,7 @@ PARAM_AXES = {"router_kernel": RouterReplicated, "gate_proj": ExpertColumnWise, 
               "shared_gate": ColumnWise, "shared_up": ColumnWise, "shared_down": RowWise}
 
 
-def _check_strategy(strategy: str) -> str:
+def check_strategy(strategy: str) -> str:
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown MoE strategy {strategy!r}; use one of {STRATEGIES}")
     return strategy
@@ -79,7 +85,7 @@ class MoE(nnx.Module):
                  router_bias: bool = False, expert_bias: bool = False, activation: str = "silu",
                  swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, norm_topk_prob: bool = True,
                  n_group: int = 1, topk_group: int = 1, routed_scaling_factor: float = 1.0,
-                 shared_intermediate_size: int = 0, dtype=jnp.float32,
+                 shared_intermediate_size: int = 0, capacity_factor: float | None = None, dtype=jnp.float32,
                  param_dtype=jnp.float32, precision=None, kernel_init=DEFAULT_KERNEL_INIT,
                  rngs: nnx.Rngs):
         if not 1 <= num_experts_per_tok <= num_experts:
@@ -118,7 +124,10 @@ class MoE(nnx.Module):
                                           semantic_axes=PARAM_AXES[name]) if Fs else nnx.data(None))
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.num_experts, self.num_experts_per_tok = num_experts, num_experts_per_tok
-        self.strategy = _check_strategy(strategy)
+        self.strategy = check_strategy(strategy)
+        self.capacity_factor = capacity_factor
+        # the mesh and PartitionAxis the model is laid on (with_mesh sets them): the alltoall strategy's shard_map
+        self.mesh, self.partition_axis = None, None
         self.dtype, self.param_dtype, self.precision = dtype, param_dtype, precision
 
     def route(self, x_ND: Array, router_kernel_DE: Array) -> tuple[Array, Array, Array]:
@@ -185,17 +194,44 @@ class MoE(nnx.Module):
         if x_BTD.ndim != 3 or x_BTD.shape[-1] != self.hidden_size:
             raise ValueError(f"input shape {x_BTD.shape}: MoE expects (batch, length, hidden_size="
                              f"{self.hidden_size})")
-        strategy = _check_strategy(self.strategy if strategy is None else strategy)
+        strategy = check_strategy(self.strategy if strategy is None else strategy)
         B, T, D = x_BTD.shape
         x_BTD, router_DE = dtypes.promote_dtype((x_BTD, self.router_kernel[...]), dtype=self.dtype)
         x_ND = x_BTD.reshape(B * T, D)
         logits_NE, weights_NK, experts_NK = self.route(x_ND, router_DE)
-        run = _dense if strategy == "dense" else _ragged
-        y_ND = run(x_ND, weights_NK, experts_NK, self.experts(), self.precision)
+        if strategy == "alltoall":
+            y_ND = self._alltoall(x_BTD, weights_NK, experts_NK).reshape(B * T, D)
+        else:
+            run = _dense if strategy == "dense" else _ragged
+            y_ND = run(x_ND, weights_NK, experts_NK, self.experts(), self.precision)
         shared_ND = self.shared(x_ND)
         if shared_ND is not None:
             y_ND = y_ND + shared_ND.astype(y_ND.dtype)
         return y_ND.astype(x_BTD.dtype).reshape(B, T, D), logits_NE
+
+
+    def _alltoall(self, x_BTD: Array, weights_NK: Array, experts_NK: Array) -> Array:
+        return self.dispatch(x_BTD, weights_NK, experts_NK)[0]
+
+    def dispatch(self, x_BTD: Array, weights_NK: Array | None = None, experts_NK: Array | None = None
+                 ) -> tuple[Array, Dispatch]:
+        """The ``alltoall`` strategy's output ``(B, T, D)`` (routed experts only) and its :class:`Dispatch`
+        counts (tokens per expert, copies dropped at ``capacity_factor``); routes ``x_BTD`` if not given."""
+        B, T, D = x_BTD.shape
+        if weights_NK is None:
+            x_BTD = dtypes.promote_dtype((x_BTD,), dtype=self.dtype)[0]
+            _, weights_NK, experts_NK = self.route(x_BTD.reshape(B * T, D), self.router_kernel[...].astype(x_BTD.dtype))
+        token_spec = jax.sharding.PartitionSpec()
+        if self.mesh is not None:
+            from workbench.core.axes import PartitionAxis
+            from workbench.core.models.causal_lm import ACTIVATION_AXES
+
+            token_spec = (self.partition_axis or PartitionAxis()).resolve(ACTIVATION_AXES, shape=x_BTD.shape,
+                                                                          mesh=self.mesh)
+        K = self.num_experts_per_tok
+        return alltoall(x_BTD, weights_NK.reshape(B, T, K), experts_NK.reshape(B, T, K), self.experts(),
+                        mesh=self.mesh, token_spec=token_spec, capacity_factor=self.capacity_factor,
+                        precision=self.precision)
 
 
 class Experts(tp.NamedTuple):

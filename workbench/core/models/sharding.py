@@ -122,9 +122,14 @@ def with_mesh(model: nnx.Module, mesh: jax.sharding.Mesh | None, partition_axis:
     """
     graphdef, state = nnx.split(model)
     new = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
+    pa = None if mesh is None else (partition_axis or PartitionAxis())
     if hasattr(new, "mesh"):
-        new.mesh = mesh
-        new.partition_axis = None if mesh is None else (partition_axis or PartitionAxis())
+        new.mesh, new.partition_axis = mesh, pa
+    from workbench.core.models.moe import MoE
+
+    for _, module in nnx.iter_modules(new):
+        if isinstance(module, MoE):  # the alltoall strategy runs a shard_map over this mesh
+            module.mesh, module.partition_axis = mesh, pa
     return new
 
 
