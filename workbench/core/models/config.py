@@ -445,6 +445,9 @@ def _deepseek_v3_fields(hf: tp.Mapping[str, tp.Any]) -> dict[str, tp.Any]:
     experts = hf["n_routed_experts"] if "n_routed_experts" in hf else hf["num_local_experts"]
     if not experts:
         raise ValueError("DeepSeek-V3 without routed experts (n_routed_experts=None) is not supported")
+    for key, want in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")):  # original (remote-code) configs
+        if hf.get(key, want) != want:
+            raise ValueError(f"DeepSeek-V3 with {key}={hf[key]!r} is not supported; its router is {key}={want!r}")
     first_dense = hf.get("first_k_dense_replace") or 0
     if first_dense >= n:
         raise ValueError(f"first_k_dense_replace={first_dense} makes every one of the {n} layers dense; at least the "
