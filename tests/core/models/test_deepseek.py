@@ -144,3 +144,20 @@ def test_mla_config_checks():
         config.replace(q_lora_rank=0)
     with pytest.raises(ValueError, match=r"ModelConfig\.v_head_dim to be a positive int"):
         config.replace(v_head_dim=0)
+
+
+def test_lora_and_int8_reach_the_absorbed_up_projection():
+    """kv_b_proj is used through its kernel; wrapped by LoRA or int8 quantization its effective weight is used."""
+    model = CausalLM(config_of(), rngs=nnx.Rngs(0), attn_mechanism="vanilla")
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, 128, (2, 6)))
+    with jax.default_matmul_precision("highest"):
+        base = np.asarray(model(ids).logits)
+        lora = model.apply_lora_to_layers(4, "kv_b_proj")
+        np.testing.assert_allclose(np.asarray(lora(ids).logits), base, atol=1e-6)  # lora_b starts at zero
+        graphdef, state = nnx.split(lora)
+        state = jax.tree.map(lambda x: x, state)
+        b = state["layers"]["self_attn"]["kv_b_proj"]["lora_b"]
+        b.set_value(jnp.full(b.shape, 0.05, b.dtype))
+        assert np.abs(np.asarray(nnx.merge(graphdef, state)(ids).logits) - base).max() > 1e-3
+        quantized = np.asarray(model.quantize()(ids).logits)
+    assert 0 < np.abs(quantized - base).max() < 0.05

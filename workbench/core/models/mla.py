@@ -103,8 +103,14 @@ class MLAttention(nnx.Module):
         return q.reshape(*x_BTD.shape[:2], self.num_heads, self.nope_dim + self.rope_dim)
 
     def up_projections(self) -> tuple[Array, Array]:
-        """``W_uk (C, H, N)`` and ``W_uv (C, H, V)``: ``kv_b_proj``'s kernel split per head."""
-        (w,) = dtypes.promote_dtype((self.kv_b_proj.kernel[...],), dtype=self.dtype)
+        """``W_uk (C, H, N)`` and ``W_uv (C, H, V)``: ``kv_b_proj``'s kernel split per head. A wrapped layer
+        (a LoRA adapter, int8 weights) has no plain kernel: its effective one is the layer applied to the
+        identity, one ``(C, C) x (C, H*(N+V))`` matmul per call."""
+        layer = self.kv_b_proj
+        if type(layer) is ColumnParallelLinear:
+            (w,) = dtypes.promote_dtype((layer.kernel[...],), dtype=self.dtype)
+        else:
+            w = layer(jnp.eye(self.latent_dim, dtype=self.dtype))
         w_CHX = w.reshape(self.latent_dim, self.num_heads, self.nope_dim + self.v_head_dim)
         return w_CHX[..., :self.nope_dim], w_CHX[..., self.nope_dim:]
 
