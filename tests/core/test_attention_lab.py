@@ -220,7 +220,7 @@ def test_attention_weights_of_one_head_match_the_reference():
 def test_capability_summary_names_what_is_missing():
     assert lab.capability_summary("vanilla") == "vanilla · all features"
     assert lab.capability_summary("chunked") == "flash · no return_weights"
-    assert lab.capability_summary("ring") == "ring · no return_weights, sinks; needs mesh axis sp"
+    assert lab.capability_summary("ring") == "ring · no return_weights, sinks, value_head_dim; needs mesh axis sp"
     assert "+paged_kv" in lab.capability_summary("paged")
 
 

@@ -49,6 +49,7 @@ from workbench.core.axes import (
     PartitionAxis,
 )
 from workbench.core.inspect import Collective, summarize
+from workbench.core.models.cache import kv_layout
 from workbench.core.models.sharding import explain_params, path_str, shard_model, with_mesh
 
 ROLES = (ax.DP, ax.FSDP, ax.EP, ax.TP, ax.SP)
@@ -288,8 +289,8 @@ def _kv_decisions(layout: Layout, batch: int, max_length: int) -> tuple[tuple[in
     for name, value in (("batch", batch), ("max_length", max_length)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"KV cache {name} must be a positive int; got {value!r}")
-    c = layout.config
-    shape = (batch, max_length, c.num_key_value_heads, c.head_dim)
+    kv = kv_layout(layout.config)  # MLA: one head of [latent ; rope key]
+    shape = (batch, max_length, kv.kv_heads, kv.key_dim)
     return shape, layout.partition_axis.explain(KV_CACHE_AXES, KV_CACHE_MODE, shape=shape, mesh=layout.mesh)
 
 
@@ -310,7 +311,8 @@ def memory_per_device(layout: Layout, *, optimizer: str | None = "adamw",
     ``optimizer="adamw"``: two moments per parameter in float32 (what mixed-precision training keeps;
     optax keeps them in the parameters' dtype, the same for float32 models) with the parameters'
     shardings, plus its int32 step count. ``kv_cache=(batch, max_length, dtype)``: keys and values
-    of every layer, ``layers x 2 x (B, S, KV, D)``, sharded by :func:`kv_cache_spec`.
+    of every layer, ``layers x 2 x (B, S, KV, D)`` (MLA: ``layers x (B, S, 1, C + R)``, values inside the
+    keys), sharded by :func:`kv_cache_spec`.
     """
     if optimizer not in ("adamw", None):
         raise ValueError(f"optimizer must be 'adamw' or None; got {optimizer!r}")
@@ -323,7 +325,8 @@ def memory_per_device(layout: Layout, *, optimizer: str | None = "adamw",
         _, decisions = _kv_decisions(layout, batch, max_length)
         kv_spec, kv_reason = PartitionSpec(*(d.spec_entry for d in decisions)), _reason(decisions)
         block = _shard_shape(decisions, _mesh_sizes(layout.mesh))
-        kv = 2 * layout.config.num_hidden_layers * math.prod(block) * np.dtype(dtype).itemsize
+        arrays = 1 if layout.config.mla else 2  # MLA's values are the first channels of its keys
+        kv = arrays * layout.config.num_hidden_layers * math.prod(block) * np.dtype(dtype).itemsize
     return MemoryBreakdown(layout.param_bytes, opt, kv, kv_spec, kv_reason)
 
 

@@ -22,6 +22,8 @@ _LAZY = {
     "tiny": "workbench.core.models.presets",
     "tiny_config": "workbench.core.models.presets",
     "FAMILIES": "workbench.core.models.presets",
+    "full_config": "workbench.core.models.presets",
+    "FULL_SIZE": "workbench.core.models.presets",
     "local_checkpoint": "workbench.core.models.zoo",
 }
 

@@ -11,6 +11,13 @@ TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_l
             num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64, "rope_theta": 10000.0}
+DEEPSEEK = dict(**{**TINY, "num_key_value_heads": 4, "rms_norm_eps": 1e-5}, q_lora_rank=24, kv_lora_rank=16,
+                qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=20, first_k_dense_replace=1, n_routed_experts=8,
+                num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1, moe_intermediate_size=32,
+                routed_scaling_factor=2.5, norm_topk_prob=True, rope_interleave=True,
+                rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 0.9,
+                                 "mscale_all_dim": 0.8, "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                                 "beta_slow": 1.0})
 FAMILIES = {
     "llama": lambda: transformers.LlamaConfig(**TINY, rope_scaling=LLAMA3_ROPE),
     "mistral": lambda: transformers.MistralConfig(**TINY, head_dim=16, sliding_window=5),
@@ -44,8 +51,17 @@ FAMILIES = {
     "gpt_oss": lambda: transformers.GptOssConfig(
         **{k: v for k, v in TINY.items() if k != "num_hidden_layers"}, num_hidden_layers=2, head_dim=16,
         num_local_experts=4, num_experts_per_tok=2, sliding_window=4, swiglu_limit=0.1),
+    # multi-head latent attention (q LoRA, interleaved rope channels, value dim != nope dim, YaRN with
+    # mscale / mscale_all_dim), a leading dense layer, then 8 sigmoid-routed experts in 4 groups (2 kept, 2 per
+    # token) plus a shared one; rms_norm_eps != 1e-6 (the latent norms keep transformers' default eps)
+    "deepseek_v3": lambda: transformers.DeepseekV3Config(**DEEPSEEK),
+    # a plain q_proj, rope channels in halves, biased q_a/kv_a/o projections, default rope, tied embeddings
+    "deepseek_v3-no-q-lora": lambda: transformers.DeepseekV3Config(
+        **{**DEEPSEEK, "q_lora_rank": None, "rope_interleave": False, "attention_bias": True,
+           "tie_word_embeddings": True, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
 }
-MAIN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "gemma3", "qwen3_moe", "gpt_oss")
+MAIN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "gemma3", "qwen3_moe", "gpt_oss",
+                 "deepseek_v3")
 B, T, PAD = 2, 12, 4
 
 
@@ -67,6 +83,9 @@ def hf_model(family, *, cls=None, seed=0, **config_changes):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             elif name.endswith((".bias", "_bias", ".sinks")):
                 p.copy_(0.1 * torch.randn_like(p) if not name.endswith(".sinks") else torch.randn_like(p))
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's router bias (a buffer): picks experts
+                buf.copy_(0.1 * torch.randn_like(buf))
     return model
 
 

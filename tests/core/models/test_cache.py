@@ -43,8 +43,8 @@ def jitted_incremental_logits(model, cache, ids, mask):
 
 @pytest.mark.parametrize("family, kind", [
     *[(f, "contiguous") for f in ("llama", "mistral", "qwen2-sliding-layers", "qwen3", "gpt2", "mixtral", "gemma3",
-                                  "qwen3_moe", "gpt_oss")],
-    *[(f, "paged") for f in ("llama", "qwen2-sliding-layers", "gpt2", "gemma3", "gpt_oss")]])
+                                  "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v3-no-q-lora")],
+    *[(f, "paged") for f in ("llama", "qwen2-sliding-layers", "gpt2", "gemma3", "gpt_oss", "deepseek_v3")]])
 def test_cached_decoding_equals_full_forward(family, kind):
     model = model_for(family)
     ids, mask = left_padded()

@@ -102,7 +102,8 @@ def test_family_switches_from_hf():
     assert (mixtral.mlp_type, mixtral.num_local_experts, mixtral.num_experts_per_tok) == ("moe", 4, 2)
 
 
-@pytest.mark.parametrize("family", [*MAIN_FAMILIES, "qwen2-sliding-layers", "llama-bias-tied"])
+@pytest.mark.parametrize("family", [*MAIN_FAMILIES, "qwen2-sliding-layers", "llama-bias-tied",
+                                    "deepseek_v3-no-q-lora"])
 def test_config_round_trips_through_transformers(family):
     config = ModelConfig.from_hf(FAMILIES[family]().to_dict())
     again = ModelConfig.from_hf(transformers.AutoConfig.for_model(**config.to_hf()).to_dict())

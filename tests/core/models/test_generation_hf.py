@@ -33,7 +33,7 @@ def ours_generate(model, ids, mask, config, **kw):
         return generate(model, ids, config, attention_mask=mask, **kw)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "mixtral", "gemma3", "qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "mixtral", "gemma3", "qwen3_moe", "gpt_oss", "deepseek_v3"])
 def test_greedy_32_tokens_match_hf(family, llama):
     hf, ours = llama if family == "llama" else pair(family)
     ids, mask = batch()

@@ -70,7 +70,7 @@ def test_family_switches():
     for family in FAMILIES:
         config = ModelConfig.from_hf(tiny_config(family))
         assert (config.hidden_size, config.num_attention_heads, config.vocab_size) == (64, 4, TINY_VOCAB)
-        assert config.num_key_value_heads == (4 if family == "gpt2" else 2)
+        assert config.num_key_value_heads == (4 if family in ("gpt2", "deepseek_v3") else 2)
 
 
 def test_unknown_family_and_vocab_override():

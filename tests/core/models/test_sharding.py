@@ -22,7 +22,8 @@ def model_for(family):
 @pytest.mark.parametrize("family, mesh_axes", [("llama", dict(dp=2, fsdp=2, tp=2)), ("mixtral", dict(ep=4, fsdp=2)),
                                                ("gpt2", dict(fsdp=4, tp=2)), ("gemma3", dict(dp=2, fsdp=2, tp=2)),
                                                ("qwen3_moe", dict(ep=2, fsdp=2, tp=2)),
-                                               ("gpt_oss", dict(ep=2, dp=2, tp=2))])
+                                               ("gpt_oss", dict(ep=2, dp=2, tp=2)),
+                                               ("deepseek_v3", dict(ep=2, fsdp=2, tp=2))])
 def test_shard_model_places_every_param_by_its_spec(family, mesh_axes):
     model = model_for(family)
     mesh = make_mesh(**mesh_axes)
@@ -39,7 +40,7 @@ def test_shard_model_places_every_param_by_its_spec(family, mesh_axes):
         got = nnx.jit(lambda m, ids: m(ids).logits)(sharded, ids)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5)
     gathered = sharded.gather_model()
-    leaf = nnx.state(gathered, nnx.Param)["layers"]["self_attn"]["q_proj"]["kernel"].get_value()
+    leaf = nnx.state(gathered, nnx.Param)["layers"]["self_attn"]["o_proj"]["kernel"].get_value()
     assert len(leaf.sharding.device_set) == 1
 
 

@@ -34,7 +34,7 @@ def ours_from(hf) -> CausalLM:
                               attn_mechanism="vanilla")
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2-sliding-layers", "gpt2", "mixtral"])
+@pytest.mark.parametrize("family", ["llama", "qwen2-sliding-layers", "gpt2", "mixtral", "deepseek_v3"])
 def test_scanned_and_unrolled_agree_with_transformers(family):
     hf = hf_model(family, num_hidden_layers=3)
     ours = ours_from(hf)

@@ -1,5 +1,6 @@
 """ONE decoder block for every family: norm, attention (GQA, bias / q-k norm / sliding-window
-switches, rotary or none), norm, MLP (SwiGLU, GELU or a mixture of experts), each with a residual.
+switches, rotary or none; or multi-head latent attention, ``mla.py``), norm, MLP (SwiGLU, GELU or a
+mixture of experts), each with a residual.
 
 Attention runs through ``OperationRegistry`` by name (BTHD layout), so swapping the
 implementation is a string change. Kernels carry semantic axes (``ColumnWise`` for q/k/v and
@@ -168,8 +169,19 @@ def make_mlp(config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.
     return MoE(c.hidden_size, c.expert_intermediate_size, c.num_local_experts, c.num_experts_per_tok,
                routing=c.moe_routing, router_bias=c.moe_router_bias, expert_bias=c.moe_expert_bias,
                activation=c.moe_activation, swiglu_alpha=c.swiglu_alpha, swiglu_limit=c.swiglu_limit,
-               norm_topk_prob=c.moe_norm_topk_prob, dtype=dtype,
+               norm_topk_prob=c.moe_norm_topk_prob, n_group=c.moe_n_group, topk_group=c.moe_topk_group,
+               routed_scaling_factor=c.moe_routed_scaling,
+               shared_intermediate_size=c.moe_shared_experts * c.expert_intermediate_size, dtype=dtype,
                param_dtype=param_dtype, rngs=rngs)
+
+
+def make_attention(config: ModelConfig, *, attn_mechanism: str, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Module:
+    """:class:`Attention`, or multi-head latent attention when ``config.kv_lora_rank`` is set (DeepSeek-V3)."""
+    if not config.mla:
+        return Attention(config, attn_mechanism=attn_mechanism, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    from workbench.core.models.mla import MLAttention
+
+    return MLAttention(config, attn_mechanism=attn_mechanism, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
 
 class DecoderBlock(nnx.Module):
@@ -185,8 +197,8 @@ class DecoderBlock(nnx.Module):
     def __init__(self, config: ModelConfig, *, attn_mechanism: str = "vanilla", dtype=jnp.float32,
                  param_dtype=jnp.float32, rngs: nnx.Rngs):
         self.input_layernorm = make_norm(config, param_dtype=param_dtype)
-        self.self_attn = Attention(config, attn_mechanism=attn_mechanism, dtype=dtype, param_dtype=param_dtype,
-                                   rngs=rngs)
+        self.self_attn = make_attention(config, attn_mechanism=attn_mechanism, dtype=dtype, param_dtype=param_dtype,
+                                        rngs=rngs)
         self.post_attention_layernorm = make_norm(config, param_dtype=param_dtype)
         self.mlp = make_mlp(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         if config.sandwich_norms:

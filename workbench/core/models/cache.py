@@ -14,6 +14,11 @@ included, marked invalid in ``valid_BS``); ``keys[layer]`` is one layer's ``(B, 
 ``PagedKVCache.key_pages`` is ``(L, num_pages, page_size, KV, D)``; row ``b``'s token at position
 ``p`` lives at ``key_pages[layer, page_table[b, p // page_size], p % page_size]`` and padding is
 never stored, so each row holds ``lengths[b]`` tokens (a ragged batch).
+
+Multi-head latent attention (DeepSeek-V3) caches ``[latent ; rope key]`` once per token: keys
+``(L, B, S, 1, C + R)`` (pages ``(L, num_pages, page_size, 1, C + R)``) and no value array; its values
+are the keys' first ``value_dim = C`` channels (the latent, stored once). :func:`kv_layout` gives a
+config's layout and :func:`cache_footprint` its bytes per token against the expanded cache.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ import numpy as np
 
 from workbench.core.operations import OperationMetadata, OperationRegistry
 from workbench.core.operations.attention.common import KV_LENGTHS
+
+if tp.TYPE_CHECKING:
+    from workbench.core.models.config import ModelConfig
 
 Array = jax.Array
 INDEX = jnp.int32  # every cache index and position: int32 whatever jax_enable_x64 says
@@ -60,31 +68,110 @@ def _as(x: Array, dtype) -> Array:
     return x if x.dtype == dtype else x.astype(dtype)
 
 
-@_pytree(("keys", "values", "valid_BS", "positions_B", "index"))
+def _nbytes(x: tp.Any) -> int:
+    """Bytes of an array or a ``ShapeDtypeStruct`` (0 for None: values kept inside the keys)."""
+    return 0 if x is None else math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
+
+
+class KVLayout(tp.NamedTuple):
+    """What a cache stores per token and layer: ``kv_heads`` heads of ``key_dim`` keys, and values of
+    ``key_dim`` each, or, with ``value_dim`` set (MLA), no values of their own: they are the keys' first
+    ``value_dim`` channels."""
+
+    kv_heads: int
+    key_dim: int
+    value_dim: int | None = None
+
+    @property
+    def numbers_per_token(self) -> int:
+        """Numbers cached per token and layer (keys, plus values unless they live in the keys)."""
+        return self.kv_heads * self.key_dim * (1 if self.value_dim is not None else 2)
+
+
+def kv_layout(config: ModelConfig) -> KVLayout:
+    """The cache layout of ``config``: ``(KV, D)`` keys and values, or MLA's ``[latent ; rope key]`` alone."""
+    if config.mla:
+        return KVLayout(1, config.kv_lora_rank + config.qk_rope_head_dim, config.kv_lora_rank)
+    return KVLayout(config.num_key_value_heads, config.head_dim)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheFootprint:
+    """Bytes one token costs in one layer's cache (``cached``) and in the cache of the same attention with
+    per-head keys and values (``expanded``: ``KV x 2 x D``, or for MLA ``H x (qk_head_dim + v_head_dim)``)."""
+
+    cached: int
+    expanded: int
+    layers: int
+    dtype: str
+    what: str
+
+    @property
+    def ratio(self) -> float:
+        return self.expanded / self.cached
+
+    def __str__(self) -> str:
+        return (f"{self.what}: {self.cached:,} B per token per layer ({self.dtype}) vs {self.expanded:,} B expanded, "
+                f"{self.ratio:.1f}x smaller; {self.layers} layers: {self.cached * self.layers:,} B vs "
+                f"{self.expanded * self.layers:,} B per token")
+
+
+def cache_footprint(config: ModelConfig, dtype=jnp.bfloat16) -> CacheFootprint:
+    """Bytes per token per layer of ``config``'s KV cache in ``dtype`` against the expanded (GQA/MHA) one.
+
+    >>> from workbench.core.models.presets import full_config
+    >>> print(cache_footprint(full_config("deepseek-v3")))  # doctest: +ELLIPSIS
+    MLA latent 512 + rope key 64: 1,152 B per token per layer (bfloat16) vs 81,920 B expanded, 71.1x smaller; ...
+    """
+    itemsize = jnp.dtype(dtype).itemsize
+    layout = kv_layout(config)
+    c = config
+    if c.mla:
+        expanded = c.num_attention_heads * (c.qk_head_dim + c.v_head_dim)
+        what = f"MLA latent {c.kv_lora_rank} + rope key {c.qk_rope_head_dim}"
+    else:
+        expanded = layout.numbers_per_token
+        what = f"{'MHA' if c.num_key_value_heads == c.num_attention_heads else 'GQA'} {layout.kv_heads} x 2 x " \
+               f"{layout.key_dim}"
+    return CacheFootprint(layout.numbers_per_token * itemsize, expanded * itemsize, c.num_hidden_layers,
+                          jnp.dtype(dtype).name, what)
+
+
+def _check_value_dim(value_dim: int | None, head_dim: int) -> None:
+    if value_dim is not None and not (isinstance(value_dim, int | np.integer) and 1 <= value_dim <= head_dim):
+        raise ValueError(f"value_dim (values = the keys' first value_dim channels) must be an int in [1, head_dim="
+                         f"{head_dim}] or None; got {value_dim!r}")
+
+
+@_pytree(("keys", "values", "valid_BS", "positions_B", "index"), ("value_dim",))
 @dataclasses.dataclass(frozen=True)
 class KVCache:
     """Contiguous cache: ``(L, B, max_length, KV, D)`` keys and values for all layers.
 
     ``valid_BS`` marks slots holding real tokens, ``positions_B`` is each row's next position,
-    ``index`` the number of slots written (the same for every row).
+    ``index`` the number of slots written (the same for every row). With ``value_dim`` (MLA) ``values``
+    is None: the values are ``keys[..., :value_dim]``, stored once.
     """
 
     keys: Array
-    values: Array
+    values: Array | None
     valid_BS: Array
     positions_B: Array
     index: Array
+    value_dim: int | None = None
 
     @classmethod
     def create(cls, num_layers: int, batch_size: int, max_length: int, num_kv_heads: int, head_dim: int,
-               dtype=jnp.float32) -> KVCache:
+               dtype=jnp.float32, *, value_dim: int | None = None) -> KVCache:
         for name, value in (("num_layers", num_layers), ("batch_size", batch_size), ("max_length", max_length)):
             if not isinstance(value, int | np.integer) or value < 1:
                 raise ValueError(f"{name} must be a positive int; got {value!r}")
+        _check_value_dim(value_dim, head_dim)
         shape = (num_layers, batch_size, max_length, num_kv_heads, head_dim)
-        return cls(keys=jnp.zeros(shape, dtype), values=jnp.zeros(shape, dtype),
+        return cls(keys=jnp.zeros(shape, dtype), values=None if value_dim else jnp.zeros(shape, dtype),
                    valid_BS=jnp.zeros((batch_size, max_length), bool),
-                   positions_B=jnp.zeros((batch_size,), INDEX), index=jnp.zeros((), INDEX))
+                   positions_B=jnp.zeros((batch_size,), INDEX), index=jnp.zeros((), INDEX),
+                   value_dim=None if value_dim is None else int(value_dim))
 
     @property
     def num_layers(self) -> int:
@@ -100,12 +187,12 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.values.nbytes
+        return _nbytes(self.keys) + _nbytes(self.values)
 
     def reorder(self, index_B: Array) -> KVCache:
         """Rows gathered by ``index_B`` (beam search keeps the cache of the beams it continues)."""
-        return dataclasses.replace(self, keys=jnp.take(self.keys, index_B, axis=1),
-                                   values=jnp.take(self.values, index_B, axis=1),
+        values = None if self.values is None else jnp.take(self.values, index_B, axis=1)
+        return dataclasses.replace(self, keys=jnp.take(self.keys, index_B, axis=1), values=values,
                                    valid_BS=jnp.take(self.valid_BS, index_B, axis=0),
                                    positions_B=jnp.take(self.positions_B, index_B, axis=0))
 
@@ -136,11 +223,12 @@ class _ContiguousStep:
     def arrays(self) -> tuple[Array, Array]:
         return self.cache.keys, self.cache.values
 
-    def attend(self, kv: tuple[Array, Array], layer: tp.Any, q_BTHD: Array, k_BTKD: Array, v_BTKD: Array, *,
-               attn_mechanism: str, sliding_window: int | None, **options: tp.Any
-               ) -> tuple[Array, tuple[Array, Array]]:
+    def attend(self, kv: tuple[Array, Array | None], layer: tp.Any, q_BTHD: Array, k_BTKD: Array,
+               v_BTKD: Array | None, *, attn_mechanism: str, sliding_window: int | None, **options: tp.Any
+               ) -> tuple[Array, tuple[Array, Array | None]]:
         """Write this layer's new keys/values at slots ``index ..`` and attend over the layer's slots
-        (``options``: the family's extra attention arguments, e.g. ``softmax_scale``).
+        (``options``: the family's extra attention arguments, e.g. ``softmax_scale``). A cache with
+        ``value_dim`` (MLA) takes ``v_BTKD=None`` and reads the values as the keys' first channels.
 
         Visibility is causal in slot order with ``kv_lengths = index + T`` (so a blockwise kernel
         skips the unwritten tail) and ``valid_BS`` hiding left padding; a window counts slots,
@@ -148,10 +236,15 @@ class _ContiguousStep:
         """
         keys, values = kv
         b, t = q_BTHD.shape[:2]
+        _check_values(self.cache.value_dim, v_BTKD)
         start = index32(layer, 0, self.cache.index, 0, 0)
         keys = jax.lax.dynamic_update_slice(keys, _as(k_BTKD, keys.dtype)[None], start)
-        values = jax.lax.dynamic_update_slice(values, _as(v_BTKD, values.dtype)[None], start)
-        k_BSKD, v_BSKD = _as(_layer(keys, layer), q_BTHD.dtype), _as(_layer(values, layer), q_BTHD.dtype)
+        k_BSKD = _as(_layer(keys, layer), q_BTHD.dtype)
+        if values is None:
+            v_BSKD = k_BSKD[..., :self.cache.value_dim]
+        else:
+            values = jax.lax.dynamic_update_slice(values, _as(v_BTKD, values.dtype)[None], start)
+            v_BSKD = _as(_layer(values, layer), q_BTHD.dtype)
         op = OperationRegistry.create(attn_mechanism, OperationMetadata())
         filled_B = jnp.full((b,), self.cache.index + t, INDEX)
         mask_B11S = self.valid_BS[:, None, None, :]
@@ -170,40 +263,51 @@ class _ContiguousStep:
     def finish(self, kv: tuple[Array, Array]) -> KVCache:
         t = self.positions_BT.shape[1]
         return KVCache(keys=kv[0], values=kv[1], valid_BS=self.valid_BS,
-                       positions_B=self.cache.positions_B + self.count_B, index=self.cache.index + t)
+                       positions_B=self.cache.positions_B + self.count_B, index=self.cache.index + t,
+                       value_dim=self.cache.value_dim)
 
 
-@_pytree(("key_pages", "value_pages", "page_table", "lengths", "free_pages", "num_free"), ("page_size",))
+def _check_values(value_dim: int | None, v_BTKD: Array | None) -> None:
+    if (value_dim is None) == (v_BTKD is None):
+        raise ValueError("internal: a cache whose values live in its keys (value_dim set, MLA) takes value=None; "
+                         "any other takes the new values")
+
+
+@_pytree(("key_pages", "value_pages", "page_table", "lengths", "free_pages", "num_free"), ("page_size", "value_dim"))
 @dataclasses.dataclass(frozen=True)
 class PagedKVCache:
     """Paged cache: ``(L, num_pages, page_size, KV, D)`` pages, each page shared by all layers' rows alike.
 
     ``page_table (B, pages_per_row)`` maps each row's logical pages to physical ones;
     ``lengths (B,)`` counts the tokens each row holds; ``free_pages[:num_free]`` is the free
-    list (a stack). Pages are taken from it as rows grow, inside the compiled step.
+    list (a stack). Pages are taken from it as rows grow, inside the compiled step. With ``value_dim``
+    (MLA: pages of latents) ``value_pages`` is None: the values are ``key_pages[..., :value_dim]``.
     """
 
     key_pages: Array
-    value_pages: Array
+    value_pages: Array | None
     page_table: Array
     lengths: Array
     free_pages: Array
     num_free: Array
     page_size: int
+    value_dim: int | None = None
 
     @classmethod
     def create(cls, num_layers: int, batch_size: int, num_pages: int, page_size: int, max_model_length: int,
-               num_kv_heads: int, head_dim: int, dtype=jnp.float32) -> PagedKVCache:
+               num_kv_heads: int, head_dim: int, dtype=jnp.float32, *, value_dim: int | None = None) -> PagedKVCache:
         for name, value in (("num_layers", num_layers), ("batch_size", batch_size), ("num_pages", num_pages),
                             ("page_size", page_size), ("max_model_length", max_model_length)):
             if not isinstance(value, int | np.integer) or value < 1:
                 raise ValueError(f"{name} must be a positive int; got {value!r}")
+        _check_value_dim(value_dim, head_dim)
         shape = (num_layers, num_pages, page_size, num_kv_heads, head_dim)
-        return cls(key_pages=jnp.zeros(shape, dtype), value_pages=jnp.zeros(shape, dtype),
+        return cls(key_pages=jnp.zeros(shape, dtype), value_pages=None if value_dim else jnp.zeros(shape, dtype),
                    page_table=jnp.zeros((batch_size, math.ceil(max_model_length / page_size)), INDEX),
                    lengths=jnp.zeros((batch_size,), INDEX),
                    free_pages=jnp.arange(num_pages, dtype=INDEX)[::-1],
-                   num_free=jnp.asarray(num_pages, INDEX), page_size=int(page_size))
+                   num_free=jnp.asarray(num_pages, INDEX), page_size=int(page_size),
+                   value_dim=None if value_dim is None else int(value_dim))
 
     @property
     def num_layers(self) -> int:
@@ -224,7 +328,7 @@ class PagedKVCache:
 
     @property
     def nbytes(self) -> int:
-        return self.key_pages.nbytes + self.value_pages.nbytes
+        return _nbytes(self.key_pages) + _nbytes(self.value_pages)
 
     def pages_needed(self, new_tokens_B: np.ndarray) -> int:
         """Pages the rows need in all after adding ``new_tokens_B`` tokens each (host-side check)."""
@@ -300,16 +404,23 @@ class _PagedStep:
     def arrays(self) -> tuple[Array, Array]:
         return self.cache.key_pages, self.cache.value_pages
 
-    def attend(self, kv: tuple[Array, Array], layer: tp.Any, q_BTHD: Array, k_BTKD: Array, v_BTKD: Array, *,
-               attn_mechanism: str, sliding_window: int | None, **options: tp.Any
-               ) -> tuple[Array, tuple[Array, Array]]:
+    def attend(self, kv: tuple[Array, Array | None], layer: tp.Any, q_BTHD: Array, k_BTKD: Array,
+               v_BTKD: Array | None, *, attn_mechanism: str, sliding_window: int | None, **options: tp.Any
+               ) -> tuple[Array, tuple[Array, Array | None]]:
         """Writes this layer's new keys/values into their pages, then runs ``paged`` attention over the
-        layer's pages (whatever the model's ``attn_mechanism``: only ``paged`` reads pages)."""
+        layer's pages (whatever the model's ``attn_mechanism``: only ``paged`` reads pages). Pages of
+        latents (``value_dim``, MLA) take ``v_BTKD=None``: values are the key pages' first channels."""
         kp, vp = kv
+        _check_values(self.cache.value_dim, v_BTKD)
         kp = kp.at[layer, self.page_BT, self.offset_BT].set(_as(k_BTKD, kp.dtype), mode="drop")
-        vp = vp.at[layer, self.page_BT, self.offset_BT].set(_as(v_BTKD, vp.dtype), mode="drop")
+        k_pages = _as(_layer(kp, layer), q_BTHD.dtype)
+        if vp is None:
+            v_pages = k_pages[..., :self.cache.value_dim]
+        else:
+            vp = vp.at[layer, self.page_BT, self.offset_BT].set(_as(v_BTKD, vp.dtype), mode="drop")
+            v_pages = _as(_layer(vp, layer), q_BTHD.dtype)
         op = OperationRegistry.create("paged", OperationMetadata())
-        out = op(q_BTHD, _as(_layer(kp, layer), q_BTHD.dtype), _as(_layer(vp, layer), q_BTHD.dtype),
+        out = op(q_BTHD, k_pages, v_pages,
                  page_table=self.page_table, kv_lengths=self.lengths_B, causal=True, sliding_window=sliding_window,
                  **options)
         return out.attention_outputs, (kp, vp)

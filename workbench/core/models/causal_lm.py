@@ -16,14 +16,15 @@ from jax.sharding import NamedSharding
 from workbench.core.axes import BATCH, EMPTY, MODE_TRAIN, QUERY_LENGTH, DynamicShardingAxes, PartitionAxis, RowWise
 from workbench.core.linear import ColumnParallelLinear
 from workbench.core.models.block import Attention, DecoderBlock, make_norm
-from workbench.core.models.cache import KVCache, PagedKVCache
+from workbench.core.models.cache import KVCache, PagedKVCache, kv_layout
 from workbench.core.models.config import ModelConfig
 from workbench.core.models.generation_config import GenerationConfig
+from workbench.core.models.mla import MLAttention
 from workbench.core.models.protocol import ModelMethods
 from workbench.core.models.rope import attention_factor, cos_sin, inv_frequencies
 from workbench.core.models.stack import check_remat, run_layers, stack_blocks
 from workbench.core.operations import OperationRegistry
-from workbench.core.operations.attention.common import SINKS, SOFT_CAP, unsupported
+from workbench.core.operations.attention.common import SINKS, SOFT_CAP, VALUE_DIM, unsupported
 
 Array = jax.Array
 AUTO_ATTENTION = {"cpu": "vanilla", "gpu": "sdpa", "tpu": "flash"}
@@ -35,12 +36,14 @@ ACTIVATION_AXES = DynamicShardingAxes((BATCH, QUERY_LENGTH, EMPTY), 1)
 
 def needed_attention_features(config: ModelConfig) -> tuple[str, ...]:
     """What a family asks of its attention implementation beyond plain causal attention."""
-    return (SINKS,) * config.attention_sinks + (SOFT_CAP,) * (config.attn_logit_softcapping is not None)
+    return ((SINKS,) * config.attention_sinks + (SOFT_CAP,) * (config.attn_logit_softcapping is not None)
+            + (VALUE_DIM,) * config.mla)  # MLA attends with latent values narrower than its keys
 
 
 def resolve_attention(name: str, config: ModelConfig | None = None) -> str:
     """``"auto"`` -> the implementation for the default backend (``AUTO_ATTENTION``), or, when that one
-    lacks a feature ``config``'s family needs (GPT-OSS's sinks), the first of flash / vanilla that has it;
+    lacks a feature ``config``'s family needs (GPT-OSS's sinks, MLA's value head dim), the first of flash /
+    vanilla that has it;
     a named one is checked, and refused (naming who can) if it lacks such a feature."""
     needed = () if config is None else needed_attention_features(config)
     if name == "auto":
@@ -161,15 +164,16 @@ class CausalLM(ModelMethods, nnx.Module):
         graphdef, state = nnx.split(self)
         model = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
         for _, module in nnx.iter_modules(model):
-            if isinstance(module, Attention):
+            if isinstance(module, Attention | MLAttention):
                 module.attn_mechanism = name
         return model
 
     def init_cache(self, batch_size: int, max_length: int, *, dtype=None) -> KVCache:
-        """An empty contiguous cache for ``batch_size`` rows of up to ``max_length`` tokens."""
-        c = self.config
-        return KVCache.create(c.num_hidden_layers, batch_size, max_length, c.num_key_value_heads, c.head_dim,
-                              dtype or self.dtype)
+        """An empty contiguous cache for ``batch_size`` rows of up to ``max_length`` tokens (MLA: latents and
+        rope keys, see ``cache.kv_layout``)."""
+        layout = kv_layout(self.config)
+        return KVCache.create(self.config.num_hidden_layers, batch_size, max_length, layout.kv_heads, layout.key_dim,
+                              dtype or self.dtype, value_dim=layout.value_dim)
 
     def init_ragged_pages(self, *, batch_size: int, page_size: int = 16, num_pages: int | None = None,
                           hbm_utilization: float | None = None, max_model_length: int | None = None,
@@ -177,7 +181,7 @@ class CausalLM(ModelMethods, nnx.Module):
         """An empty paged cache. Give ``num_pages``, or ``hbm_utilization`` (a fraction of the first
         device's memory limit spent on pages); ``max_model_length`` (default the config's
         ``max_position_embeddings``) bounds one row."""
-        c = self.config
+        c, layout = self.config, kv_layout(self.config)
         dtype = jnp.dtype(dtype or self.dtype)
         max_model_length = max_model_length or c.max_position_embeddings
         if (num_pages is None) == (hbm_utilization is None):
@@ -190,12 +194,12 @@ class CausalLM(ModelMethods, nnx.Module):
                 raise ValueError(f"{jax.devices()[0].platform} devices report no memory limit; pass num_pages= "
                                  f"instead of hbm_utilization=")
             free = stats["bytes_limit"] * hbm_utilization - stats.get("bytes_in_use", 0)
-            page_bytes = 2 * c.num_hidden_layers * page_size * c.num_key_value_heads * c.head_dim * dtype.itemsize
+            page_bytes = c.num_hidden_layers * page_size * layout.numbers_per_token * dtype.itemsize
             num_pages = int(free // page_bytes)
             if num_pages < 1:
                 raise ValueError(f"hbm_utilization={hbm_utilization} leaves no room for one page of {page_bytes} B")
         return PagedKVCache.create(c.num_hidden_layers, batch_size, num_pages, page_size, max_model_length,
-                                   c.num_key_value_heads, c.head_dim, dtype)
+                                   layout.kv_heads, layout.key_dim, dtype, value_dim=layout.value_dim)
 
     def __call__(self, input_ids: Array, attention_mask: Array | None = None, *,
                  cache: KVCache | PagedKVCache | None = None) -> CausalLMOutput:

@@ -280,7 +280,7 @@ def hf_tensor_plan(model, dtype=None) -> list[CheckpointTensor]:
     from flax import nnx
 
     from workbench.core.models.causal_lm import SequenceClassifier
-    from workbench.core.models.hf_convert import fuse, moe_tensor_names
+    from workbench.core.models.hf_convert import fuse, moe_tensor_names, to_checkpoint_columns
 
     config = getattr(model, "config", None)
     if not isinstance(config, ModelConfig):
@@ -313,9 +313,11 @@ def hf_tensor_plan(model, dtype=None) -> list[CheckpointTensor]:
         shape = tuple(params[path].shape)[(0 if i is None else 1):]
         dt = np.dtype(dtype if dtype is not None else params[path].dtype)
         if entry.kind == "copy":
-            out.append(CheckpointTensor(entry.name, shape, dt, lambda p=path, i=i: get(p, i)))
+            out.append(CheckpointTensor(entry.name, shape, dt,
+                                        lambda p=path, i=i, e=entry: to_checkpoint_columns(config, e, get(p, i))))
         elif entry.kind == "transpose":
-            out.append(CheckpointTensor(entry.name, shape[::-1], dt, lambda p=path, i=i: get(p, i).T))
+            out.append(CheckpointTensor(entry.name, shape[::-1], dt,
+                                        lambda p=path, i=i, e=entry: to_checkpoint_columns(config, e, get(p, i)).T))
         elif entry.kind in ("qkv", "interleave"):  # one fused tensor of 3 (q, k, v) or 2 (gate, up) parameters
             parts = qkv.setdefault(entry.name, {})
             parts[entry.part] = path

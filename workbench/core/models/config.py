@@ -3,7 +3,8 @@
 A family is this config plus a few switches: qkv bias, q/k norm, sliding window, tied
 embeddings (Llama, Mistral, Qwen2, Qwen3), LayerNorm + GELU MLP + learned positions (GPT-2),
 a mixture of experts (Mixtral), sandwich norms with unit-offset RMSNorm, scaled embeddings, a
-query scalar, a local rope base for sliding layers and logit soft-capping (Gemma 3).
+query scalar, a local rope base for sliding layers and logit soft-capping (Gemma 3), multi-head latent
+attention with DeepSeek-V3's routing (DeepSeek-V3).
 :meth:`ModelConfig.from_hf` reads a Hugging Face ``config.json`` dict and :meth:`ModelConfig.to_hf`
 writes one back.
 """
@@ -14,7 +15,7 @@ import dataclasses
 import typing as tp
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "gemma3_text", "qwen3_moe",
-                         "gpt_oss")
+                         "gpt_oss", "deepseek_v3")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 NORM_TYPES = ("rms", "layer")
 MLP_TYPES = ("swiglu", "gelu", "moe")
@@ -22,7 +23,8 @@ GELU_ACTS = ("gelu_new", "gelu_pytorch_tanh", "gelu")
 GATED_ACTS = ("silu", "gelu_pytorch_tanh")  # SwiGLU, and GeGLU with tanh-approximated GELU (Gemma)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "gpt2": "GPT2LMHeadModel", "mixtral": "MixtralForCausalLM",
-                 "gemma3_text": "Gemma3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
+                 "gemma3_text": "Gemma3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
+                 "deepseek_v3": "DeepseekV3ForCausalLM"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +87,16 @@ class ModelConfig:
     instead of ``head_dim ** -0.5``), ``local_rope_theta`` (the rope base of sliding layers; full layers
     use ``rope_theta`` and ``rope_scaling``), ``attn_logit_softcapping`` / ``final_logit_softcapping``
     (``c * tanh(x / c)`` on attention logits / output logits), ``hidden_act="gelu_pytorch_tanh"`` (GeGLU).
+
+    DeepSeek-V3: ``kv_lora_rank`` (not None) switches attention to multi-head latent attention (``mla.py``):
+    keys and values come from a latent of ``kv_lora_rank`` per token plus a shared rope key of
+    ``qk_rope_head_dim`` (then ``head_dim`` is ``qk_rope_head_dim``, the rotary table's width);
+    ``qk_nope_head_dim`` / ``v_head_dim`` are the per-head key and value sizes; ``q_lora_rank`` (None: a plain
+    ``q_proj``) puts a low-rank, normed bottleneck before the queries; ``rope_interleave`` says the checkpoint's
+    rope channels are interleaved pairs (permuted to halves at load, back at save). Its experts:
+    ``moe_routing="sigmoid_grouped"`` with ``moe_n_group`` / ``moe_topk_group`` (group-limited top-k),
+    ``moe_routed_scaling`` and ``moe_shared_experts`` shared experts of width ``moe_intermediate_size``;
+    ``attention_bias`` there biases ``q_a_proj``, ``kv_a_proj_with_mqa`` and ``o_proj``.
     """
 
     vocab_size: int
@@ -123,6 +135,16 @@ class ModelConfig:
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
     attention_sinks: bool = False
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False
+    moe_n_group: int = 1
+    moe_topk_group: int = 1
+    moe_routed_scaling: float = 1.0
+    moe_shared_experts: int = 0
     norm_unit_offset: bool = False
     sandwich_norms: bool = False
     embedding_multiplier: float | None = None
@@ -162,6 +184,8 @@ class ModelConfig:
                              f"{self.num_hidden_layers})")
         if self.first_dense_layers and self.mlp_type != "moe":
             raise ValueError("first_dense_layers only applies to a mixture of experts (mlp_type='moe')")
+        if self.kv_lora_rank is not None:
+            self._check_mla()
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads={self.num_attention_heads} must be a multiple of "
                              f"num_key_value_heads={self.num_key_value_heads}")
@@ -182,6 +206,32 @@ class ModelConfig:
         object.__setattr__(self, "layer_types", layer_types)
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+
+    def _check_mla(self) -> None:
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"multi-head latent attention (kv_lora_rank set) needs ModelConfig.{name} to be a "
+                                 f"positive int; got {value!r}")
+        q = self.q_lora_rank
+        if q is not None and (isinstance(q, bool) or not isinstance(q, int) or q < 1):
+            raise ValueError(f"q_lora_rank must be a positive int or None (a plain q_proj); got {q!r}")
+        if self.head_dim != self.qk_rope_head_dim:
+            raise ValueError(f"with multi-head latent attention head_dim is the rotary width: set head_dim="
+                             f"qk_rope_head_dim={self.qk_rope_head_dim} (got {self.head_dim})")
+        if self.position_embedding != "rope" or self.attention_sinks or self.qk_norm or self.sliding_window:
+            raise ValueError("multi-head latent attention takes rotary positions without sinks, q/k norm or a "
+                             "sliding window; unset those switches")
+
+    @property
+    def mla(self) -> bool:
+        """Whether attention is multi-head latent attention (DeepSeek-V3)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def qk_head_dim(self) -> int:
+        """The per-head query/key size the softmax scale is taken from (MLA: nope + rope, else head_dim)."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.mla else self.head_dim
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of layer ``layer``, None for full attention."""
@@ -226,6 +276,8 @@ class ModelConfig:
             return cls(**_gemma3_fields(hf), **tokens)
         if model_type == "gpt_oss":
             return cls(**_gpt_oss_fields(hf), **tokens)
+        if model_type == "deepseek_v3":
+            return cls(**_deepseek_v3_fields(hf), **tokens)
         act = hf.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"hidden_act={act!r} is not supported; the decoder block's MLP is SwiGLU ('silu')")
@@ -276,6 +328,8 @@ class ModelConfig:
             return base | _gemma3_hf(self, rope)
         if self.model_type == "gpt_oss":
             return base | _gpt_oss_hf(self, rope)
+        if self.model_type == "deepseek_v3":
+            return base | _deepseek_v3_hf(self, rope)
         out = base | {"hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
                       "num_hidden_layers": self.num_hidden_layers, "num_attention_heads": self.num_attention_heads,
                       "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
@@ -378,6 +432,61 @@ def _gpt_oss_hf(c: ModelConfig, rope: dict[str, tp.Any]) -> dict[str, tp.Any]:
             "rope_parameters": rope, "num_local_experts": c.num_local_experts,
             "num_experts_per_tok": c.num_experts_per_tok, "swiglu_limit": c.swiglu_limit,
             "swiglu_alpha": c.swiglu_alpha, "router_aux_loss_coef": 0.0, "hidden_act": "silu"}
+
+
+def _deepseek_v3_fields(hf: tp.Mapping[str, tp.Any]) -> dict[str, tp.Any]:
+    """DeepSeek-V3: multi-head latent attention, leading dense layers, then sigmoid-routed grouped experts
+    plus shared ones. Its multi-token-prediction layers (``num_nextn_predict_layers``) are not part of the
+    causal LM (transformers skips them too)."""
+    act = hf.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"DeepSeek-V3 hidden_act={act!r} is not supported; its MLPs and experts are SwiGLU ('silu')")
+    heads, n = hf["num_attention_heads"], hf["num_hidden_layers"]
+    experts = hf["n_routed_experts"] if "n_routed_experts" in hf else hf["num_local_experts"]
+    if not experts:
+        raise ValueError("DeepSeek-V3 without routed experts (n_routed_experts=None) is not supported")
+    for key, want in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")):  # original (remote-code) configs
+        if hf.get(key, want) != want:
+            raise ValueError(f"DeepSeek-V3 with {key}={hf[key]!r} is not supported; its router is {key}={want!r}")
+    first_dense = hf.get("first_k_dense_replace") or 0
+    if first_dense >= n:
+        raise ValueError(f"first_k_dense_replace={first_dense} makes every one of the {n} layers dense; at least the "
+                         f"last layer must be a mixture of experts")
+    rope = dict(hf.get("rope_parameters") or {})
+    rope.update(hf.get("rope_scaling") or {})
+    theta, scaling = _rope(rope, hf.get("rope_theta", 10000.0))
+    bias = bool(hf.get("attention_bias", False))
+    rope_dim = hf["qk_rope_head_dim"]
+    return dict(vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
+                num_hidden_layers=n, num_attention_heads=heads,
+                num_key_value_heads=hf.get("num_key_value_heads") or heads, head_dim=rope_dim,
+                model_type="deepseek_v3", norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_theta=theta,
+                rope_scaling=scaling, max_position_embeddings=hf.get("max_position_embeddings", 4096),
+                tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)), attention_bias=bias,
+                attention_out_bias=bias, q_lora_rank=hf.get("q_lora_rank"), kv_lora_rank=hf["kv_lora_rank"],
+                qk_nope_head_dim=hf["qk_nope_head_dim"], qk_rope_head_dim=rope_dim, v_head_dim=hf["v_head_dim"],
+                rope_interleave=bool(hf.get("rope_interleave", True)), mlp_type="moe", num_local_experts=experts,
+                num_experts_per_tok=hf["num_experts_per_tok"], moe_intermediate_size=hf["moe_intermediate_size"],
+                first_dense_layers=first_dense, moe_routing="sigmoid_grouped",
+                moe_norm_topk_prob=bool(hf.get("norm_topk_prob", True)), moe_n_group=hf.get("n_group") or 1,
+                moe_topk_group=hf.get("topk_group") or 1,
+                moe_routed_scaling=float(hf.get("routed_scaling_factor", 1.0)),
+                moe_shared_experts=hf.get("n_shared_experts") or 0)
+
+
+def _deepseek_v3_hf(c: ModelConfig, rope: dict[str, tp.Any]) -> dict[str, tp.Any]:
+    return {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+            "moe_intermediate_size": c.expert_intermediate_size, "num_hidden_layers": c.num_hidden_layers,
+            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+            "n_shared_experts": c.moe_shared_experts, "n_routed_experts": c.num_local_experts,
+            "routed_scaling_factor": c.moe_routed_scaling, "kv_lora_rank": c.kv_lora_rank,
+            "q_lora_rank": c.q_lora_rank, "qk_rope_head_dim": c.qk_rope_head_dim, "v_head_dim": c.v_head_dim,
+            "qk_nope_head_dim": c.qk_nope_head_dim, "n_group": c.moe_n_group, "topk_group": c.moe_topk_group,
+            "num_experts_per_tok": c.num_experts_per_tok, "first_k_dense_replace": c.first_dense_layers,
+            "norm_topk_prob": c.moe_norm_topk_prob, "hidden_act": "silu",
+            "max_position_embeddings": c.max_position_embeddings, "rms_norm_eps": c.norm_eps,
+            "rope_parameters": rope, "rope_interleave": c.rope_interleave, "attention_bias": c.attention_bias,
+            "attention_dropout": 0.0}
 
 
 def _gemma3_fields(hf: tp.Mapping[str, tp.Any]) -> dict[str, tp.Any]:

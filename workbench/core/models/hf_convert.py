@@ -12,7 +12,9 @@ Kinds: "copy"; "transpose" (HF ``Linear`` weights are ``(out, in)``, our kernels
 "qkv" (GPT-2's fused ``c_attn``, a ``Conv1D`` already ``(in, out)``: part ``i`` of 3 along the
 last axis); "router", "gate", "up", "down" (Mixtral: the on-disk per-expert
 ``block_sparse_moe.experts.{j}.w1/w3/w2`` form, or transformers' in-memory fused
-``mlp.experts.gate_up_proj (E, 2F, D)`` / ``down_proj (E, D, F)`` form).
+``mlp.experts.gate_up_proj (E, 2F, D)`` / ``down_proj (E, D, F)`` form). An entry with ``rope`` ("q" or
+"kv", DeepSeek-V3 with ``rope_interleave``) also permutes the output features of its rope channels from
+the checkpoint's interleaved pairs to the halves our rotary embedding rotates (:func:`rope_columns`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Entry:
     part: int = 0
     layered: bool = False
     first: int = 0  # the checkpoint's layer number of the stack's layer 0 (a MoE model's dense layers come first)
+    rope: str = ""  # "q" / "kv": the rope columns of MLA's query / kv_a projection are interleaved on disk
 
     def at(self, layer: int | None) -> Entry:
         """This entry for layer ``layer`` of its stack (``name`` formatted, no longer layered)."""
@@ -54,7 +57,27 @@ class Entry:
 
 # Per-expert tensor names on disk: (module under the layer, names of gate / up / down)
 EXPERTS_ON_DISK = {"mixtral": ("block_sparse_moe", ("w1", "w3", "w2")),
-                   "qwen3_moe": ("mlp", ("gate_proj", "up_proj", "down_proj"))}
+                   "qwen3_moe": ("mlp", ("gate_proj", "up_proj", "down_proj")),
+                   "deepseek_v3": ("mlp", ("gate_proj", "up_proj", "down_proj"))}
+
+
+def rope_columns(config: ModelConfig, rope: str) -> np.ndarray:
+    """Our output feature ``j`` is the checkpoint's feature ``perm[j]`` (``rope`` "q": per head ``N`` nope then
+    ``R`` rope channels; "kv": the latent then ``R`` rope channels). transformers' interleaved rotary pairs
+    ``(x0, x1), (x2, x3), ...`` rotate exactly as halves ``(x0, x2, ..., x1, x3, ...)`` do with rotate_half, so
+    with the columns permuted once the standard rope gives the same queries and keys (and the same cache)."""
+    r = config.qk_rope_head_dim
+    halves = np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2)])
+    if rope == "q":
+        n = config.qk_nope_head_dim
+        head = np.concatenate([np.arange(n), n + halves])
+        return (np.arange(config.num_attention_heads)[:, None] * (n + r) + head).reshape(-1)
+    return np.concatenate([np.arange(config.kv_lora_rank), config.kv_lora_rank + halves])
+
+
+def to_checkpoint_columns(config: ModelConfig, entry: Entry, value: tp.Any) -> tp.Any:
+    """A parameter value (our layout) with its rope columns back in the checkpoint's order (if ``entry.rope``)."""
+    return value[..., np.argsort(rope_columns(config, entry.rope))] if entry.rope else value
 
 
 class Reader(tp.Protocol):
@@ -72,11 +95,13 @@ def _llama_layer(config: ModelConfig, stack: str = "layers", first: int = 0) -> 
 def _llama_layer_entries(config: ModelConfig) -> dict[Path, Entry]:
     hf = "model.layers.{i}"
     out: dict[Path, Entry] = {}
+    if config.mla:
+        out |= _mla_entries(config, hf)
     norms = ("input_layernorm", "post_attention_layernorm")
     norms += ("pre_feedforward_layernorm", "post_feedforward_layernorm") if config.sandwich_norms else ()
     for norm in norms:
         out[("layers", norm, "weight")] = Entry(f"{hf}.{norm}.weight", layered=True)
-    for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+    for proj in () if config.mla else ("q_proj", "k_proj", "v_proj", "o_proj"):
         out[("layers", "self_attn", proj, "kernel")] = Entry(f"{hf}.self_attn.{proj}.weight", "transpose", layered=True)
         if config.attention_bias if proj != "o_proj" else config.attention_out_bias:
             out[("layers", "self_attn", proj, "bias")] = Entry(f"{hf}.self_attn.{proj}.bias", layered=True)
@@ -99,9 +124,39 @@ def _llama_layer_entries(config: ModelConfig) -> dict[Path, Entry]:
         out[("layers", "mlp", "router_kernel")] = Entry(hf, "router", layered=True)
         for proj in ("gate", "up", "down"):
             out[("layers", "mlp", f"{proj}_proj")] = Entry(hf, proj, layered=True)
+        if config.moe_routing == "sigmoid_grouped":  # DeepSeek-V3
+            out[("layers", "mlp", "correction_bias")] = Entry(f"{hf}.mlp.gate.e_score_correction_bias", layered=True)
+        if config.moe_shared_experts:
+            for proj in ("gate", "up", "down"):
+                out[("layers", "mlp", f"shared_{proj}")] = Entry(f"{hf}.mlp.shared_experts.{proj}_proj.weight",
+                                                                 "transpose", layered=True)
     else:
         for proj in ("gate_proj", "up_proj", "down_proj"):
             out[("layers", "mlp", proj, "kernel")] = Entry(f"{hf}.mlp.{proj}.weight", "transpose", layered=True)
+    return out
+
+
+def _mla_entries(config: ModelConfig, hf: str) -> dict[Path, Entry]:
+    """DeepSeek-V3's attention tensors (``mla.py``); rope columns permuted when ``rope_interleave``."""
+    attn = f"{hf}.self_attn"
+    rope = lambda which: which if config.rope_interleave else ""
+    out: dict[Path, Entry] = {}
+    kernel = lambda proj, which="": Entry(f"{attn}.{proj}.weight", "transpose", layered=True, rope=rope(which))
+    if config.q_lora_rank is None:
+        out[("layers", "self_attn", "q_proj", "kernel")] = kernel("q_proj", "q")
+    else:
+        out[("layers", "self_attn", "q_a_proj", "kernel")] = kernel("q_a_proj")
+        out[("layers", "self_attn", "q_a_layernorm", "weight")] = Entry(f"{attn}.q_a_layernorm.weight", layered=True)
+        out[("layers", "self_attn", "q_b_proj", "kernel")] = kernel("q_b_proj", "q")
+    out[("layers", "self_attn", "kv_a_proj_with_mqa", "kernel")] = kernel("kv_a_proj_with_mqa", "kv")
+    out[("layers", "self_attn", "kv_a_layernorm", "weight")] = Entry(f"{attn}.kv_a_layernorm.weight", layered=True)
+    out[("layers", "self_attn", "kv_b_proj", "kernel")] = kernel("kv_b_proj")
+    out[("layers", "self_attn", "o_proj", "kernel")] = kernel("o_proj")
+    if config.attention_bias:
+        for proj, which in (("q_a_proj", ""), ("kv_a_proj_with_mqa", "kv"))[config.q_lora_rank is None:]:
+            out[("layers", "self_attn", proj, "bias")] = Entry(f"{attn}.{proj}.bias", layered=True, rope=rope(which))
+    if config.attention_out_bias:
+        out[("layers", "self_attn", "o_proj", "bias")] = Entry(f"{attn}.o_proj.bias", layered=True)
     return out
 
 
@@ -180,10 +235,10 @@ def load_layer(config: ModelConfig, entry: Entry, reader: Reader, layer: int | N
     used = set() if used is None else used
     entry = entry.at(layer)
     kind, name = entry.kind, entry.name
-    if kind == "copy":
-        return _read(reader, name, used)
-    if kind == "transpose":
-        return _read(reader, name, used).T
+    if kind in ("copy", "transpose"):
+        value = _read(reader, name, used)
+        value = value.T if kind == "transpose" else value
+        return value[..., rope_columns(config, entry.rope)] if entry.rope else value
     if kind == "qkv":
         return np.split(_read(reader, name, used), 3, axis=-1)[entry.part]
     if kind == "interleave":
@@ -214,7 +269,12 @@ def expected_names(config: ModelConfig, entry: Entry, layer: int | None = None) 
 
 
 def ignorable(config: ModelConfig, name: str) -> bool:
-    """Checkpoint tensors that are not parameters here (rotary buffers, GPT-2 mask buffers, a tied head)."""
+    """Checkpoint tensors that are not parameters here (rotary buffers, GPT-2 mask buffers, a tied head,
+    DeepSeek-V3's multi-token-prediction layers after the last decoder layer, which transformers skips too)."""
+    if config.model_type == "deepseek_v3" and name.startswith("model.layers."):
+        index = name.split(".")[2]
+        if index.isdigit() and int(index) >= config.num_hidden_layers:
+            return True
     return name.endswith(IGNORED_SUFFIXES) or (config.tie_word_embeddings and name == "lm_head.weight")
 
 
@@ -227,6 +287,7 @@ def to_hf_tensors(config: ModelConfig, params: tp.Mapping[Path, np.ndarray], *,
         stacked = np.asarray(params[path])
         for i in range(stacked.shape[0]) if layered.layered else (None,):
             entry, value = layered.at(i), stacked if i is None else stacked[i]
+            value = to_checkpoint_columns(config, entry, value)
             if entry.kind == "copy":
                 out[entry.name] = value
             elif entry.kind == "transpose":

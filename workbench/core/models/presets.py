@@ -1,4 +1,5 @@
-"""Tiny configs of every family, for tests, tutorials and CPU training runs.
+"""Tiny configs of every family, for tests, tutorials and CPU training runs; full-size configs to explore
+abstractly.
 
 ``tiny_config(family)`` is a Hugging Face ``config.json`` dict, so one dict builds both sides
 of a comparison: ``CausalLM`` through ``ModelConfig.from_hf`` and the transformers reference
@@ -8,6 +9,9 @@ a multiple of 8 so the vocab shards evenly over tp.
 
 >>> tiny_config("qwen3")["head_dim"]
 32
+
+``full_config(name)`` is a published model's ``config.json`` typed in (nothing downloaded), for
+``CausalLM.lazy_init`` and the explorer: shapes, shardings and memory without allocating a byte.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from workbench.core.models.tokenizer import ByteTokenizer
 
 if tp.TYPE_CHECKING:
     from workbench.core.models.causal_lm import CausalLM
+    from workbench.core.models.config import ModelConfig
 
 TINY_VOCAB = 264
 _TOKENS = dict(pad_token_id=ByteTokenizer.pad_token_id, bos_token_id=ByteTokenizer.bos_token_id,
@@ -65,8 +70,53 @@ _CONFIGS: dict[str, dict[str, tp.Any]] = {
                    head_dim=16, hidden_activation="gelu_pytorch_tanh", sliding_window=16,
                    layer_types=["sliding_attention", "full_attention"], rope_local_base_freq=10_000.0,
                    query_pre_attn_scalar=32, final_logit_softcapping=None, attn_logit_softcapping=None),
+    # DeepSeek-V3: multi-head latent attention (q LoRA 32, latent 32, nope 16 + rope 8, values 16, interleaved
+    # rope channels as in the checkpoints), a leading dense layer (MLP 128), then 8 sigmoid-routed experts of
+    # width 32 in 4 groups (2 groups kept, 2 experts per token) plus a shared one; YaRN x4 over 64 positions.
+    # 4 key/value heads = 4 heads, as transformers' DeepSeek-V3 needs (its cache holds the latent anyway)
+    "deepseek_v3": dict(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"],
+                        **{**_DECODER, "num_key_value_heads": 4, "num_hidden_layers": 3}, q_lora_rank=32,
+                        kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                        first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+                        n_shared_experts=1, moe_intermediate_size=32, routed_scaling_factor=2.5, norm_topk_prob=True,
+                        rope_interleave=True,
+                        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
+                                         "mscale_all_dim": 1.0, "original_max_position_embeddings": 64,
+                                         "beta_fast": 32.0, "beta_slow": 1.0}),
 }
 FAMILIES = tuple(_CONFIGS)
+
+# Published config.json values, typed in (nothing downloaded). DeepSeek-V3 (671B, 37B active): 61 layers of
+# which 3 dense, MLA with q LoRA, 256 routed experts (8 per token, 8 groups of which 4 kept) + 1 shared,
+# YaRN x40 over 4096 positions. Its released weights are FP8 (block-quantized); the config describes bf16.
+_FULL_CONFIGS: dict[str, dict[str, tp.Any]] = {
+    "deepseek-v3": dict(
+        model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"], vocab_size=129280, hidden_size=7168,
+        intermediate_size=18432, moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=128,
+        num_key_value_heads=128, n_shared_experts=1, n_routed_experts=256, routed_scaling_factor=2.5,
+        kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, n_group=8,
+        topk_group=4, num_experts_per_tok=8, first_k_dense_replace=3, norm_topk_prob=True, hidden_act="silu",
+        max_position_embeddings=163840, rms_norm_eps=1e-6, rope_theta=10000, tie_word_embeddings=False,
+        rope_scaling={"type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                      "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1},
+        attention_bias=False, attention_dropout=0.0, bos_token_id=0, eos_token_id=1, num_nextn_predict_layers=1,
+        scoring_func="sigmoid", topk_method="noaux_tc", torch_dtype="bfloat16"),
+}
+FULL_SIZE = tuple(_FULL_CONFIGS)
+
+
+def full_config_dict(name: str) -> dict[str, tp.Any]:
+    """The published ``config.json`` dict of the full-size model ``name`` (a fresh copy)."""
+    if name not in _FULL_CONFIGS:
+        raise ValueError(f"unknown full-size config {name!r}; known: {list(FULL_SIZE)}")
+    return copy.deepcopy(_FULL_CONFIGS[name])
+
+
+def full_config(name: str) -> ModelConfig:
+    """The :class:`ModelConfig` of the full-size model ``name``, e.g. for ``CausalLM.lazy_init(config)``."""
+    from workbench.core.models.config import ModelConfig
+
+    return ModelConfig.from_hf(full_config_dict(name))
 
 
 def _check_family(family: str) -> None:

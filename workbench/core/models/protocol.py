@@ -153,11 +153,13 @@ class ModelMethods:
 
     def create_cache_metadata(self, batch_size: int, max_length: int) -> dict:
         """Shapes and bytes of the contiguous cache ``init_cache`` would build (nothing allocated);
-        ``keys_shape`` is one layer's ``(B, S, KV, D)`` (the cache stacks ``layers`` of them)."""
+        ``keys_shape`` is one layer's ``(B, S, KV, D)`` (the cache stacks ``layers`` of them); ``value_dim``
+        is set when the values are the keys' first channels (MLA's latent, stored once)."""
         cache = jax.eval_shape(lambda: self.init_cache(batch_size, max_length))
         keys = cache.keys
         return {"kind": "contiguous", "layers": keys.shape[0], "keys_shape": tuple(keys.shape[1:]),
-                "dtype": str(keys.dtype), "nbytes": 2 * keys.size * keys.dtype.itemsize}
+                "dtype": str(keys.dtype), "value_dim": cache.value_dim,
+                "nbytes": keys.size * keys.dtype.itemsize * (1 if cache.values is None else 2)}
 
     def create_paged_metadata(self, **kwargs) -> dict:
         """Shapes and bytes of the paged cache ``init_ragged_pages(**kwargs)`` would build."""
@@ -166,7 +168,8 @@ class ModelMethods:
         return {"kind": "paged", "layers": pages.shape[0], "pages_shape": tuple(pages.shape[1:]),
                 "num_pages": pages.shape[1], "page_size": pages.shape[2],
                 "page_table_shape": tuple(cache.page_table.shape), "dtype": str(pages.dtype),
-                "nbytes": 2 * pages.size * pages.dtype.itemsize}
+                "value_dim": cache.value_dim,
+                "nbytes": pages.size * pages.dtype.itemsize * (1 if cache.value_pages is None else 2)}
 
     # ----- parameters
     @property

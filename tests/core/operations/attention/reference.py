@@ -16,7 +16,7 @@ def reference_attention(q, k, v, *, mask=None, bias=None, causal=False, sliding_
     b, t, h, d = q.shape
     s, kv = k.shape[1], k.shape[2]
     scale = 1 / np.sqrt(d) if softmax_scale is None else softmax_scale
-    out = np.zeros((b, t, h, d))
+    out = np.zeros((b, t, h, v.shape[-1]))  # the values' head dim (MLA: the latent's, not the keys')
     weights = np.zeros((b, h, t, s))
     full_mask = np.ones((b, h, t, s), bool) if mask is None else np.broadcast_to(np.asarray(mask, bool), (b, h, t, s))
     full_bias = np.zeros((b, h, t, s)) if bias is None else np.broadcast_to(np.asarray(bias, np.float64), (b, h, t, s))

@@ -43,7 +43,7 @@ def test_softmax_scale_from_metadata():
 
 @pytest.mark.parametrize("call, message", [
     (lambda op, q, k, v: op(q[0], k, v), r"query must be 4-D BTHD"),
-    (lambda op, q, k, v: op(q, k, v[:, :3]), r"key .* and value .* must both be \(B, S, KV, D\)"),
+    (lambda op, q, k, v: op(q, k, v[:, :3]), r"key .* and value .* must be \(B, S, KV, D\) and \(B, S, KV, Dv\)"),
     (lambda op, q, k, v: op(q[:, :, :3], k, v), r"3 query heads are not a multiple of 2"),
     (lambda op, q, k, v: op(q, k, v, mask=jnp.ones((2, 4, 5, 6), bool)), r"dimension S is 6, expected 1 or 7"),
     (lambda op, q, k, v: op(q, k, v, mask=jnp.ones((5, 7))), r"mask must be bool.*bias="),

@@ -2,7 +2,10 @@
 
 Conventions (all implementations):
 
-- layout BTHD: ``query (B, T, H, D)``, ``key``/``value`` ``(B, S, KV, D)``, ``H % KV == 0``;
+- layout BTHD: ``query (B, T, H, D)``, ``key``/``value`` ``(B, S, KV, D)``, ``H % KV == 0``; with
+  ``value_head_dim`` the value may have its own last dimension ``Dv`` (``(B, S, KV, Dv)``, output
+  ``(B, T, H, Dv)``): MLA in its absorbed form attends with keys ``[latent; rope key]`` to values that are
+  the latent alone;
 - positions are bottom-right aligned: query ``i`` sits at ``L - T + i`` where ``L`` is
   ``kv_lengths[b]`` if given, else ``S``; keys at index ``>= L`` are padding;
 - ``causal``: a query at position ``p`` sees keys at ``<= p``; ``sliding_window=w``: keys in
@@ -39,8 +42,9 @@ GQA = "gqa"
 RETURN_WEIGHTS = "return_weights"
 GRADIENTS = "gradients"
 SINKS = "sinks"
+VALUE_DIM = "value_head_dim"  # values whose head dim differs from the queries'/keys' (MLA's latent values)
 ALL_FEATURES = frozenset({CAUSAL, SLIDING_WINDOW, SOFT_CAP, SEGMENT_IDS, KV_LENGTHS, BIAS, MASK, GQA,
-                          RETURN_WEIGHTS, GRADIENTS, SINKS})
+                          RETURN_WEIGHTS, GRADIENTS, SINKS, VALUE_DIM})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,9 +145,14 @@ class AttentionCall:
 
     @property
     def shape(self) -> tuple[int, int, int, int, int, int]:
-        """``(B, T, S, H, KV, D)``."""
+        """``(B, T, S, H, KV, D)``; ``D`` is the query/key head dim (see :attr:`value_dim`)."""
         b, t, h, d = self.query.shape
         return b, t, self.key.shape[1], h, self.key.shape[2], d
+
+    @property
+    def value_dim(self) -> int:
+        """The values' head dim ``Dv``, the output's last dimension (``D`` unless ``value_head_dim``)."""
+        return self.value.shape[3]
 
 
 def prepare(impl: str, supported: frozenset[str], query: Array, key: Array, value: Array, *,
@@ -158,9 +167,9 @@ def prepare(impl: str, supported: frozenset[str], query: Array, key: Array, valu
             raise ValueError(f"{impl}: {name} must be 4-D BTHD (batch, length, heads, head_dim); got shape "
                              f"{getattr(x, 'shape', type(x))}")
     b, t, h, d = query.shape
-    if key.shape != value.shape or key.shape[0] != b or key.shape[3] != d:
-        raise ValueError(f"{impl}: key {key.shape} and value {value.shape} must both be (B, S, KV, D) with "
-                         f"B={b} and D={d} from query {query.shape}")
+    if key.shape[:3] != value.shape[:3] or key.shape[0] != b or key.shape[3] != d:
+        raise ValueError(f"{impl}: key {key.shape} and value {value.shape} must be (B, S, KV, D) and (B, S, KV, Dv) "
+                         f"with B={b} and D={d} from query {query.shape}")
     s, kv = key.shape[1], key.shape[2]
     if h % kv:
         raise ValueError(f"{impl}: {h} query heads are not a multiple of {kv} key/value heads; H % KV must be 0")
@@ -172,7 +181,8 @@ def prepare(impl: str, supported: frozenset[str], query: Array, key: Array, valu
         raise ValueError(f"{impl}: logits_soft_cap must be positive; got {logits_soft_cap!r}")
     used = {CAUSAL: causal, SLIDING_WINDOW: sliding_window is not None, SOFT_CAP: logits_soft_cap is not None,
             SEGMENT_IDS: q_segment_ids is not None, KV_LENGTHS: kv_lengths is not None, BIAS: bias is not None,
-            MASK: mask is not None, GQA: kv != h, RETURN_WEIGHTS: return_weights, SINKS: sinks is not None}
+            MASK: mask is not None, GQA: kv != h, RETURN_WEIGHTS: return_weights, SINKS: sinks is not None,
+            VALUE_DIM: value.shape[3] != d}
     for feature, on in used.items():
         if on and feature not in supported:
             raise unsupported(impl, feature)
@@ -301,7 +311,7 @@ class AttentionImplMixin:
 class SoftmaxCarry(tp.NamedTuple):
     """Running state over key tiles: unnormalised output, row max, row sum (float32, or float64 for float64).
 
-    ``o (B, KV, G, tq, D)``, ``m`` and ``l`` ``(B, KV, G, tq, 1)``.
+    ``o (B, KV, G, tq, Dv)`` (``Dv``: the values' head dim), ``m`` and ``l`` ``(B, KV, G, tq, 1)``.
     """
 
     o: Array

@@ -67,7 +67,7 @@ class FlashAttention(AttentionImplMixin, OperationImpl):
 
 def flash_attention(call: AttentionCall, block_q: int, block_k: int) -> Array:
     """Output BTHD of ``call``, ``block_q`` queries by ``block_k`` keys at a time."""
-    b, t, s, h, kv, d = call.shape
+    b, t, s, h, kv, _ = call.shape
     nq, nk = -(-t // block_q), -(-s // block_k)
     may_see = tile_filter(call.visibility, block_q, block_k)
     call = pad_call(call, nq * block_q, nk * block_k)
@@ -97,12 +97,12 @@ def flash_attention(call: AttentionCall, block_q: int, block_k: int) -> Array:
             full = lambda c: tile_update(c, q_BKGTD, k_BKSD, v_BKSD, unmasked, q_idx, k_idx)
             return jax.lax.switch(branch, [lambda c: c, update, full], carry), None
 
-        init = SoftmaxCarry.init(b, kv, h // kv, block_q, d, call.query.dtype)
+        init = SoftmaxCarry.init(b, kv, h // kv, block_q, call.value_dim, call.query.dtype)
         carry, _ = jax.lax.scan(key_block, init, (k_NBKsD, v_NBKsD, k_starts))
         return None, tile_finish(carry, call.query.dtype, call.sinks_tiles())
 
     _, o_NBtHD = jax.lax.scan(query_block, None, (q_NBKGtD, q_starts))
-    return o_NBtHD.swapaxes(0, 1).reshape(b, nq * block_q, h, d)[:, :t]
+    return o_NBtHD.swapaxes(0, 1).reshape(b, nq * block_q, h, call.value_dim)[:, :t]
 
 
 def tile_filter(vis: Visibility, block_q: int, block_k: int) -> tp.Callable[[Array, Array], Array] | None:

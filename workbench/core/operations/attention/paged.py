@@ -5,7 +5,8 @@ Its call differs from the other attention implementations::
     impl(query, key_pages, value_pages, *, page_table, kv_lengths, causal=True,
          sliding_window=None, logits_soft_cap=None, softmax_scale=None)
 
-``query (B, T, H, D)``; ``key_pages``/``value_pages (num_pages, page_size, KV, D)``;
+``query (B, T, H, D)``; ``key_pages (num_pages, page_size, KV, D)``, ``value_pages (num_pages, page_size,
+KV, Dv)`` (``Dv = D`` but for MLA's latent values, ``value_head_dim``; output ``(B, T, H, Dv)``);
 ``page_table (B, pages_per_seq)`` int: sequence ``b``'s keys ``j * page_size + i`` live at
 ``key_pages[page_table[b, j], i]``; ``kv_lengths (B,)``: keys at ``>= kv_lengths[b]`` are
 padding. The queries are the last ``T`` positions of each sequence (bottom-right aligned at
@@ -26,6 +27,7 @@ from workbench.core.operations.attention.common import (
     SINKS,
     SLIDING_WINDOW,
     SOFT_CAP,
+    VALUE_DIM,
     Array,
     AttentionCall,
     AttentionImplMixin,
@@ -46,9 +48,10 @@ def _check_pages(query, key_pages, value_pages, page_table) -> None:
         if getattr(x, "ndim", None) != 4:
             raise ValueError(f"paged: {name} must be 4-D; got shape {getattr(x, 'shape', type(x))}. query is "
                              f"(B, T, H, D), key_pages and value_pages (num_pages, page_size, KV, D)")
-    if key_pages.shape != value_pages.shape or key_pages.shape[3] != query.shape[3]:
-        raise ValueError(f"paged: key_pages {key_pages.shape} and value_pages {value_pages.shape} must both be "
-                         f"(num_pages, page_size, KV, D) with D={query.shape[3]} from query {query.shape}")
+    if key_pages.shape[:3] != value_pages.shape[:3] or key_pages.shape[3] != query.shape[3]:
+        raise ValueError(f"paged: key_pages {key_pages.shape} and value_pages {value_pages.shape} must be "
+                         f"(num_pages, page_size, KV, D) and (num_pages, page_size, KV, Dv) with D={query.shape[3]} "
+                         f"from query {query.shape}")
     is_int = jnp.issubdtype(page_table.dtype, jnp.integer)
     if page_table.ndim != 2 or page_table.shape[0] != query.shape[0] or not is_int:
         raise ValueError(f"paged: page_table must be an int array (B, pages_per_seq) with B={query.shape[0]}; got "
@@ -84,7 +87,7 @@ def _page_range(call: AttentionCall, page_size: int, pages_per_seq: int) -> tupl
 
 def paged_attention(call: AttentionCall, key_pages: Array, value_pages: Array, page_table: Array) -> Array:
     """Online softmax over the pages of ``page_table``, one page (gathered per sequence) at a time."""
-    b, t, _, h, kv, d = call.shape
+    b, t, _, h, kv, _ = call.shape
     page_size = key_pages.shape[1]
     q_BKGTD, q_idx = queries_to_tiles(call.query, kv), jnp.arange(t)
 
@@ -97,7 +100,7 @@ def paged_attention(call: AttentionCall, key_pages: Array, value_pages: Array, p
                            j * page_size + jnp.arange(page_size))
 
     lo, hi = _page_range(call, page_size, page_table.shape[1])
-    carry = jax.lax.fori_loop(lo, hi, step, SoftmaxCarry.init(b, kv, h // kv, t, d, call.query.dtype))
+    carry = jax.lax.fori_loop(lo, hi, step, SoftmaxCarry.init(b, kv, h // kv, t, call.value_dim, call.query.dtype))
     return tile_finish(carry, call.query.dtype, call.sinks_tiles())
 
 
@@ -112,7 +115,7 @@ class PagedAttention(AttentionImplMixin, OperationImpl):
     """
 
     capabilities = Capabilities(
-        features=frozenset({PAGED_KV, CAUSAL, SLIDING_WINDOW, SOFT_CAP, KV_LENGTHS, GQA, SINKS}),
+        features=frozenset({PAGED_KV, CAUSAL, SLIDING_WINDOW, SOFT_CAP, KV_LENGTHS, GQA, SINKS, VALUE_DIM}),
         description="paged KV cache (decode, chunked prefill); its own signature: impl(query, key_pages, "
                     "value_pages, *, page_table, kv_lengths, causal=True, sliding_window=None, logits_soft_cap=None)")
 
@@ -128,9 +131,11 @@ class PagedAttention(AttentionImplMixin, OperationImpl):
         page_table = jnp.asarray(page_table)
         _check_pages(query, key_pages, value_pages, page_table)
         num_pages, page_size, kv, d = key_pages.shape
-        # the logical contiguous cache, as a shape only: prepare checks it, nothing builds it
-        cache = jax.ShapeDtypeStruct((query.shape[0], page_table.shape[1] * page_size, kv, d), key_pages.dtype)
-        call = self.prepare(query, cache, cache, causal=causal, sliding_window=sliding_window,
+        # the logical contiguous cache, as shapes only: prepare checks them, nothing builds them
+        logical = (query.shape[0], page_table.shape[1] * page_size, kv)
+        keys = jax.ShapeDtypeStruct((*logical, d), key_pages.dtype)
+        values = jax.ShapeDtypeStruct((*logical, value_pages.shape[3]), value_pages.dtype)
+        call = self.prepare(query, keys, values, causal=causal, sliding_window=sliding_window,
                             logits_soft_cap=logits_soft_cap, kv_lengths=kv_lengths, softmax_scale=softmax_scale,
                             sinks=sinks, return_weights=return_weights)
         _check_concrete(page_table, call.visibility.kv_lengths, num_pages, page_size)

@@ -27,6 +27,7 @@ from workbench.core.operations.attention.common import (
     ALL_FEATURES,
     RETURN_WEIGHTS,
     SINKS,
+    VALUE_DIM,
     AttentionCall,
     AttentionImplMixin,
     SoftmaxCarry,
@@ -41,7 +42,8 @@ from workbench.core.operations.base import AttentionOutput, Capabilities, Operat
 Array = jax.Array
 AxisEntry = tuple[str, ...] | None
 
-SEQUENCE_PARALLEL_FEATURES = ALL_FEATURES - {RETURN_WEIGHTS, SINKS}  # sinks: not through shard_map yet
+# sinks and a value head dim of its own (MLA): not through shard_map yet
+SEQUENCE_PARALLEL_FEATURES = ALL_FEATURES - {RETURN_WEIGHTS, SINKS, VALUE_DIM}
 
 
 # -- helpers shared with ulysses ------------------------------------------------------------------
