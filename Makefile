@@ -77,6 +77,7 @@ benchmarks: $(VENV)/.test-installed
 	$(BIN)/python benchmarks/generate.py
 	$(BIN)/python benchmarks/load.py
 	$(BIN)/python benchmarks/depth.py
+	$(BIN)/python benchmarks/moe.py
 	$(BIN)/python benchmarks/widgets.py
 
 clean:

@@ -93,7 +93,7 @@ def test_no_drop_equals_dense_on_a_mesh(axes):
     with jax.default_matmul_precision("highest"):
         want, _ = ref(x)
         sharded = shard_model(moe("alltoall"), mesh)
-        got, logits = jax.jit(lambda m, x: m(x))(sharded, x)
+        got, _ = jax.jit(lambda m, x: m(x))(sharded, x)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
 
 
@@ -154,12 +154,13 @@ def test_experts_must_split_over_ep():
         shard_model(layer, mesh)(tokens(b=8))
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3"])
 @pytest.mark.parametrize("ep", [2, 4, 8])
 def test_models_alltoall_equals_dense(family, ep):
     from workbench.models import tiny
 
-    experts_key = {"qwen3_moe": "num_experts"}.get(family, "num_local_experts")  # the HF config's name
+    names = {"qwen3_moe": "num_experts", "deepseek_v3": "n_routed_experts"}  # the HF configs' names for E
+    experts_key = names.get(family, "num_local_experts")
     model = tiny(family, **{experts_key: 8})  # 8 experts split over every ep
     mesh = make_mesh(dp=8 // ep, fsdp=1, ep=ep)
     ids = jnp.asarray(np.random.default_rng(0).integers(1, model.config.vocab_size, (8, 12)), jnp.int32)
