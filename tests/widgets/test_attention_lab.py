@@ -64,7 +64,8 @@ def plotted_z(out) -> np.ndarray:
 def test_the_lab_shows_every_implementation_and_the_comparison():
     lab = AttentionLab(**SMALL)
     assert lab.implementations == OperationRegistry.list_implementations()
-    assert dict((v, k) for k, v in lab._impl.options)["sdpa"] == "sdpa · no logits_soft_cap, return_weights, sinks"
+    labels = {v: k for k, v in lab._impl.options}
+    assert labels["sdpa"] == "sdpa · no logits_soft_cap, return_weights, sinks, value_head_dim"
     assert (lab.impl, lab.reference, lab.error) == ("flash", "vanilla", "")
     assert "flash/native" in lab._results.value and "vanilla/native" in lab._results.value
     assert "blockwise online softmax" in lab._capabilities.value

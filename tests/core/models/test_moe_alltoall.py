@@ -184,4 +184,30 @@ def test_with_options_checks_the_moe_options():
     model = tiny("mixtral")
     changed = model.with_options(moe_strategy="alltoall", capacity_factor=1.25)
     assert changed.layers.mlp.strategy == "alltoall" and changed.layers.mlp.capacity_factor == 1.25
-    assert model.layers.mlp.strategy == "dense"  # the original is unchanged
+    assert model.layers.mlp.strategy == "auto"  # the original is unchanged
+
+
+def test_auto_is_alltoall_on_an_ep_mesh_and_dense_elsewhere():
+    from workbench.models import tiny
+
+    model = tiny("mixtral")
+    assert model.layers.mlp.resolved_strategy() == "dense"  # no mesh
+    assert model.shard_model(make_mesh(dp=8, fsdp=1)).layers.mlp.resolved_strategy() == "dense"
+    assert model.shard_model(make_mesh(dp=2, fsdp=1, ep=4)).layers.mlp.resolved_strategy() == "alltoall"
+
+
+def test_token_counts_that_ep_does_not_divide_are_padded():
+    """dp=2 x ep=4 with one row of 7 tokens per dp shard: 7 tokens split 2, 2, 2, 1 (one padded) over ep;
+    logits equal the unsharded model's, and greedy decoding (one token per row a step) gives the same
+    tokens."""
+    from workbench.models import GenerationConfig, tiny
+
+    model = tiny("mixtral")
+    ids = jnp.asarray(np.random.default_rng(3).integers(1, model.config.vocab_size, (2, 7)), jnp.int32)
+    sharded = model.shard_model(make_mesh(dp=2, fsdp=1, ep=4))
+    with jax.default_matmul_precision("highest"):
+        np.testing.assert_allclose(np.asarray(sharded(ids).logits), np.asarray(model(ids).logits), atol=1e-5)
+        config = GenerationConfig(max_new_tokens=6, do_sample=False)
+        want = model.generate(ids, config).sequences
+        got = sharded.generate(ids, config).sequences
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -5,7 +5,8 @@ top ``k``, renormalise them to sum to 1. Each expert is a SwiGLU MLP ``down(silu
 and a token's output is the weighted sum of its ``k`` experts' outputs. Router jitter (HF applies it
 only in training) is not supported: ``router_jitter_noise`` must be 0.
 
-Two exact strategies, chosen by ``strategy`` (at construction or per call):
+Strategies, chosen by ``strategy`` (at construction, per call, or ``model.with_options(moe_strategy=...)``);
+``"auto"`` (the default) is ``"alltoall"`` on a mesh with an ``ep`` axis of size > 1, else ``"dense"``:
 
 - ``"dense"``: every expert runs on every token, combined with ``(N, E)`` routing weights that are 0
   off the top-k. ``E/k`` times the FLOPs, but plain einsums that GSPMD shards over ``ep``: the
@@ -55,7 +56,7 @@ __all__ = ["STRATEGIES", "MoE", "RouterReplicated", "from_hf_experts", "from_hf_
            "load_hf_moe", "to_hf_experts", "to_hf_moe", "to_legacy_experts"]
 
 Array = jax.Array
-STRATEGIES = ("dense", "ragged", "alltoall")
+STRATEGIES = ("auto", "dense", "ragged", "alltoall")
 ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_grouped")
 ACTIVATIONS = ("silu", "clamped_swiglu")
 DEFAULT_KERNEL_INIT = nnx.initializers.normal(0.02)  # HF Mixtral's initializer_range
@@ -81,7 +82,7 @@ class MoE(nnx.Module):
     """Mixtral's sparse MoE block: ``__call__(x_BTD) -> (y_BTD, router_logits_NE)`` with ``N = B*T``."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, num_experts_per_tok: int, *,
-                 strategy: str = "dense", router_jitter_noise: float = 0.0, routing: str = "softmax_topk",
+                 strategy: str = "auto", router_jitter_noise: float = 0.0, routing: str = "softmax_topk",
                  router_bias: bool = False, expert_bias: bool = False, activation: str = "silu",
                  swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, norm_topk_prob: bool = True,
                  n_group: int = 1, topk_group: int = 1, routed_scaling_factor: float = 1.0,
@@ -194,7 +195,7 @@ class MoE(nnx.Module):
         if x_BTD.ndim != 3 or x_BTD.shape[-1] != self.hidden_size:
             raise ValueError(f"input shape {x_BTD.shape}: MoE expects (batch, length, hidden_size="
                              f"{self.hidden_size})")
-        strategy = check_strategy(self.strategy if strategy is None else strategy)
+        strategy = self.resolved_strategy(strategy)
         B, T, D = x_BTD.shape
         x_BTD, router_DE = dtypes.promote_dtype((x_BTD, self.router_kernel[...]), dtype=self.dtype)
         x_ND = x_BTD.reshape(B * T, D)
@@ -210,6 +211,19 @@ class MoE(nnx.Module):
         return y_ND.astype(x_BTD.dtype).reshape(B, T, D), logits_NE
 
 
+    def resolved_strategy(self, strategy: str | None = None) -> str:
+        """The strategy a call runs: ``strategy`` (else the module's), with ``"auto"`` resolved on its mesh."""
+        strategy = check_strategy(self.strategy if strategy is None else strategy)
+        if strategy != "auto":
+            return strategy
+        on_ep = self.mesh is not None and dict(self.mesh.shape).get(self._partition_axis().expert_parallel_axis, 1) > 1
+        return "alltoall" if on_ep else "dense"
+
+    def _partition_axis(self):
+        from workbench.core.axes import PartitionAxis
+
+        return self.partition_axis or PartitionAxis()
+
     def _alltoall(self, x_BTD: Array, weights_NK: Array, experts_NK: Array) -> Array:
         return self.dispatch(x_BTD, weights_NK, experts_NK)[0]
 
@@ -221,16 +235,15 @@ class MoE(nnx.Module):
         if weights_NK is None:
             x_BTD = dtypes.promote_dtype((x_BTD,), dtype=self.dtype)[0]
             _, weights_NK, experts_NK = self.route(x_BTD.reshape(B * T, D), self.router_kernel[...].astype(x_BTD.dtype))
-        token_spec = jax.sharding.PartitionSpec()
+        pa, token_spec = self._partition_axis(), jax.sharding.PartitionSpec()
         if self.mesh is not None:
-            from workbench.core.axes import PartitionAxis
             from workbench.core.models.causal_lm import ACTIVATION_AXES
 
-            token_spec = (self.partition_axis or PartitionAxis()).resolve(ACTIVATION_AXES, shape=x_BTD.shape,
-                                                                          mesh=self.mesh)
+            token_spec = pa.resolve(ACTIVATION_AXES, shape=x_BTD.shape, mesh=self.mesh)
         K = self.num_experts_per_tok
         return alltoall(x_BTD, weights_NK.reshape(B, T, K), experts_NK.reshape(B, T, K), self.experts(),
-                        mesh=self.mesh, token_spec=token_spec, capacity_factor=self.capacity_factor,
+                        mesh=self.mesh, token_spec=token_spec, ep_axis=pa.expert_parallel_axis,
+                        tp_axis=pa.tensor_parallel_axis, capacity_factor=self.capacity_factor,
                         precision=self.precision)
 
 

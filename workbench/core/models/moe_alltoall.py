@@ -43,16 +43,22 @@ def capacity(tokens: int, k: int, num_experts: int, capacity_factor: float | Non
     return max(1, min(tokens, math.ceil(capacity_factor * tokens * k / num_experts)))
 
 
-def dispatch_slots(experts_NK: Array, num_experts: int, slots: int) -> tuple[Array, Array]:
+def dispatch_slots(experts_NK: Array, num_experts: int, slots: int, valid_N: Array | None = None
+                   ) -> tuple[Array, Array]:
     """Each copy's slot in its expert's buffer ``(N, K)`` and whether it is kept (slot < ``slots``).
 
     Copies are ranked in token order (copy ``n * K + j``): a copy's slot is the number of earlier copies
-    routed to the same expert."""
+    routed to the same expert. Tokens with ``valid_N`` False (padding) take no slot and are not kept."""
     n, k = experts_NK.shape
     onehot_ME = jax.nn.one_hot(experts_NK.reshape(n * k), num_experts, dtype=jnp.int32)
+    if valid_N is not None:
+        onehot_ME = onehot_ME * jnp.repeat(valid_N, k)[:, None].astype(jnp.int32)
     slot_M = (jnp.cumsum(onehot_ME, axis=0) * onehot_ME).sum(-1) - 1
     slot_NK = slot_M.reshape(n, k)
-    return slot_NK, slot_NK < slots
+    keep_NK = slot_NK < slots
+    if valid_N is not None:
+        keep_NK &= valid_N[:, None]
+    return slot_NK, keep_NK
 
 
 class Dispatch(tp.NamedTuple):
@@ -64,12 +70,15 @@ class Dispatch(tp.NamedTuple):
 
 
 def _local(x_ND, weights_NK, experts_NK, ex: Experts, *, num_experts: int, capacity_factor: float | None,
-           ep_axis: str | None, ep: int, tp_axis: str | None, precision) -> tuple[Array, Array, Array]:
-    """One device's dispatch, expert compute and combine (the body of the shard_map)."""
+           ep_axis: str | None, ep: int, tp_axis: str | None, precision, valid_N: Array | None = None,
+           real_tokens: int | None = None) -> tuple[Array, Array, Array]:
+    """One device's dispatch, expert compute and combine (the body of the shard_map). ``valid_N`` marks
+    real tokens when the device's share was padded to split evenly over ``ep`` (``real_tokens`` of them
+    at most, which sizes the capacity)."""
     n, d = x_ND.shape
     k = experts_NK.shape[1]
-    c = capacity(n, k, num_experts, capacity_factor)
-    slot_NK, keep_NK = dispatch_slots(experts_NK, num_experts, c)
+    c = capacity(n if real_tokens is None else real_tokens, k, num_experts, capacity_factor)
+    slot_NK, keep_NK = dispatch_slots(experts_NK, num_experts, c, valid_N)
     # dropped copies aim at slot c: out of range, so the scatter drops them
     target_NK = jnp.where(keep_NK, slot_NK, c)
     buf_ECD = jnp.zeros((num_experts, c, d), x_ND.dtype)
@@ -94,8 +103,10 @@ def _local(x_ND, weights_NK, experts_NK, ex: Experts, *, num_experts: int, capac
     y_NKD = y_ECD[experts_NK, jnp.minimum(slot_NK, c - 1)]
     w_NK = jnp.where(keep_NK, weights_NK, 0).astype(y_NKD.dtype)
     y_ND = jnp.einsum("nkd,nk->nd", y_NKD, w_NK, precision=precision)
-    counts_E = jax.nn.one_hot(experts_NK.reshape(-1), num_experts, dtype=jnp.int32).sum(0)
-    return y_ND, counts_E, (~keep_NK).sum(dtype=jnp.int32)
+    real_NK = jnp.ones_like(keep_NK) if valid_N is None else jnp.broadcast_to(valid_N[:, None], keep_NK.shape)
+    counts_E = jnp.einsum("nke,nk->e", jax.nn.one_hot(experts_NK, num_experts, dtype=jnp.int32),
+                          real_NK.astype(jnp.int32))
+    return y_ND, counts_E, (real_NK & ~keep_NK).sum(dtype=jnp.int32)
 
 
 def alltoall(x_BTD: Array, weights_BTK: Array, experts_BTK: Array, ex: Experts, *, mesh: jax.sharding.Mesh | None,
@@ -134,17 +145,20 @@ def alltoall(x_BTD: Array, weights_BTK: Array, experts_BTK: Array, ex: Experts, 
     def per_device(x_BTD, w_BTK, e_BTK, arrays):
         bl, tl, _ = x_BTD.shape
         x_ND, w_NK, e_NK = x_BTD.reshape(bl * tl, d), w_BTK.reshape(bl * tl, -1), e_BTK.reshape(bl * tl, -1)
-        if split_ep:
-            n = x_ND.shape[0]
-            if n % ep:
-                raise ValueError(f"{n} tokens per device do not split over {ep_axis}={ep}: use a batch x length "
-                                 f"divisible by it, or put {ep_axis!r} in the batch axes")
-            i, part = jax.lax.axis_index(ep_axis), n // ep
+        n = x_ND.shape[0]
+        valid_N = part = None
+        if split_ep:  # this device's 1/ep of the tokens, the last share padded when ep does not divide them
+            part = -(-n // ep)
+            pad = part * ep - n
+            x_ND, w_NK, e_NK = (jnp.pad(a, ((0, pad), (0, 0))) for a in (x_ND, w_NK, e_NK))
+            i = jax.lax.axis_index(ep_axis)
             x_ND, w_NK, e_NK = (jax.lax.dynamic_slice_in_dim(a, i * part, part) for a in (x_ND, w_NK, e_NK))
+            valid_N = i * part + jnp.arange(part) < n
         local = ex._replace(**{name: arrays.get(name) for name in specs})
-        y_ND, counts_E, dropped = _local(x_ND, w_NK, e_NK, local, ep_axis=e, ep=ep, tp_axis=f, **body)
+        y_ND, counts_E, dropped = _local(x_ND, w_NK, e_NK, local, ep_axis=e, ep=ep, tp_axis=f, valid_N=valid_N,
+                                         real_tokens=part, **body)
         if split_ep:
-            y_ND = jax.lax.all_gather(y_ND, ep_axis, tiled=True)
+            y_ND = jax.lax.all_gather(y_ND, ep_axis, tiled=True)[:n]
         if distinct:
             counts_E, dropped = jax.lax.psum(counts_E, distinct), jax.lax.psum(dropped, distinct)
         return y_ND.reshape(bl, tl, d), counts_E, dropped

@@ -92,11 +92,15 @@ class ModelMethods:
     base_model_prefix = "model"
 
     # ----- call and loss
-    def compute_loss(self, input_ids, attention_mask=None, labels=None) -> tuple[jax.Array, tp.Any]:
+    def compute_loss(self, input_ids, attention_mask=None, labels=None, *, router_aux_loss_coef: float = 0.0,
+                     router_z_loss_coef: float = 0.0) -> tuple[jax.Array, tp.Any]:
         """Mean next-token cross-entropy (Hugging Face ``ForCausalLMLoss``) and the model output.
 
         ``labels=None`` uses ``input_ids``, ignoring (-100) padded positions and the first token
         after padding: its prediction would come from a padded position, whose logits mean nothing.
+        A MoE model adds ``router_aux_loss_coef`` times the Switch load-balancing loss (as transformers
+        does with ``output_router_logits=True``) and ``router_z_loss_coef`` times the router z-loss
+        (:mod:`.moe_losses`), over the real tokens of ``attention_mask``.
         """
         from workbench.core.models.loss import causal_lm_loss, labels_from
 
@@ -108,7 +112,27 @@ class ModelMethods:
                 after_pad_BT = jnp.pad(~real_BT[:, :-1], ((0, 0), (1, 0)))
                 labels = jnp.where(after_pad_BT, -100, labels)
         loss, _ = causal_lm_loss(out.logits, jnp.asarray(labels))
+        if router_aux_loss_coef or router_z_loss_coef:
+            loss = loss + self._router_losses(out.router_logits, attention_mask, router_aux_loss_coef,
+                                              router_z_loss_coef)
         return loss, out
+
+    def _router_losses(self, router_logits, attention_mask, aux_coef: float, z_coef: float) -> jax.Array:
+        from workbench.core.models.moe_losses import load_balancing_loss, router_z_loss
+
+        config = self.config
+        if router_logits is None:
+            raise ValueError(f"router losses need a mixture of experts; this {config.model_type} model has none: "
+                             f"leave router_aux_loss_coef and router_z_loss_coef at 0")
+        if aux_coef and config.moe_routing == "sigmoid_grouped":
+            raise ValueError("DeepSeek-V3 balances its experts without an auxiliary loss: leave router_aux_loss_coef "
+                             "at 0 and move the router's correction bias with moe_losses.update_correction_bias")
+        total = jnp.zeros((), jnp.float32)
+        if aux_coef:
+            total += aux_coef * load_balancing_loss(router_logits, config.num_experts_per_tok, attention_mask)
+        if z_coef:
+            total += z_coef * router_z_loss(router_logits, attention_mask)
+        return total
 
     def prepare_inputs_for_call(self, input_ids, attention_mask=None, **kwargs) -> dict:
         """``input_ids``/``attention_mask`` as int32 arrays, checked (mask defaults to ones)."""

@@ -1,0 +1,91 @@
+"""MoE balancing: the Switch auxiliary loss and the loss with it against transformers, the router z-loss,
+expert counts and DeepSeek-V3's bias update against float64 NumPy from the papers' formulas."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.core.models.hf_reference import batch, hf_forward, hf_model, state_dict, torch
+from workbench.core.models import ModelConfig, from_hf_state_dict
+from workbench.core.models.moe_losses import (
+    expert_counts,
+    load_balancing_loss,
+    router_z_loss,
+    update_correction_bias,
+)
+
+L, N, E, K = 3, 10, 8, 2
+
+
+def logits_and_mask(seed=0):
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((L, N, E)).astype(np.float32) * 2
+    mask = np.ones((2, N // 2), np.int64)
+    mask[1, :2] = 0
+    return logits, mask
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_load_balancing_loss_equals_transformers(masked):
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    logits, mask = logits_and_mask()
+    want = load_balancing_loss_func(tuple(torch.tensor(x) for x in logits), E, K,
+                                    torch.tensor(mask) if masked else None).item()
+    got = float(load_balancing_loss(jnp.asarray(logits), K, jnp.asarray(mask) if masked else None))
+    assert abs(got - want) <= 1e-6 * max(1, abs(want)), (got, want)
+
+
+def test_router_z_loss_and_counts_against_numpy():
+    logits, mask = logits_and_mask(1)
+    w = mask.reshape(-1).astype(np.float64)
+    x = logits.astype(np.float64)
+    z = np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1)) + x.max(-1)
+    want_z = (z ** 2 * w).sum() / (w.sum() * L)  # ST-MoE eq. 5, over layers and real tokens
+    np.testing.assert_allclose(float(router_z_loss(jnp.asarray(logits), jnp.asarray(mask))), want_z, rtol=1e-6)
+    top = np.argsort(-x, axis=-1)[..., :K]
+    want_counts = np.zeros((L, E))
+    for layer in range(L):
+        for n in range(N):
+            want_counts[layer, top[layer, n]] += w[n]
+    np.testing.assert_array_equal(np.asarray(expert_counts(jnp.asarray(logits), K, jnp.asarray(mask))), want_counts)
+
+
+def test_deepseek_bias_update():
+    """DeepSeek-V3 report, section 2.1.2: decrease the bias of an overloaded expert by gamma, increase an
+    underloaded one's; an expert exactly at the mean load keeps its bias."""
+    bias = np.array([0.1, -0.2, 0.0, 0.3], np.float32)
+    load = np.array([10, 2, 4, 8])  # mean 6
+    got = np.asarray(update_correction_bias(jnp.asarray(bias), jnp.asarray(load), rate=0.01))
+    np.testing.assert_allclose(got, bias + 0.01 * np.array([-1, 1, 1, -1]), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(update_correction_bias(jnp.asarray(bias), jnp.full(4, 5))), bias)
+    with pytest.raises(ValueError, match="rate"):
+        update_correction_bias(jnp.asarray(bias), jnp.asarray(load), rate=0.0)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "gpt_oss"])
+def test_loss_with_aux_loss_equals_transformers(family):
+    coef = 0.02
+    model = hf_model(family, router_aux_loss_coef=coef, output_router_logits=True)
+    ours = from_hf_state_dict(ModelConfig.from_hf(model.config.to_dict()), state_dict(model))
+    ids, mask = batch()
+    labels = np.where(mask.astype(bool) & np.pad(mask[:, :-1], ((0, 0), (1, 0)), constant_values=1), ids, -100)
+    out = hf_forward(model, ids, mask, labels=torch.tensor(labels))
+    assert out.aux_loss.item() > 0
+    with jax.default_matmul_precision("highest"):
+        got, _ = ours.compute_loss(jnp.asarray(ids), jnp.asarray(mask), router_aux_loss_coef=coef)
+    assert abs(float(got) - out.loss.item()) <= 1e-5, (float(got), out.loss.item())
+
+
+def test_router_losses_need_a_mixture_of_experts():
+    from workbench.models import tiny
+
+    ids = jnp.ones((1, 4), jnp.int32)
+    with pytest.raises(ValueError, match="this llama model has none"):
+        tiny("llama").compute_loss(ids, router_aux_loss_coef=0.01)
+    with pytest.raises(ValueError, match="update_correction_bias"):
+        tiny("deepseek_v3").compute_loss(ids, router_aux_loss_coef=0.01)
+    plain, _ = tiny("mixtral").compute_loss(ids)
+    with_z, _ = tiny("mixtral").compute_loss(ids, router_z_loss_coef=0.001)
+    assert float(with_z) > float(plain)
