@@ -227,3 +227,19 @@ def test_apply_places_params_as_the_layout_says_and_leaves_the_model(llama):
         assert len(var.get_value().sharding.device_set) == 1
     with pytest.raises(ValueError, match="live model"):
         explore.apply(abstract(), layout)
+
+
+def test_step_matmul_flops_count_every_layer():
+    """Matmul FLOPs of a forward on dp=8 against a hand count: 2 x tokens per device x every matmul weight
+    (q, k, v, o, gate, up, down in each layer, and the LM head) plus the attention's two T x T products
+    per head and sequence. XLA's cost_analysis() counts the layer scan's body once; this counts each layer."""
+    model = abstract("llama", num_hidden_layers=4)
+    c = model.config
+    b, t = 8, 64
+    step = explore.step_collectives(model, explore.Layout.of(model, make_mesh(dp=8, fsdp=1)), batch=(b, t))
+    d, f, h, kv, hd = c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    per_layer = d * h * hd * 2 + d * kv * hd * 2 + 3 * d * f
+    tokens = b * t // 8
+    matmuls = 2 * tokens * (c.num_hidden_layers * per_layer + d * c.vocab_size)
+    attention = c.num_hidden_layers * (b // 8) * 2 * 2 * t * t * h * hd
+    assert step.matmul_flops == matmuls + attention

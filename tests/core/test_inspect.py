@@ -271,3 +271,21 @@ def test_collectives_in_loops_carry_their_trip_counts(mesh):
     once = wi.summarize(records)["collective-permute"]
     counted = wi.summarize(records, count_trips=True)["collective-permute"]
     assert counted == {"count": once["count"], "runs": 6 * once["count"], "bytes": 6 * once["bytes"]}
+
+
+def test_matmul_flops_count_loop_bodies_once_per_trip():
+    """Hand counts: a scan of 3 matmuls (8 x 64 @ 64 x 64), and a scan of 2 such scans then a 64 x 10 head.
+    XLA's cost_analysis() counts a loop body once (one iteration's 65,536 FLOPs here)."""
+    from workbench.core.inspect import matmul_flops
+
+    def scanned(ws, x):
+        return jax.lax.scan(lambda x, w: (jnp.tanh(x @ w), None), x, ws)[0]
+
+    def nested(ws, x):
+        inner = lambda x, w2: (jax.lax.scan(lambda x, w: (jnp.tanh(x @ w), None), x, w2)[0], None)
+        return jax.lax.scan(inner, x, ws)[0] @ jnp.ones((64, 10))
+
+    one = jax.jit(scanned).lower(jnp.ones((3, 64, 64)), jnp.ones((8, 64))).compile()
+    assert matmul_flops(one.as_text()) == 2 * 8 * 64 * 64 * 3
+    two = jax.jit(nested).lower(jnp.ones((2, 3, 64, 64)), jnp.ones((8, 64))).compile()
+    assert matmul_flops(two.as_text()) == 2 * 8 * 64 * 64 * 6 + 2 * 8 * 64 * 10

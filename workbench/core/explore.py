@@ -374,6 +374,9 @@ class StepCollectives:
 
     ``warnings``: what XLA logged while compiling, e.g. the SPMD partitioner's "Involuntary full
     rematerialization" (a tensor replicated, then re-partitioned, because no cheap resharding exists).
+    ``matmul_flops``: FLOPs per device of the step's matmuls (every dot of the compiled program, a dot in
+    the layer scan once per layer; :func:`workbench.core.inspect.matmul_flops`). XLA's own
+    ``cost_analysis()`` counts a loop body once, so it would show about one layer's worth.
     """
 
     kind: str
@@ -382,6 +385,7 @@ class StepCollectives:
     records: tuple[Collective, ...]
     compile_seconds: float
     warnings: tuple[str, ...] = ()
+    matmul_flops: float = 0.0
 
     @property
     def summary(self) -> dict[str, dict[str, int]]:
@@ -437,7 +441,7 @@ def step_collectives(model: nnx.Module, layout: Layout, *, kind: str = "forward"
     the optimizer). The ids are placed by resolving ``(BATCH, LENGTH)`` in the layout's mode.
     Nothing is allocated: ``jax.jit(...).lower(ShapeDtypeStructs).compile()``.
     """
-    from workbench.core.inspect import collectives_in
+    from workbench.core.inspect import collectives_in, matmul_flops
     from workbench.core.models.loss import causal_lm_loss, labels_from
 
     if kind not in STEP_KINDS:
@@ -465,12 +469,13 @@ def step_collectives(model: nnx.Module, layout: Layout, *, kind: str = "forward"
     with _stderr_lines() as log:
         compiled = fn.lower(params, other, ids).compile(compiler_options=options)
     seconds = time.perf_counter() - start
-    records = tuple(collectives_in(compiled.as_text(), layout.mesh))
     warnings = tuple(_xla_warnings(log))
     other = [line for line in log if not _XLA_LOG.match(line)]  # not XLA's: give it back to stderr
     if other:
         os.write(2, ("\n".join(other) + "\n").encode())
-    return StepCollectives(kind, (b, t), spec, records, seconds, warnings)
+    hlo = compiled.as_text()
+    return StepCollectives(kind, (b, t), spec, tuple(collectives_in(hlo, layout.mesh)), seconds, warnings,
+                           matmul_flops(hlo))
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, Sharding
 
+from workbench.core._hlo_flops import matmul_flops
 from workbench.core._roofline import (
     H100,
     H100_MEASURED,
@@ -41,7 +42,7 @@ from workbench.core._roofline import (
 
 __all__ = ["H100", "H100_MEASURED", "H200", "TPU_V5E", "TPU_V5P", "Collective", "Cost", "DeviceMemory",
            "Hardware", "array_bytes", "collectives", "collectives_in", "comm_time", "cost", "cpu_measured",
-           "matmul_cost", "memory_per_device", "summarize"]
+           "matmul_cost", "matmul_flops", "memory_per_device", "summarize"]
 
 Groups = tuple[tuple[int, ...], ...]
 Shape = tuple[int, ...]

@@ -108,7 +108,9 @@ def collectives_html(sc: explore.StepCollectives, *, stale: bool = False) -> str
                    f"{escape(format_bytes(b))}</td></tr>" for kind, axes, n, b in sc.by_axes())
     what = (f"{sc.kind} step, batch {sc.batch[0]}×{sc.batch[1]} tokens placed {_spec_text(sc.input_spec)}: "
             f"{sc.runs} collectives run ({len(sc.records)} in the program, those in the layer scan once per layer), "
-            f"{format_bytes(sc.bytes_per_device)} per device (compiled in {sc.compile_seconds:.2f} s)")
+            f"{format_bytes(sc.bytes_per_device)} per device"
+            + f", matmuls {sc.matmul_flops / 1e9:,.3g} GFLOP per device"
+            + f" (compiled in {sc.compile_seconds:.2f} s)")
     table = (f'<table style="border-collapse:collapse"><thead><tr><th style="{_CELL}">kind</th>'
              f'<th style="{_CELL}">mesh axes</th><th style="{_CELL}">runs</th><th style="{_CELL}">bytes/device</th>'
              f"</tr></thead><tbody>{rows}</tbody></table>") if rows else "<div>no collective: every device "\
