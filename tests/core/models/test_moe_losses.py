@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from tests.core.models.hf_reference import batch, hf_forward, hf_model, state_dict, torch
 from workbench.core.models import ModelConfig, from_hf_state_dict
@@ -89,3 +90,36 @@ def test_router_losses_need_a_mixture_of_experts():
     plain, _ = tiny("mixtral").compute_loss(ids)
     with_z, _ = tiny("mixtral").compute_loss(ids, router_z_loss_coef=0.001)
     assert float(with_z) > float(plain)
+
+
+def test_train_step_adds_the_router_losses_and_reports_expert_load():
+    """The step's loss is compute_loss's with the same coefficients (compute_loss is checked against
+    transformers above); expert_load counts every real token's k choices per layer. On a dp x ep mesh
+    (alltoall dispatch) the step's loss and updated parameters equal the unsharded step's."""
+    import optax
+
+    from workbench.core.mesh import make_mesh
+    from workbench.core.models.training import from_state, make_train_step, to_state
+    from workbench.models import tiny
+
+    model = tiny("mixtral")
+    ids = jnp.asarray(np.random.default_rng(0).integers(1, model.config.vocab_size, (4, 16)), jnp.int32)
+    mask = jnp.ones_like(ids).at[1, :3].set(0)
+    coefs = dict(router_aux_loss_coef=0.02, router_z_loss_coef=0.001)
+    with jax.default_matmul_precision("highest"):
+        want, _ = model.compute_loss(ids, mask, labels=ids, **coefs)
+        step = make_train_step(**coefs)
+        state, metrics = step(to_state(model, optax.sgd(0.1)), {"input_ids": ids, "attention_mask": mask,
+                                                                  "labels": ids})
+        sharded = model.shard_model(make_mesh(dp=2, fsdp=1, ep=4))
+        state_ep, metrics_ep = step(to_state(sharded, optax.sgd(0.1)), {"input_ids": ids, "attention_mask": mask,
+                                                                         "labels": ids})
+    assert abs(float(metrics["loss"]) - float(want)) <= 1e-6
+    load = np.asarray(metrics["expert_load"])
+    assert load.shape == (model.config.num_hidden_layers, model.config.num_local_experts)
+    np.testing.assert_array_equal(load.sum(1), int(mask.sum()) * model.config.num_experts_per_tok)
+    assert abs(float(metrics_ep["loss"]) - float(metrics["loss"])) <= 1e-5
+    np.testing.assert_array_equal(np.asarray(metrics_ep["expert_load"]), load)
+    for (path, a), (_, b) in zip(nnx.to_flat_state(nnx.state(from_state(state), nnx.Param)),
+                                 nnx.to_flat_state(nnx.state(from_state(state_ep), nnx.Param)), strict=True):
+        np.testing.assert_allclose(np.asarray(b.get_value()), np.asarray(a.get_value()), atol=1e-5, err_msg=str(path))

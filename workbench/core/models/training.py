@@ -12,6 +12,7 @@ Example (``tiny`` from :mod:`.presets`, ``load_text`` from :mod:`workbench.data`
 
 from __future__ import annotations
 
+import functools
 import typing as tp
 
 import jax
@@ -132,23 +133,39 @@ def _prepare(batch: Batch | jax.Array | np.ndarray) -> Batch:
     return out
 
 
-def _loss(state: TrainState, params: nnx.State, batch: Batch) -> tuple[jax.Array, jax.Array]:
+def _loss(state: TrainState, params: nnx.State, batch: Batch, router: tuple[float, float] = (0.0, 0.0)
+          ) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
+    """The loss (cross-entropy, plus the router losses weighted by ``router = (aux, z)`` coefficients) and
+    ``(num_tokens, extra metrics)``: for a MoE model its tokens per expert per layer (``expert_load``)."""
+    from workbench.core.models.moe_losses import expert_counts
+
     model = nnx.merge(state.graphdef, params, state.other)
-    out = model(batch["input_ids"], batch.get("attention_mask"))
-    return causal_lm_loss(getattr(out, "logits", out), batch["labels"])
+    mask = batch.get("attention_mask")
+    out = model(batch["input_ids"], mask)
+    loss, num_tokens = causal_lm_loss(getattr(out, "logits", out), batch["labels"])
+    extra = {}
+    router_logits = getattr(out, "router_logits", None)
+    if any(router):
+        loss = loss + model._router_losses(router_logits, mask, *router)
+    if router_logits is not None:
+        extra["expert_load"] = expert_counts(jax.lax.stop_gradient(router_logits),
+                                             model.config.num_experts_per_tok, mask)
+    return loss, (num_tokens, extra)
 
 
-def _step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
-    loss_of = lambda params: _loss(state, params, batch)
-    (loss, num_tokens), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
+def _step(state: TrainState, batch: Batch, router: tuple[float, float] = (0.0, 0.0)
+          ) -> tuple[TrainState, dict[str, jax.Array]]:
+    loss_of = lambda params: _loss(state, params, batch, router)
+    (loss, (num_tokens, extra)), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
     updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
-    return new, {"loss": loss, "num_tokens": num_tokens, "grad_norm": optax.tree.norm(grads)}
+    return new, {"loss": loss, "num_tokens": num_tokens, "grad_norm": optax.tree.norm(grads), **extra}
 
 
 def make_train_step(optimizer: optax.GradientTransformation | None = None, *,
-                    partition_axis: PartitionAxis | None = None
+                    partition_axis: PartitionAxis | None = None, router_aux_loss_coef: float = 0.0,
+                    router_z_loss_coef: float = 0.0
                     ) -> tp.Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
     """``train_step(state, batch) -> (state, metrics)``, jitted, donating ``state``.
 
@@ -158,7 +175,10 @@ def make_train_step(optimizer: optax.GradientTransformation | None = None, *,
     ``batch`` is a dict with ``input_ids (B, T)`` and optionally ``attention_mask`` and
     ``labels`` (default: ``labels_from(input_ids, attention_mask)``). The output state has the
     input state's shardings; on a mesh the batch is placed by ``partition_axis`` (default
-    ``PartitionAxis()``) resolving ``(BATCH, LENGTH)``. Metrics: loss, num_tokens, grad_norm.
+    ``PartitionAxis()``) resolving ``(BATCH, LENGTH)``. Metrics: loss, num_tokens, grad_norm, and for a
+    MoE model ``expert_load`` (tokens per expert per layer, ``(L, E)``). A MoE model's loss adds
+    ``router_aux_loss_coef`` x the Switch load-balancing loss and ``router_z_loss_coef`` x the router
+    z-loss (:mod:`.moe_losses`; ``compute_loss`` takes the same coefficients).
     """
     partition_axis = PartitionAxis() if partition_axis is None else partition_axis
     compiled: dict[tp.Any, tp.Callable] = {}
@@ -174,7 +194,8 @@ def make_train_step(optimizer: optax.GradientTransformation | None = None, *,
         key = (treedef, tuple(shardings))
         if key not in compiled:
             state_sh, batch_sh = jax.tree.unflatten(treedef, shardings)
-            compiled[key] = jax.jit(_step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None),
+            step = functools.partial(_step, router=(router_aux_loss_coef, router_z_loss_coef))
+            compiled[key] = jax.jit(step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None),
                                     donate_argnums=0)
         return compiled[key](state, batch)
 
@@ -185,8 +206,11 @@ def make_eval_step(*, partition_axis: PartitionAxis | None = None
                    ) -> tp.Callable[[TrainState, Batch], dict[str, jax.Array]]:
     """``eval_step(state, batch) -> {"loss", "num_tokens"}``, jitted; the state is not donated."""
     partition_axis = PartitionAxis() if partition_axis is None else partition_axis
-    evaluate = jax.jit(lambda state, batch: dict(zip(("loss", "num_tokens"), _loss(state, state.params, batch),
-                                                     strict=True)))
+    def loss_and_tokens(state: TrainState, batch: Batch) -> dict[str, jax.Array]:
+        loss, (num_tokens, _) = _loss(state, state.params, batch)
+        return {"loss": loss, "num_tokens": num_tokens}
+
+    evaluate = jax.jit(loss_and_tokens)
 
     def eval_step(state: TrainState, batch: Batch) -> dict[str, jax.Array]:
         return evaluate(state, _place(batch, state, partition_axis))
