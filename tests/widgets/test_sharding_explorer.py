@@ -149,3 +149,25 @@ def test_static_html_and_display(explorer):
     assert bundle["text/plain"] == ("ShardingExplorer(llama, 12 parameters, mesh dp=2, fsdp=2, ep=1, tp=2, sp=1, "
                                     "MODE_TRAIN)")
     assert jax.tree.leaves(nnx.state(explorer.model, nnx.Param))[0].__class__ is jax.ShapeDtypeStruct
+
+
+def test_experts_panel_shows_the_all_to_all_pair_flops_and_drops():
+    moe_model = tiny("mixtral")
+    ex = ShardingExplorer(moe_model, make_mesh(dp=2, fsdp=1, ep=4), batch=(8, 32))
+    button = next(c for c in _walk(ex.widget) if "wb-experts-button" in getattr(c, "_dom_classes", ()))
+    ex._capacity.value = 1.0
+    button.click()
+    assert ex.experts is not None and ex.experts.capacity_factor == 1.0
+    text = html.unescape(re.sub(r"<[^>]+>", "", ex._experts_out.value))
+    assert "all-to-alls" in text and "vs" in text and "dense" in text
+    assert f"{ex.experts.dispatch.dropped_fraction:.1%} of the copies dropped" in text
+    ex.edit(partition_axis=ex.partition_axis.replace(expert_parallel_axis="dp"))
+    assert "stale" in ex._experts_out.value
+    llama_explorer = ShardingExplorer(tiny("llama"), make_mesh(dp=8, fsdp=1))
+    assert not any("wb-experts-button" in getattr(c, "_dom_classes", ()) for c in _walk(llama_explorer.widget))
+
+
+def _walk(widget):
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from _walk(child)

@@ -101,6 +101,32 @@ def diff_html(d: explore.LayoutDiff | None) -> str:
             f'{escape(memory)}</div><table style="border-collapse:collapse">{rows}</table></div>')
 
 
+def experts_html(summary: tp.Any, *, stale: bool = False) -> str:
+    """A MoE model's expert parallelism on the layout: the all-to-all pair, FLOPs against ``dense``, drops."""
+    cf = "no drop" if summary.capacity_factor is None else f"capacity factor {summary.capacity_factor:g}"
+    def shape(r: tp.Any) -> str:  # XLA may split an all-to-all into one operand per destination
+        parts = r.shape if r.shape and isinstance(r.shape[0], tuple) else (r.shape,)
+        return f"{len(parts)} × {tuple(parts[0])}" if len(parts) > 1 else str(tuple(parts[0]))
+
+    pair = "; ".join(f"{escape(shape(r))}, {format_bytes(r.bytes)} per device, ×{r.trips} runs"
+                     for r in summary.all_to_alls) or "none (no ep axis of size > 1 on this layout)"
+    lines = [f"<div><b>alltoall</b> ({cf}): all-to-alls {pair}</div>",
+             f"<div>matmul FLOPs per device: {summary.alltoall.matmul_flops / 1e6:,.1f} M vs "
+             f"{summary.dense.matmul_flops / 1e6:,.1f} M with <b>dense</b> ({summary.flops_vs_dense:.2f}x)</div>"]
+    d = summary.dispatch
+    if d is None:
+        lines.append('<div style="color:#555">an abstract model: no router to run, so no dispatch or drops</div>')
+    else:
+        worst = float(d.imbalance_L.max())
+        lines.append(f"<div>a sample batch of random tokens: {d.groups} token shares of {d.share}, {d.slots} slots "
+                     f"per expert; <b>{d.dropped_fraction:.1%}</b> of the copies dropped; busiest expert "
+                     f"{worst:.2f}x the mean load</div>")
+    note = '<div style="color:#b00020">stale: computed for an earlier layout; press "experts" again</div>' \
+        if stale else ""
+    return (f'<div class="wb-experts" style="font-size:12px;{"opacity:0.6" if stale else ""}">{note}'
+            f'{"".join(lines)}</div>')
+
+
 def collectives_html(sc: explore.StepCollectives, *, stale: bool = False) -> str:
     """The collectives of one step per kind and mesh axes, with XLA's warnings condensed."""
     rows = "".join(f'<tr class="wb-collective-row"><td style="{_CELL}">{escape(kind)}</td><td style="{_CELL}">'
@@ -145,6 +171,8 @@ class ShardingExplorer:
         self.layout = explore.Layout.of(model, mesh, partition_axis, rules, mode)  # raises on a bad start
         self.error = ""
         self.collectives: explore.StepCollectives | None = None
+        self.experts: tp.Any = None  # moe_view.ExpertParallelSummary after "experts"
+        self._experts_layout: explore.Layout | None = None
         self.last_diff: explore.LayoutDiff | None = None
         self._collectives_layout: explore.Layout | None = None
         self._changed: tuple[str, ...] = ()
@@ -201,6 +229,22 @@ class ShardingExplorer:
         self._collectives_out.value = collectives_html(sc)
         return True
 
+    def compute_experts(self) -> bool:
+        """For a MoE model: the alltoall forward's all-to-alls and matmul FLOPs against dense, and the drops
+        of a sample batch at the chosen capacity factor (see :func:`workbench.core.moe_view`)."""
+        from workbench.core.moe_view import expert_parallel_summary
+
+        self._experts_out.value = '<div style="font-size:12px;color:#555">compiling alltoall and dense…</div>'
+        try:
+            summary = expert_parallel_summary(self.model, self.layout, capacity_factor=self._capacity.value,
+                                              batch=(self._batch_b.value, self._batch_t.value))
+        except (ValueError, TypeError) as e:
+            self._experts_out.value = error_html(f"experts: {e}")
+            return False
+        self.experts, self._experts_layout = summary, self.layout
+        self._experts_out.value = experts_html(summary)
+        return True
+
     def apply(self) -> float | None:
         """Re-shard the live model as the layout says; the seconds it took (None, with an inline error, if not)."""
         try:
@@ -251,7 +295,18 @@ class ShardingExplorer:
         apply.add_class("wb-apply-button")
         apply.on_click(lambda _: self.apply())
         self._apply_status = w.HTML()
+        self._capacity = w.Dropdown(options=[("no drop", None), ("1.0", 1.0), ("1.25", 1.25), ("1.5", 1.5),
+                                             ("2.0", 2.0)], value=1.25, description="capacity",
+                                    layout=w.Layout(width="170px"), style={"description_width": "60px"})
+        experts_go = w.Button(description="experts", icon="random", button_style="info")
+        experts_go.add_class("wb-experts-button")
+        experts_go.on_click(lambda _: self.compute_experts())
+        self._experts_out = w.HTML('<div style="font-size:12px;color:#666">press "experts" to compile the forward '
+                                   "with the alltoall and dense MoE strategies and dispatch a sample batch</div>")
         section = lambda text: w.HTML(f'<div style="font-weight:600;margin-top:6px">{text}</div>')
+        moe = getattr(self.layout.config, "num_local_experts", 0) > 0
+        experts = [section("expert parallelism (MoE layers)"), w.HBox([self._capacity, experts_go]),
+                   self._experts_out] if moe else []
         memory_controls = w.HBox([self._optimizer, self._kv_on, self._kv_b, self._kv_s])
         self.widget = w.VBox([
             self._title, self._error,
@@ -259,7 +314,7 @@ class ShardingExplorer:
             section("change from the previous layout"), self._diff,
             section("parameters"), w.HBox([self._filter, self._filter_error]), self._table,
             section("collectives of one step"), w.HBox([self._kind, self._batch_b, self._batch_t, go]),
-            self._collectives_out, w.HBox([apply, self._apply_status])])
+            self._collectives_out, *experts, w.HBox([apply, self._apply_status])])
         self.widget.add_class("wb-sharding-explorer")
 
     def _render(self, first: bool = False) -> None:
@@ -272,6 +327,8 @@ class ShardingExplorer:
         if self.collectives is not None:
             stale = self._collectives_layout is not self.layout
             self._collectives_out.value = collectives_html(self.collectives, stale=stale)
+        if self.experts is not None:
+            self._experts_out.value = experts_html(self.experts, stale=self._experts_layout is not self.layout)
 
     def _render_table(self) -> None:
         try:

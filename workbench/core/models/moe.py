@@ -141,17 +141,22 @@ class MoE(nnx.Module):
         logits_NE = jnp.matmul(x_ND, router_kernel_DE, precision=self.precision)
         if self.router_bias is not None:
             logits_NE = logits_NE + self.router_bias[...].astype(logits_NE.dtype)
+        return logits_NE, *self.choose(logits_NE)
+
+    def choose(self, logits_NE: Array) -> tuple[Array, Array]:
+        """The top-k weights and expert ids ``(N, k)`` for router logits ``(N, E)`` (a model output's
+        ``router_logits[layer]``), by this layer's routing (see :meth:`route`)."""
         acc = jnp.promote_types(logits_NE.dtype, jnp.float32)
         if self.routing == "sigmoid_grouped":
-            return logits_NE, *self._grouped(logits_NE.astype(acc))
+            return self._grouped(logits_NE.astype(acc))
         if self.routing == "topk_softmax":
             top_NK, experts_NK = jax.lax.top_k(logits_NE, self.num_experts_per_tok)
-            return logits_NE, jax.nn.softmax(top_NK.astype(acc), axis=-1), experts_NK
+            return jax.nn.softmax(top_NK.astype(acc), axis=-1), experts_NK
         probs_NE = jax.nn.softmax(logits_NE.astype(acc), axis=-1)
         weights_NK, experts_NK = jax.lax.top_k(probs_NE, self.num_experts_per_tok)
         if self.norm_topk_prob:
             weights_NK = weights_NK / weights_NK.sum(-1, keepdims=True)
-        return logits_NE, weights_NK, experts_NK
+        return weights_NK, experts_NK
 
     def _grouped(self, logits_NE: Array) -> tuple[Array, Array]:
         """DeepSeek-V3: sigmoid scores; experts chosen by score + ``correction_bias`` among the ``topk_group``
