@@ -22,10 +22,12 @@ Parts, per device (every device holds the same; specs divide their dimensions):
     probabilities, the MLP's activation and product, the residual sums;
 
 - ``temporaries``: an estimate of what lives only inside the step: the loss's float32 logits, their softmax and
-  cotangent (``3 b t V_l 4`` bytes), and one layer's working set while its backward runs: its cotangents, as
-  many as the ``"none"`` set; with ``remat="full"`` half as much again for the recomputed forward values
-  alive at once (a factor measured against XLA:CPU's buffer assignment on a 4- and 8-layer Llama, whose
-  difference isolates the per-layer part);
+  cotangent (``3 b t V_l 4`` bytes), and one layer's working set while its backward runs. That set depends on
+  the compiler, and its size here is measured, not derived (XLA's buffer assignment on a 4- and an 8-layer
+  Llama, whose difference isolates the per-layer part from the rest): XLA:TPU fuses the elementwise chains,
+  so it holds about one layer's ``"none"`` set with ``remat="none"`` and one layer's ``"dots_saveable"`` set
+  otherwise; XLA:CPU (which compiles GPU and CPU clusters in the worker) holds a ``"none"`` set, half as much
+  again with ``remat="full"``;
 - ``kv_cache``: keys and values of every layer (:func:`workbench.core.explore.memory_per_device`);
 - ``inputs``: the token ids.
 
@@ -164,8 +166,10 @@ def _layer_widths(layout: Layout, data_axes: set[str], t_kv: int) -> tuple[float
     return dots, extra, norms_f32
 
 
-def activation_bytes(layout: Layout, batch: tuple[int, int], remat: str, dtype: tp.Any) -> tuple[int, int]:
-    """``(kept for the backward, one layer's working set)`` in bytes per device (see the module doc)."""
+def activation_bytes(layout: Layout, batch: tuple[int, int], remat: str, dtype: tp.Any, compiler: str = "tpu"
+                     ) -> tuple[int, int]:
+    """``(kept for the backward, one layer's working set)`` in bytes per device (see the module doc);
+    ``compiler`` ("tpu" or "cpu") is the XLA backend whose working set to estimate."""
     if remat not in REMATS:
         raise ValueError(f"remat must be one of {REMATS} for the ledger; got {remat!r}")
     b, t, _ = _tokens_per_device(layout, batch, layout.mode)
@@ -177,7 +181,10 @@ def activation_bytes(layout: Layout, batch: tuple[int, int], remat: str, dtype: 
     per_layer = {"full": c.hidden_size * item,
                  "dots_saveable": (c.hidden_size + dots) * item,
                  "none": (c.hidden_size + dots + extra) * item + norms_f32 * 4}
-    working = (1.5 if remat == "full" else 1.0) * per_layer["none"] * rows
+    if compiler == "tpu":
+        working = (per_layer["none"] if remat == "none" else per_layer["dots_saveable"]) * rows
+    else:
+        working = (1.5 if remat == "full" else 1.0) * per_layer["none"] * rows
     return int(c.num_hidden_layers * per_layer[remat] * rows), int(working)
 
 
@@ -205,16 +212,18 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
 
     ``batch = (B, T)``: rows and positions of a train step or a prefill (a decode step takes ``(B, 1)``);
     ``remat`` defaults to the model's policy; ``kv_length`` sizes the KV cache of a prefill or decode step
-    (default ``T``); ``cluster`` adds its HBM per device.
+    (default ``T``); ``cluster`` adds its HBM per device and picks the compiler whose temporaries to estimate
+    (XLA:TPU for a TPU cluster, else XLA:CPU, which compiles GPU and CPU clusters here).
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}; got {kind!r}")
     remat = getattr(model, "remat", "none") if remat is None else remat
     dtype = np.dtype(getattr(model, "dtype", np.float32))
     hbm = None if cluster is None else cluster.hbm_per_device
+    compiler = "tpu" if cluster is None or cluster.platform == "tpu" else "cpu"
     ids = int(np.prod(batch)) * 4 // max(1, _tokens_per_device(layout, batch, layout.mode)[2])
     if kind == "train":
-        kept, working = activation_bytes(layout, batch, remat, dtype)
+        kept, working = activation_bytes(layout, batch, remat, dtype, compiler)
         return Ledger(kind, remat, layout.param_bytes, layout.param_bytes, optimizer_bytes(layout, optimizer),
                       kept, working + LOGITS_COPIES * logits_bytes(layout, batch), 0, ids, hbm)
     b, t = batch
@@ -223,6 +232,6 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
         raise ValueError(f"a decode step's layout is resolved in decode mode; this one is {layout.mode!r}")
     kv = memory_per_device(layout, optimizer=None, kv_cache=(b, length, dtype)).kv_cache
     step_batch = batch if kind == "prefill" else (b, 1)
-    _, working = activation_bytes(layout, step_batch, "full", dtype)
+    _, working = activation_bytes(layout, step_batch, "full", dtype, compiler)
     return Ledger(kind, "none", layout.param_bytes, kv_cache=kv,
                   temporaries=working // 2 + logits_bytes(layout, step_batch), inputs=ids, hbm_per_device=hbm)
