@@ -127,7 +127,8 @@ def test_gpu_cluster_compiles_in_a_reused_worker_with_its_device_count():
     assert a.memory.argument == (1024 // 4 * 4096 // 4 + 64 // 4 * 1024) * 2
     assert {c.mesh_axes for c in a.collectives if c.kind == "all-gather"} == {("fsdp",)}
     pid = workers()[16]
-    compile_on(cluster, _loss, *_matmul_args(mesh))
+    again = cluster.compile(_loss, *_matmul_args(cluster.mesh((4, 4), ("fsdp", "tp"))))
+    assert again.memory == a.memory
     assert workers()[16] == pid  # reused
     assert jax.device_count() == 8  # this process is untouched
 

@@ -249,12 +249,18 @@ class Cluster:
                              f"shapes: {list(valid)}")
         return shape
 
-    def compile(self, fn: tp.Callable, *abstract_args: tp.Any, mesh_shape: tp.Sequence[int],
-                axis_names: tp.Sequence[str], **options: tp.Any):
-        """Compile ``fn`` for this cluster; see :func:`workbench.core.virtual.compile_on`."""
+    def mesh(self, mesh_shape: tp.Sequence[int], axis_names: tp.Sequence[str]):
+        """The mesh to place abstract arguments on; see :func:`workbench.core.virtual.cluster_mesh`."""
+        from workbench.core.virtual import cluster_mesh
+
+        return cluster_mesh(self, mesh_shape, axis_names)
+
+    def compile(self, fn: tp.Callable, *abstract_args: tp.Any, **options: tp.Any):
+        """Compile ``fn`` for this cluster from arguments placed on :meth:`mesh`; see
+        :func:`workbench.core.virtual.compile_on` (``donate_argnums``, ``out_shardings``)."""
         from workbench.core.virtual import compile_on
 
-        return compile_on(self, fn, *abstract_args, mesh_shape=mesh_shape, axis_names=axis_names, **options)
+        return compile_on(self, fn, *abstract_args, **options)
 
     def __str__(self) -> str:
         parts = [f"{self.name}: {self.num_devices} devices"]
