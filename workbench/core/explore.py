@@ -19,14 +19,10 @@ collectives XLA inserted, and :func:`apply` places a live model by a layout.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
-import os
 import re
-import sys
-import tempfile
 import time
 import typing as tp
 
@@ -37,6 +33,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from workbench.core import axes as ax
+from workbench.core._xla_log import give_back
+from workbench.core._xla_log import stderr_lines as _stderr_lines
+from workbench.core._xla_log import xla_warnings as _xla_warnings
 from workbench.core.axes import (
     BATCH,
     KV_HEAD,
@@ -470,40 +469,10 @@ def step_collectives(model: nnx.Module, layout: Layout, *, kind: str = "forward"
         compiled = fn.lower(params, other, ids).compile(compiler_options=options)
     seconds = time.perf_counter() - start
     warnings = tuple(_xla_warnings(log))
-    other = [line for line in log if not _XLA_LOG.match(line)]  # not XLA's: give it back to stderr
-    if other:
-        os.write(2, ("\n".join(other) + "\n").encode())
+    give_back(log)  # not XLA's: back to stderr
     hlo = compiled.as_text()
     return StepCollectives(kind, (b, t), spec, tuple(collectives_in(hlo, layout.mesh)), seconds, warnings,
                            matmul_flops(hlo))
-
-
-@contextlib.contextmanager
-def _stderr_lines() -> tp.Iterator[list[str]]:
-    """The lines written to file descriptor 2 inside the block (XLA's C++ log), kept from the terminal."""
-    lines: list[str] = []
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as capture:
-        os.dup2(capture.fileno(), 2)
-        try:
-            yield lines
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            capture.seek(0)
-            lines.extend(capture.read().decode(errors="replace").splitlines())
-
-
-_XLA_LOG = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ [\w./-]+:\d+\] (.*)$")
-
-
-def _xla_warnings(lines: tp.Iterable[str]) -> tp.Iterator[str]:
-    """XLA's warnings and errors without their ``W1122 12:57:02.022634 11999 file.cc:656]`` prefix."""
-    for line in lines:
-        match = _XLA_LOG.match(line)
-        if match and match.group(1) in "WE":
-            yield match.group(2)
 
 
 # -- placing -----------------------------------------------------------------------------------------

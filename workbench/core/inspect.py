@@ -29,8 +29,10 @@ from workbench.core._roofline import (
     H100,
     H100_MEASURED,
     H200,
+    TPU_V4,
     TPU_V5E,
     TPU_V5P,
+    TPU_V6E,
     Cost,
     Hardware,
     array_bytes,
@@ -40,9 +42,9 @@ from workbench.core._roofline import (
     matmul_cost,
 )
 
-__all__ = ["H100", "H100_MEASURED", "H200", "TPU_V5E", "TPU_V5P", "Collective", "Cost", "DeviceMemory",
-           "Hardware", "array_bytes", "collectives", "collectives_in", "comm_time", "cost", "cpu_measured",
-           "matmul_cost", "matmul_flops", "memory_per_device", "summarize"]
+__all__ = ["H100", "H100_MEASURED", "H200", "TPU_V4", "TPU_V5E", "TPU_V5P", "TPU_V6E", "Collective", "Cost",
+           "DeviceMemory", "Hardware", "array_bytes", "collectives", "collectives_in", "comm_time", "cost",
+           "cpu_measured", "matmul_cost", "matmul_flops", "memory_per_device", "summarize"]
 
 Groups = tuple[tuple[int, ...], ...]
 Shape = tuple[int, ...]

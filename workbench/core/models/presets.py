@@ -90,6 +90,16 @@ FAMILIES = tuple(_CONFIGS)
 # which 3 dense, MLA with q LoRA, 256 routed experts (8 per token, 8 groups of which 4 kept) + 1 shared,
 # YaRN x40 over 4096 positions. Its released weights are FP8 (block-quantized); the config describes bf16.
 _FULL_CONFIGS: dict[str, dict[str, tp.Any]] = {
+    # meta-llama/Meta-Llama-3-70B config.json (Llama 3.1 adds its llama3 rope scaling and 131072 positions,
+    # typed here as issue 16 gives them): GQA 64 heads / 8 key-value heads, untied embeddings.
+    "llama-3-70b": dict(
+        model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128256, hidden_size=8192,
+        intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+        hidden_act="silu", max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192},
+        tie_word_embeddings=False, attention_bias=False, mlp_bias=False, bos_token_id=128000, eos_token_id=128001,
+        torch_dtype="bfloat16"),
     "deepseek-v3": dict(
         model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"], vocab_size=129280, hidden_size=7168,
         intermediate_size=18432, moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=128,

@@ -1,0 +1,188 @@
+"""Virtual clusters: presets against published numbers, topologies and meshes against JAX / libtpu, compiling
+on a TPU slice ahead of time (XLA's TPU compiler) and in a worker with N simulated CPU devices."""
+
+import importlib.metadata
+import math
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from workbench.core.cluster import Cluster, parse_topology
+from workbench.core.virtual import cluster_mesh, compile_on, compile_step, workers
+
+ROOT = Path(__file__).resolve().parents[2]
+needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                  reason='libtpu missing: pip install "jax-workbench[tpu-aot]" (make test does)')
+
+
+def test_presets_carry_published_chip_numbers():
+    # Scaling book, "How to Think About TPUs", chip table: v5p 4.59e14 bf16 / 9.18e14 int8 FLOP/s, 96 GB HBM,
+    # 2.8e12 B/s; v5e 1.97e14 / 3.94e14, 16 GB, 8.1e11; ICI table: v5p 9e10 B/s per link one way.
+    v5p, v5e = Cluster.tpu("v5p:4x4x4"), Cluster.tpu("v5e:8x8")
+    assert (v5p.chip.peak_flops("bf16"), v5p.chip.peak_flops("int8"), v5p.chip.hbm_capacity) == (4.59e14, 9.18e14, 96e9)
+    assert v5p.level("ici").bandwidth == 9e10 and v5p.chip.hbm_bandwidth == 2.8e12
+    assert (v5e.chip.peak_flops("int8"), v5e.hbm_per_device, v5e.num_devices) == (3.94e14, 16e9, 64)
+    # Google Cloud v6e page: 918 TFLOP/s bf16 (the book rounds to 9.2e14), 32 GB HBM; 4 x 200 Gbps NICs per 8 chips
+    v6e = Cluster.tpu("v6e:16x16", slices=2)
+    assert v6e.num_devices == 512 and v6e.hbm_per_device == 32e9 and v6e.level("dcn").bandwidth == 4 * 200e9 / 8
+    # NVIDIA H100 SXM datasheet: 989 TFLOP/s dense bf16, 1979 dense fp8, 80 GB at 3.35 TB/s; DGX H100: 8 GPUs
+    # and 8 x 400 Gb/s InfiniBand per node
+    h100 = Cluster.h100(nodes=8)
+    assert (h100.num_devices, h100.gpus_per_node, h100.nodes) == (64, 8, 8)
+    assert (h100.chip.peak_flops("bf16"), h100.chip.peak_flops("fp8"), h100.hbm_per_device) == (989e12, 1979e12, 80e9)
+    assert h100.level("inter-node").bandwidth == 400e9 and h100.level("nvlink").bandwidth == 450e9
+    assert Cluster.h200(nodes=2).hbm_per_device == 141e9
+    with pytest.raises(ValueError, match="no published peak for 'fp8'"):
+        v5p.chip.peak_flops("fp8")
+    assert Cluster.h100().levels[-1].name == "nvlink"  # one node: no inter-node network
+
+
+def test_wraparound_follows_the_slice_shape():
+    # v4 / v5p: whole 4x4x4 cubes are tori, smaller slices are not; v5e / v6e: only a full 16-chip axis wraps
+    assert all(a.wraparound for a in Cluster.tpu("v5p:4x4x8").torus)
+    assert not any(a.wraparound for a in Cluster.tpu("v5p:2x2x4").torus)
+    assert [a.wraparound for a in Cluster.tpu("v5e:8x16").torus] == [False, True]
+
+
+@pytest.mark.parametrize("bad", ["v5p:8x8", "v5e:3x3", "v7:2x2x1", "v5litepod-16", "v5p:4x4x5", "v5p:32x32x32"])
+def test_a_bad_topology_string_lists_the_valid_ones(bad):
+    with pytest.raises(ValueError, match=r"unknown TPU topology.*v5p:4x4x4.*v5e:16x16"):
+        Cluster.tpu(bad)
+
+
+def test_topology_strings_parse():
+    assert parse_topology("v5p:4x4x4") == ("v5p", (4, 4, 4))
+    assert Cluster.tpu("v4:2x2x2").num_devices == 8  # one device per chip: v4's two TensorCores as a megacore
+
+
+@needs_libtpu
+@pytest.mark.parametrize("topology", ["v5p:4x4x4", "v4:2x2x2", "v5e:4x8"])
+def test_valid_mesh_shapes_agree_with_jax_on_the_topology(topology):
+    """The reference: what jax's mesh_utils accepts for libtpu's devices of that topology, every 2-axis
+    factorisation of the device count tried."""
+    from jax.experimental import mesh_utils
+
+    from workbench.core.virtual import tpu_devices
+
+    cluster = Cluster.tpu(topology)
+    devices = tpu_devices(cluster.topology)
+    assert len(devices) == cluster.num_devices
+    accepted = set()
+    for a in range(1, cluster.num_devices + 1):
+        if cluster.num_devices % a == 0:
+            try:
+                mesh_utils.create_device_mesh((a, cluster.num_devices // a), devices)
+                accepted.add((a, cluster.num_devices // a))
+            except (NotImplementedError, ValueError, AssertionError):
+                pass
+    assert set(cluster.valid_mesh_shapes(2)) == accepted
+
+
+def test_a_mesh_that_does_not_map_onto_the_torus_is_refused_with_the_valid_shapes():
+    cluster = Cluster.tpu("v5p:4x4x4")
+    with pytest.raises(ValueError, match=r"\(8, 8\) does not map onto v5p:4x4x4.*\[\(1, 64\), \(4, 16\), "
+                                         r"\(16, 4\), \(64, 1\)\]"):
+        cluster_mesh(cluster, (8, 8), ("fsdp", "tp"))
+    with pytest.raises(ValueError, match="has 32 devices"):
+        Cluster.h100(nodes=8).check_mesh_shape((4, 8))
+    assert (8, 8) in Cluster.h100(nodes=8).valid_mesh_shapes(2)  # NVSwitch: any factorisation
+
+
+def _matmul_args(mesh):
+    w = jax.ShapeDtypeStruct((1024, 4096), jnp.bfloat16, sharding=NamedSharding(mesh, P("fsdp", "tp")))
+    x = jax.ShapeDtypeStruct((64, 1024), jnp.bfloat16, sharding=NamedSharding(mesh, P("fsdp")))
+    return w, x
+
+
+def _loss(w, x):
+    return jnp.sum((x @ w).astype(jnp.float32) ** 2)
+
+
+@needs_libtpu
+def test_tpu_compiles_ahead_of_time_with_xla_tpu_analyses():
+    cluster = Cluster.tpu("v5p:4x4x4")
+    mesh = cluster_mesh(cluster, (16, 4), ("fsdp", "tp"))
+    assert mesh.devices.flat[0].platform == "tpu" and mesh.devices.flat[0].device_kind == "TPU v5"
+    a = compile_on(cluster, _loss, *_matmul_args(mesh))
+    # arguments per device: w's block 1024/16 x 4096/4 and x's 64/16 x 1024, bf16 (hand count)
+    assert a.memory.argument == (64 * 1024 + 4 * 1024) * 2
+    assert a.flops >= 2 * 4 * 1024 * 1024  # this device's share of x @ w, at least
+    assert a.xla_seconds is not None and a.xla_seconds > 0  # XLA's own time estimate, TPU only
+    kinds = {c.kind: c.mesh_axes for c in a.collectives}
+    assert kinds["all-gather"] == ("fsdp",)  # w gathered over fsdp for the local rows of x
+
+
+def test_gpu_cluster_compiles_in_a_reused_worker_with_its_device_count():
+    cluster = Cluster.h100(nodes=2)  # 16 devices, more than this process's 8
+    mesh = cluster_mesh(cluster, (4, 4), ("fsdp", "tp"))
+    a = compile_on(cluster, _loss, *_matmul_args(mesh))
+    assert a.memory.argument == (1024 // 4 * 4096 // 4 + 64 // 4 * 1024) * 2
+    assert {c.mesh_axes for c in a.collectives if c.kind == "all-gather"} == {("fsdp",)}
+    pid = workers()[16]
+    again = cluster.compile(_loss, *_matmul_args(cluster.mesh((4, 4), ("fsdp", "tp"))))
+    assert again.memory == a.memory
+    assert workers()[16] == pid  # reused
+    assert jax.device_count() == 8  # this process is untouched
+
+
+def test_a_worker_exits_when_its_parent_dies(tmp_path):
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os, sys\n"
+        "from workbench.core.cluster import Cluster\n"
+        "from workbench.core.virtual import _worker\n"
+        "print(_worker(4).process.pid, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    pid = int(out.stdout.split()[0])
+    for _ in range(40):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        import time
+
+        time.sleep(0.25)
+    os.kill(pid, 9)
+    pytest.fail("the compile worker outlived its killed parent")
+
+
+def test_compile_step_train_on_a_cpu_cluster_counts_params_and_adam_state():
+    from workbench.models import CausalLM, ModelConfig, tiny_config
+
+    model = CausalLM.lazy_init(ModelConfig.from_hf(tiny_config("llama")))
+    a = compile_step(model, Cluster.cpu(16), {"fsdp": 8, "tp": 2}, batch=(16, 32))
+    n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(model.split_params()[1]))
+    # donated params and AdamW moments come back as outputs: alias = params + 2 moments (+ the count), float32;
+    # at most the per-device share, at least that share when each parameter splits 16 ways
+    assert a.memory.alias >= 3 * n_params * 4 / 16
+    assert any(c.trips == 2 for c in a.collectives)  # inside the 2-layer scan
+
+
+def test_tpu_aot_extra_pins_the_libtpu_jax_names():
+    """The reference: jax's own metadata, its `tpu` extra."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    pin = pyproject["project"]["optional-dependencies"]["tpu-aot"]
+    wanted = [r.split(";")[0].replace(" ", "") for r in importlib.metadata.requires("jax")
+              if "libtpu" in r and 'extra == "tpu"' in r]
+    assert [p.replace(" ", "") for p in pin] == wanted
+    assert pyproject["project"]["name"] == "jax-workbench"
+
+
+def test_without_libtpu_a_tpu_cluster_says_what_to_install(monkeypatch):
+    from workbench.core import virtual
+
+    monkeypatch.setitem(sys.modules, "libtpu", None)  # import libtpu raises ImportError
+    virtual.tpu_devices.cache_clear()
+    with pytest.raises(ImportError, match=r'pip install "jax-workbench\[tpu-aot\]"'):
+        virtual.tpu_devices("v5e:2x2")
+    virtual.tpu_devices.cache_clear()

@@ -1,0 +1,303 @@
+"""Compile a program for a virtual cluster: what XLA says about it there, without the cluster.
+
+- TPU clusters compile in this process with XLA's own TPU compiler, ahead of time: ``libtpu`` describes
+  the slice (``jax.experimental.topologies``) and a program lowered from ``ShapeDtypeStruct``s on a mesh
+  of those devices compiles to real TPU HLO (nothing runs; needs ``pip install "jax-workbench[tpu-aot]"``).
+- GPU and CPU clusters compile in a worker process with as many simulated CPU devices (up to
+  :data:`~workbench.core.cluster.MAX_SIMULATED_DEVICES`): this process traces and lowers the program on an
+  ``AbstractMesh`` and exports it; the worker compiles it and returns the analysis. One worker per device
+  count, reused; it exits with this process.
+
+:func:`cluster_mesh` gives the mesh to place abstract arguments on; :func:`compile_on` returns a
+:class:`CompiledAnalysis` (memory, cost, collectives with mesh axes and loop trips).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import functools
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import typing as tp
+
+import jax
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
+
+from workbench.core import _compile_worker as worker_protocol
+from workbench.core._xla_log import give_back, stderr_lines, xla_warnings
+from workbench.core.cluster import MAX_SIMULATED_DEVICES, Cluster
+from workbench.core.inspect import Collective, summarize
+
+TPU_AOT_HINT = 'pip install "jax-workbench[tpu-aot]"'
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryAnalysis:
+    """Bytes per device from XLA's buffer assignment (``compiled.memory_analysis()``); ``peak`` is XLA's
+    ``peak_memory_in_bytes`` where the backend reports one (TPU), else 0."""
+
+    argument: int
+    output: int
+    alias: int
+    temp: int
+    generated_code: int = 0
+    peak: int = 0
+
+    @property
+    def total(self) -> int:
+        """What one device holds at most while the program runs: XLA's peak where reported (on TPU,
+        ``temp`` leaves out buffers that the peak counts, such as a layer scan's saved activations), else
+        arguments + outputs + temporaries, a donated argument that becomes an output counted once."""
+        return self.peak or self.argument + self.output - self.alias + self.temp
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledAnalysis:
+    """What XLA says about a program compiled for ``cluster`` on a mesh of ``mesh_shape`` (``axis_names``).
+
+    ``cost`` is ``compiled.cost_analysis()`` (``flops``, ``bytes accessed``, and on TPU XLA's own time
+    estimate ``optimal_seconds``); ``collectives`` every collective of the optimised HLO with its mesh axes and
+    loop trips.
+    """
+
+    cluster: Cluster
+    mesh_shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    memory: MemoryAnalysis
+    cost: dict[str, float]
+    collectives: tuple[Collective, ...]
+    compile_seconds: float
+    warnings: tuple[str, ...] = ()
+    hlo_text: str = dataclasses.field(default="", repr=False)
+
+    @property
+    def flops(self) -> float:
+        return self.cost.get("flops", 0.0)
+
+    @property
+    def bytes_accessed(self) -> float:
+        return self.cost.get("bytes accessed", 0.0)
+
+    @property
+    def xla_seconds(self) -> float | None:
+        """XLA's own estimate of the program's time (TPU only), or None."""
+        return self.cost.get("optimal_seconds")
+
+    def collectives_summary(self) -> dict[str, dict[str, int]]:
+        """Per kind: instructions, runs per execution (loop trips) and bytes per device."""
+        return summarize(self.collectives, count_trips=True)
+
+
+# -- meshes ------------------------------------------------------------------------------------------
+@functools.cache
+def tpu_devices(topology: str, slices: int = 1) -> tuple[jax.Device, ...]:
+    """The compile-only devices of a TPU topology (``libtpu`` describes the slice; nothing is allocated)."""
+    try:
+        import libtpu  # noqa: F401
+    except ImportError:
+        raise ImportError(f"compiling for a TPU cluster ({topology}) needs libtpu, XLA's TPU compiler: "
+                          f"{TPU_AOT_HINT}") from None
+    from jax.experimental import topologies
+
+    with stderr_lines() as log:  # libtpu complains that this host is not a TPU VM: true, and fine
+        kwargs = {"num_slices": slices} if slices > 1 else {}
+        topology_desc = topologies.get_topology_desc(topology_name=topology, platform="tpu", **kwargs)
+    give_back(line for line in log if "TPU" not in line and "InitGoogle" not in line and "libtpu" not in line
+              and "===" not in line and not line.startswith("learning/"))
+    # libtpu lists each TensorCore of a v4 chip; JAX runs v4 as one device per chip (megacore), and so do we
+    return tuple(d for d in topology_desc.devices if getattr(d, "core_on_chip", 0) == 0)
+
+
+def cluster_mesh(cluster: Cluster, mesh_shape: tp.Sequence[int], axis_names: tp.Sequence[str]
+                 ) -> Mesh | AbstractMesh:
+    """The mesh to place a program's abstract arguments on: a TPU cluster's compile-only devices laid on its
+    torus (a ``Mesh``), else an ``AbstractMesh`` that the worker makes concrete. Auto axes, as ``make_mesh``."""
+    shape, names = cluster.check_mesh_shape(mesh_shape), tuple(axis_names)
+    if len(names) != len(shape) or len(set(names)) != len(names):
+        raise ValueError(f"give one distinct axis name per mesh axis; got {names} for shape {shape}")
+    types = (AxisType.Auto,) * len(shape)
+    if cluster.platform != "tpu":
+        if cluster.num_devices > MAX_SIMULATED_DEVICES:
+            raise ValueError(f"{cluster.name} has {cluster.num_devices} devices; a worker simulates at most "
+                             f"{MAX_SIMULATED_DEVICES}")
+        return AbstractMesh(shape, names, axis_types=types)
+    from jax.experimental import mesh_utils
+
+    devices = tpu_devices(cluster.topology, cluster.slices)
+    try:
+        if cluster.slices > 1:
+            ici = (shape[0] // cluster.slices, *shape[1:])
+            grid = mesh_utils.create_hybrid_device_mesh(ici, (cluster.slices,) + (1,) * (len(shape) - 1), devices)
+        else:
+            grid = mesh_utils.create_device_mesh(shape, devices)
+    except (NotImplementedError, ValueError, AssertionError) as err:
+        raise ValueError(f"mesh shape {shape} does not map onto {cluster.name} ({err}); valid {len(shape)}-axis "
+                         f"shapes: {list(cluster.valid_mesh_shapes(len(shape)))}") from None
+    return Mesh(grid, names, axis_types=types)
+
+
+def _mesh_of(args: tp.Any) -> Mesh | AbstractMesh:
+    for leaf in jax.tree.leaves(args):
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, NamedSharding):
+            return sharding.mesh
+    raise ValueError("compile_on needs abstract arguments placed on the cluster's mesh: "
+                     "jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(cluster_mesh(...), spec))")
+
+
+# -- compiling ----------------------------------------------------------------------------------------
+def compile_on(cluster: Cluster, fn: tp.Callable, *args: tp.Any, donate_argnums: tp.Sequence[int] = (),
+               out_shardings: tp.Any = None) -> CompiledAnalysis:
+    """Compile ``fn(*args)`` for ``cluster`` and analyse it; ``args`` are ``ShapeDtypeStruct`` trees placed
+    on :func:`cluster_mesh` (every leaf with a ``NamedSharding``). ``fn`` is jitted here with
+    ``donate_argnums`` and ``out_shardings``. Nothing is allocated or run."""
+    mesh = _mesh_of(args)
+    jit_kwargs: dict[str, tp.Any] = {"donate_argnums": tuple(donate_argnums)}
+    if out_shardings is not None:
+        jit_kwargs["out_shardings"] = out_shardings
+    if cluster.platform == "tpu":
+        if not isinstance(mesh, Mesh) or mesh.devices.flat[0].platform != "tpu":
+            raise ValueError(f"{cluster.name}: place the arguments on cluster_mesh(cluster, ...) (TPU devices)")
+        start = time.perf_counter()
+        with stderr_lines() as log:
+            compiled = jax.jit(fn, **jit_kwargs).lower(*args).compile()
+        seconds = time.perf_counter() - start
+        give_back(log)
+        return _analysis(cluster, mesh, worker_protocol.analyse(compiled, mesh, seconds, tuple(xla_warnings(log))))
+    if not isinstance(mesh, AbstractMesh) or mesh.size != cluster.num_devices:
+        raise ValueError(f"{cluster.name}: place the arguments on cluster_mesh(cluster, ...) (an AbstractMesh of "
+                         f"{cluster.num_devices} devices)")
+    return _analysis(cluster, mesh, _worker(cluster.num_devices).compile(fn, args, mesh, jit_kwargs))
+
+
+def _analysis(cluster: Cluster, mesh: tp.Any, reply: dict[str, tp.Any]) -> CompiledAnalysis:
+    memory = dict(reply["memory"])
+    if cluster.platform != "tpu":  # XLA:CPU's peak_memory_in_bytes is about the arguments only: not a peak
+        memory["peak"] = 0
+    return CompiledAnalysis(cluster, tuple(mesh.axis_sizes), tuple(mesh.axis_names), MemoryAnalysis(**memory),
+                            reply["cost"], reply["collectives"],
+                            reply["compile_seconds"], reply["warnings"], reply["hlo_text"])
+
+
+# -- the worker -----------------------------------------------------------------------------------------
+class Worker:
+    """A process with ``num_devices`` simulated CPU devices that compiles exported programs (see
+    :mod:`workbench.core._compile_worker`). Requests are served one at a time."""
+
+    def __init__(self, num_devices: int):
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                         if not f.startswith("--xla_force_host_platform_device_count"))
+        env = dict(os.environ, JAX_PLATFORMS="cpu",
+                   XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={num_devices}".strip(),
+                   PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        self.num_devices = num_devices
+        self.log = tempfile.TemporaryFile()  # the worker's stderr, read when it fails
+        self.lock = threading.Lock()
+        self.process = subprocess.Popen([sys.executable, "-m", "workbench.core._compile_worker"], env=env,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
+        ready = worker_protocol.receive(self.process.stdout)
+        if not ready or ready.get("ready") != num_devices:
+            raise RuntimeError(f"the compile worker for {num_devices} devices did not start:\n{self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-3000:]
+
+    def compile(self, fn: tp.Callable, args: tp.Sequence[tp.Any], mesh: AbstractMesh,
+                jit_kwargs: dict[str, tp.Any]) -> dict[str, tp.Any]:
+        """Trace and export ``fn`` here (flat arguments), compile it there; the worker's reply."""
+        leaves, treedef = jax.tree.flatten(args)
+        specs = [leaf.sharding.spec if isinstance(leaf.sharding, NamedSharding) else PartitionSpec()
+                 for leaf in leaves]
+        donated = set(jit_kwargs.pop("donate_argnums", ()))
+        donate = [i for i, (arg_index, _) in enumerate(_arg_index(args)) if arg_index in donated]
+
+        def flat(*leaves):  # flat in, flat out: the exported program names no pytree types of ours
+            return jax.tree.leaves(fn(*jax.tree.unflatten(treedef, leaves)))
+
+        if "out_shardings" in jit_kwargs:
+            jit_kwargs["out_shardings"] = jax.tree.leaves(
+                jit_kwargs["out_shardings"], is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+
+        with stderr_lines() as log:
+            exported = jax.export.export(jax.jit(flat, **jit_kwargs), platforms=["cpu"])(*leaves)
+        give_back(log)
+        request = {"exported": exported.serialize(), "mesh_shape": tuple(mesh.axis_sizes),
+                   "axis_names": tuple(mesh.axis_names), "in_specs": specs, "donate_argnums": donate,
+                   # never run, only read: on CPU, LLVM's -O0 compiles 3-4x faster after the same HLO passes
+                   "compiler_options": {"xla_backend_optimization_level": 0}}
+        with self.lock:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the compile worker for {self.num_devices} devices exited:\n{self._log_tail()}")
+            worker_protocol.send(self.process.stdin, request)
+            reply = worker_protocol.receive(self.process.stdout)
+        if reply is None:
+            raise RuntimeError(f"the compile worker for {self.num_devices} devices died:\n{self._log_tail()}")
+        if "error" in reply:
+            raise RuntimeError(f"compiling for {self.num_devices} simulated devices failed: {reply['error']}\n"
+                               f"{reply['traceback']}")
+        return reply
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+
+def _arg_index(args: tp.Sequence[tp.Any]) -> list[tuple[int, tp.Any]]:
+    """For each flat leaf of ``args``, the positional argument it belongs to."""
+    return [(i, leaf) for i, arg in enumerate(args) for leaf in jax.tree.leaves(arg)]
+
+
+_WORKERS: dict[int, Worker] = {}
+_WORKERS_LOCK = threading.Lock()
+
+
+def _worker(num_devices: int) -> Worker:
+    """The worker for ``num_devices`` (started on first use, then reused)."""
+    with _WORKERS_LOCK:
+        worker = _WORKERS.get(num_devices)
+        if worker is None or worker.process.poll() is not None:
+            worker = _WORKERS[num_devices] = Worker(num_devices)
+        return worker
+
+
+def workers() -> dict[int, int]:
+    """Running workers: device count -> process id."""
+    return {n: w.process.pid for n, w in _WORKERS.items() if w.process.poll() is None}
+
+
+@atexit.register
+def close_workers() -> None:
+    """Stop every worker (they also exit on their own when this process dies)."""
+    with _WORKERS_LOCK:
+        for worker in _WORKERS.values():
+            worker.close()
+        _WORKERS.clear()
+
+
+def compile_step(model: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, int], *, kind: str = "train",
+                 batch: tuple[int, int] = (8, 128), optimizer: str = "adamw", partition_axis: tp.Any = None,
+                 rules: tp.Any = None) -> CompiledAnalysis:
+    """Compile one ``kind`` step (``"train"``: loss, gradient and the optimizer update with the state donated;
+    ``"forward"``) of ``model`` for ``cluster`` on a mesh of ``mesh_shape`` (workbench axes, e.g.
+    ``{"fsdp": 16, "tp": 4}``), from abstract arguments (see :mod:`workbench.core.steps`)."""
+    from workbench.core.mesh import MESH_AXES
+    from workbench.core.steps import abstract_step, full_mesh_shape
+
+    mesh = cluster_mesh(cluster, full_mesh_shape(mesh_shape, cluster), MESH_AXES)
+    step = abstract_step(model, mesh, kind=kind, batch=batch, optimizer_name=optimizer,
+                         partition_axis=partition_axis, rules=rules)
+    return compile_on(cluster, step.fn, *step.args, donate_argnums=step.donate_argnums,
+                      out_shardings=step.out_shardings)
