@@ -1,6 +1,8 @@
 """``ring``: double buffering seen in the compiled HLO, zig-zag load balance (exactness, gradients, the tiles
 each device computes), against the float64 reference and ``vanilla``, never against ring itself."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,6 +70,46 @@ def test_gradients_match_vanilla(load_balance, mesh_axes, kwargs):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-4, rtol=0, err_msg=label)
 
 
+@pytest.mark.parametrize(("load_balance", "mesh_axes", "bias_shape"), [
+    ("contiguous", dict(dp=2, tp=2, sp=2), (1, 8, 16, 16)),  # replicated over dp: its gradient sums there
+    ("zigzag", dict(dp=2, sp=4), (2, 1, 16, 16)),
+    ("zigzag", dict(fsdp=1, sp=8), (2, 8, 1, 16)),  # the same row for every query: summed over sp
+])
+def test_bias_gradient_matches_vanilla(load_balance, mesh_axes, bias_shape):
+    q, k, v = inputs(kv=2)
+    rng = np.random.default_rng(4)
+    bias = rng.standard_normal(bias_shape).astype(np.float32)
+    mask = rng.random((2, 1, 16, 16)) > 0.2
+    cotangent = rng.standard_normal(q.shape).astype(np.float32)
+
+    def all_grads(op):
+        loss = lambda q, k, v, bias: jnp.sum(op(q, k, v, bias=bias, mask=mask, causal=True).attention_outputs
+                                             * cotangent)
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, bias)
+
+    got, want = all_grads(ring(load_balance, **mesh_axes)), all_grads(OperationRegistry.create("vanilla"))
+    for g, w, label in zip(got, want, ("dq", "dk", "dv", "dbias"), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-4, rtol=0, err_msg=label)
+
+
+def test_backward_memory_stays_tile_sized():
+    """The custom backward holds a few (T/sp)^2 tiles per device, not vanilla's (T, T) logits, and no
+    per-step copies of the key/value blocks: T=2048, sp=8, 8 heads, causal."""
+    mesh = make_mesh(fsdp=1, sp=8)
+    args = [jax.ShapeDtypeStruct((1, 2048, 8, 32), jnp.float32)] * 3
+
+    def temp(op):
+        loss = lambda q, k, v: jnp.sum(op(q, k, v, causal=True).attention_outputs)
+        grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        return grad.lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+    tile = 8 * (2048 // 8) ** 2 * 4  # one step's float32 logits, 2 MiB
+    vanilla = temp(OperationRegistry.create("vanilla"))
+    ring_temp = temp(OperationRegistry.create("ring", OperationMetadata(mesh=mesh)))
+    assert vanilla >= 2 * 8 * 2048 ** 2 * 4  # the logits and their gradient
+    assert ring_temp <= 8 * tile < vanilla / 40
+
+
 # -- double buffering -------------------------------------------------------------------------------
 def compiled_hlo(op, q, k, v, **kwargs):
     return jax.jit(lambda q, k, v: op(q, k, v, **kwargs).attention_outputs).lower(q, k, v).compile().as_text()
@@ -84,6 +126,38 @@ def test_permutes_do_not_depend_on_the_step_computation(load_balance):
     assert all(r.from_carry and r.to_carry_only for r in records)
     trips = [c.trips for c in inspect.collectives_in(hlo) if c.name in {r.name for r in records}]
     assert trips == [3, 3]  # sp - 1: the last block is folded after the loop
+
+
+@pytest.mark.parametrize("load_balance", LAYOUTS)
+def test_backward_loop_sends_ahead_and_keeps_collectives_out_of_conditionals(load_balance):
+    """The gradient program: the forward loop's 2 permutes (sp - 1 trips) and the backward loop's 4 (sp - 2 trips
+    plus the peeled first and last steps): key and value blocks sent ahead, independent of the trip; their
+    gradients read from the carry (what arrived is added after the trip's tiles). No collective sits inside a
+    skipped tile's ``lax.cond`` (devices branch differently), the bias gradient's all-reduce runs once."""
+    q, k, v = inputs(t=64, kv=2)
+    bias = np.random.default_rng(5).standard_normal((1, 8, 64, 64)).astype(np.float32)
+    op = ring(load_balance, dp=2, sp=4)
+    loss = lambda q, k, v, b: jnp.sum(op(q, k, v, bias=b, causal=True).attention_outputs)
+    hlo = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(q, k, v, bias).compile().as_text()
+    records = inspect.loop_collectives(hlo)
+    trips = {c.name: c.trips for c in inspect.collectives_in(hlo)}
+    assert sorted((trips[r.name], r.from_carry, r.to_carry_only) for r in records) == \
+        [(2, True, False)] * 2 + [(2, True, True)] * 2 + [(3, True, True)] * 2
+    assert [c.trips for c in inspect.collectives_in(hlo) if c.kind == "all-reduce"] == [1]
+    branches = {b.strip().lstrip("%") for group in re.findall(r"branch_computations=\{([^}]*)\}", hlo)
+                for b in group.split(",")}
+    assert branches and not [c for c in inspect.collectives_in(hlo) if computation_of(hlo, c.name) in branches]
+
+
+def computation_of(hlo: str, instruction: str) -> str:
+    """The name of the HLO computation that holds ``instruction``."""
+    computation = None
+    for line in hlo.splitlines():
+        if (header := re.match(r"^(?:ENTRY\s+)?%?([^\s(]+)\s.*\{\s*$", line)) is not None:
+            computation = header.group(1)
+        elif re.match(rf"^\s*(?:ROOT\s+)?%{re.escape(instruction)}\s*=", line):
+            return computation
+    raise AssertionError(f"{instruction} not in the HLO")
 
 
 def test_loop_collectives_sees_a_permute_the_step_waits_for():

@@ -2,13 +2,22 @@
 
 Query, key and value are split on their length over the mesh axis ``sp``: device ``i`` holds
 query block ``i`` and, at first, key/value block ``i``. For ``sp`` steps every device folds the
-key/value block it holds into an online softmax (``tile_update``) and passes the block on to
-the next device with ``ppermute``, so each query block meets every key block while a device
-never holds more than one of each: logits take ``T S / sp^2`` per device.
+key/value block it holds into an online softmax (``tile_update``) while the block goes on to the
+next device with ``ppermute``, so each query block meets every key block while a device never
+holds more than two of them (the one it folds, the one arriving): logits take ``T S / sp^2`` per
+device. Each step sends the next block before folding the current one (double buffering), so the
+transfer neither waits for nor holds up the step's computation; ``workbench.core.inspect.loop_collectives``
+shows it in the compiled HLO.
 
-Batch is split over ``dp``/``fsdp`` and heads over ``tp`` where those axes divide the sizes;
-otherwise they are replicated. No load balancing: with a causal mask, blocks that see nothing
-are computed and masked like the others.
+Under a causal mask, tiles no query sees are skipped, but with contiguous blocks device ``i`` still
+folds ``i + 1`` of them, the last device all ``sp``. ``OperationMetadata(options={"load_balance":
+"zigzag"})`` gives device ``i`` chunks ``i`` and ``2 sp - 1 - i`` of ``2 sp`` instead (:mod:`.zigzag`):
+every device folds ``2 sp + 1`` tiles of a quarter of the size. Callers keep sequence order (two
+half-shard ppermutes per array move it in and out). :func:`ring_work` counts the tiles per device.
+
+The backward pass is a ring too (:mod:`.ring_kernel`, a ``custom_vjp``): no ``(T, S)`` logits and no
+copies of the whole key/value sequence on any device. Batch is split over ``dp``/``fsdp`` and heads over
+``tp`` where those axes divide the sizes; otherwise they are replicated.
 """
 
 from __future__ import annotations
@@ -32,14 +41,9 @@ from workbench.core.operations.attention.common import (
     VALUE_DIM,
     AttentionCall,
     AttentionImplMixin,
-    SoftmaxCarry,
     Visibility,
-    keys_to_tiles,
-    queries_to_tiles,
-    tile_finish,
-    tile_update,
 )
-from workbench.core.operations.attention.flash import tile_filter
+from workbench.core.operations.attention.ring_kernel import CONTIGUOUS, LOAD_BALANCES, ZIGZAG, RingPlan, ring_block
 from workbench.core.operations.attention.zigzag import from_zigzag, to_zigzag
 from workbench.core.operations.base import (
     AttentionOutput,
@@ -135,133 +139,42 @@ def run_jitted(attention: Kernel, call: AttentionCall, mesh: Mesh, axis: str,
 
 
 # -- ring -----------------------------------------------------------------------------------
-CONTIGUOUS, ZIGZAG = "contiguous", "zigzag"
-LOAD_BALANCES = (CONTIGUOUS, ZIGZAG)
-
-
-def _key_block(x: Array | None, k_off: Array, sk: int) -> Array | None:
-    """The key block ``[k_off, k_off + sk)`` of a 4-D mask or bias (unless it broadcasts over keys)."""
-    if x is None or x.shape[3] == 1:
-        return x
-    return jax.lax.dynamic_slice_in_dim(x, k_off, sk, axis=3)
-
-
-def _query_chunk(local: dict[str, Array], part: int, parts: int) -> dict[str, Array]:
-    """``local`` with its query axis (segment ids, mask, bias) cut to query chunk ``part`` of ``parts``."""
-    def cut(x: Array, dim: int) -> Array:
-        return x if x.shape[dim] == 1 or parts == 1 else jnp.split(x, parts, axis=dim)[part]
-
-    dims = {"q_segment_ids": 1, "mask": 2, "bias": 2}
-    return {n: cut(x, dims[n]) if n in dims else x for n, x in local.items()}
-
-
-def _tile_call(call: AttentionCall, local: dict[str, Array], kv_seg: Array | None, q_off: Array, k_off: Array,
-               sk: int) -> AttentionCall:
-    """The call for one (query chunk, key chunk) tile, indexed locally from 0 in both chunks.
-
-    ``local`` holds the query chunk's segment ids, mask and bias rows; ``kv_seg`` the key chunk's segment ids.
-    Positions are shifted into the key chunk's frame: a key at global index ``k_off + j`` sits at ``j`` and a
-    query's position drops by ``k_off`` too, so causal, window and length tests compare as globally while
-    segment ids, mask and bias are read at local indices. Only visibility, bias, soft cap and scale are read
-    (``tile_update`` takes the tile's arrays itself).
-    """
-    vis = call.visibility
-    lengths = local.get("kv_lengths")
-    tile_vis = Visibility(vis.q_len - q_off, vis.kv_len - k_off, vis.causal, vis.sliding_window,
-                          None if lengths is None else lengths - k_off, local.get("q_segment_ids"), kv_seg,
-                          _key_block(local.get("mask"), k_off, sk))
-    return AttentionCall(None, None, None, tile_vis, _key_block(local.get("bias"), k_off, sk),  # type: ignore[arg-type]
-                         call.logits_soft_cap, call.scale, False)
-
-
-def chunk_offsets(device: Array | int, sp: int, length: int, load_balance: str) -> list[Array | int]:
-    """Global start of each chunk of a sequence of ``length`` that a device holds: ``[i L / sp]``
-    contiguous (one chunk), ``[i c, (2 sp - 1 - i) c]`` zig-zag (two chunks of ``c = L / (2 sp)``)."""
-    if load_balance == ZIGZAG:
-        c = length // (2 * sp)
-        return [device * c, (2 * sp - 1 - device) * c]
-    return [device * (length // sp)]
-
-
 def ring_attention(call: AttentionCall, mesh: Mesh, axis: str, load_balance: str = CONTIGUOUS,
                    count_tiles: bool = False) -> Array | tuple[Array, Array]:
     """Attention of a validated call with key/value blocks rotating over mesh axis ``axis``; BTHD output.
 
     ``load_balance``: ``"contiguous"`` (device ``i`` holds block ``i``) or ``"zigzag"`` (chunks ``i`` and
     ``2 sp - 1 - i`` of ``2 sp``; inputs and output stay in sequence order, moved in and out of the layout
-    inside). With ``count_tiles`` it also returns the tiles each device computed, ``(batch shards, sp)``.
+    inside). With ``count_tiles`` it also returns the tiles each device folded, ``(batch shards, sp)``.
     """
     sp = mesh.shape[axis]
-    zigzag = load_balance == ZIGZAG
-    parts = 2 if zigzag else 1  # query (and key) chunks per device
     batch, heads = data_axes(mesh, call, axis)
     seq_spec = P(batch, axis, heads, None)
     local = optional_inputs(call)
     # Masks and bias are split on queries like the query; each tile slices the key chunk it needs.
     specs = {"kv_lengths": P(batch), "q_segment_ids": P(batch, axis), "kv_segment_ids": P(batch, axis)}
     specs |= {n: broadcast_spec(x.shape, (batch, heads, axis, None)) for n, x in local.items() if x.ndim == 4}
-    perm = [(j, (j + 1) % sp) for j in range(sp)]  # device j passes its block to j + 1
+    varying = join(batch, axis, heads) or ()  # the mesh axes the query shard (and the loop carry) varies over
+    bias_axes = set(join(*specs["bias"])) if "bias" in local and any(specs["bias"]) else set()
     _, t, s, *_ = call.shape
-    varying = join(batch, axis, heads)  # the mesh axes q (so the loop's carry) varies over
+    settings = AttentionCall(None, None, None, Visibility(t, s, call.visibility.causal,  # type: ignore[arg-type]
+                                                          call.visibility.sliding_window),
+                             None, call.logits_soft_cap, call.scale, False)
+    plan = RingPlan(settings, axis, sp, load_balance, varying, tuple(a for a in varying if a not in bias_axes))
+    block = ring_block(plan)
 
     def body(q_BTHD: Array, k_BSKD: Array, v_BSKD: Array, local: dict[str, Array]) -> tuple[Array, Array]:
-        if zigzag:  # into the zig-zag layout: every array split on positions (kv_lengths is not)
+        if load_balance == ZIGZAG:  # into the zig-zag layout: every array split on positions (kv_lengths is not)
             q_BTHD, k_BSKD, v_BSKD = (to_zigzag(x, axis, sp, 1) for x in (q_BTHD, k_BSKD, v_BSKD))
             local = {n: x if n == "kv_lengths" else to_zigzag(x, axis, sp, 2 if x.ndim == 4 else 1)
                      for n, x in local.items()}
-        b, tq, h, d = q_BTHD.shape
-        sk, kv = k_BSKD.shape[1], k_BSKD.shape[2]
-        cq, ck = tq // parts, sk // parts
-        i = jax.lax.axis_index(axis)
-        q_offs = chunk_offsets(i, sp, t, load_balance)
-        q_chunks = [(q_BKGTD, _query_chunk(local, p, parts), q_offs[p])
-                    for p, q_BKGTD in enumerate(jnp.split(queries_to_tiles(q_BTHD, kv), parts, axis=3))]
-        q_idx, k_idx = jnp.arange(cq), jnp.arange(ck)
-        # Tiles no query sees by position (causal future, outside the window, padding) are skipped.
-        may_see = tile_filter(Visibility(t, s, call.visibility.causal, call.visibility.sliding_window,
-                                         local.get("kv_lengths")), cq, ck)
-
-        def fold(step, state: tuple, blocks: tuple) -> tuple:
-            """Fold the key/value block held at ``step`` (from device ``i - step``) into every query chunk."""
-            carries, count = state
-            k_BKSD, v_BKSD, kv_seg = blocks
-            k_offs = chunk_offsets((i - step) % sp, sp, s, load_balance)
-            k_parts, v_parts = jnp.split(k_BKSD, parts, axis=2), jnp.split(v_BKSD, parts, axis=2)
-            seg_parts = [None] * parts if kv_seg is None else jnp.split(kv_seg, parts, axis=1)
-            new = list(carries)
-            for k_BKSD, v_BKSD, kv_seg, k_off in zip(k_parts, v_parts, seg_parts, k_offs, strict=True):
-                for p, (q_BKGTD, q_local, q_off) in enumerate(q_chunks):
-                    tile = _tile_call(call, q_local, kv_seg, q_off, k_off, ck)
-                    update = jax.checkpoint(  # the backward pass recomputes the tile, never stores it
-                        lambda c, q=q_BKGTD, k=k_BKSD, v=v_BKSD, tile=tile: tile_update(c, q, k, v, tile, q_idx, k_idx))
-                    if may_see is None:
-                        new[p], count = update(new[p]), count + 1
-                    else:
-                        see = may_see(q_off, k_off)
-                        new[p] = jax.lax.cond(see, update, lambda c: c, new[p])
-                        count = count + see.astype(count.dtype)
-            return tuple(new), count
-
-        def send_then_fold(step, state: tuple) -> tuple:
-            carry, blocks = state
-            # Double buffering: the next block leaves before this one is folded, and nothing of this step's
-            # fold feeds the permute, so XLA may run the transfer while the tile computes.
-            incoming = jax.lax.ppermute(blocks, axis, perm)
-            return fold(step, carry, blocks), incoming
-
-        init = SoftmaxCarry.init(b, kv, h // kv, cq, d, q_BTHD.dtype)
-        state = jax.lax.pcast(((init,) * parts, jnp.zeros((), jnp.int32)), varying, to="varying")
-        blocks = (keys_to_tiles(k_BSKD), keys_to_tiles(v_BSKD), local.get("kv_segment_ids"))  # tile layout
-        state, blocks = jax.lax.fori_loop(0, sp - 1, send_then_fold, (state, blocks))
-        (carries, count) = fold(sp - 1, state, blocks)  # the last block: nothing left to send
-        out_BTHD = jnp.concatenate([tile_finish(c, q_BTHD.dtype) for c in carries], axis=1)
-        if zigzag:
+        out_BTHD, count = block(q_BTHD, k_BSKD, v_BSKD, local)
+        if load_balance == ZIGZAG:
             out_BTHD = from_zigzag(out_BTHD, axis, sp, 1)
         return out_BTHD, count.reshape(1, 1, 1)
 
-    count_spec = P(batch, axis, heads)
     fn = jax.shard_map(body, mesh=mesh, in_specs=(seq_spec, seq_spec, seq_spec, {n: specs[n] for n in local}),
-                       out_specs=(seq_spec, count_spec))
+                       out_specs=(seq_spec, P(batch, axis, heads)))
     out, counts = fn(call.query, call.key, call.value, local)
     return (out, counts[:, :, 0]) if count_tiles else out
 
