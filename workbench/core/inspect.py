@@ -43,8 +43,9 @@ from workbench.core._roofline import (
 )
 
 __all__ = ["H100", "H100_MEASURED", "H200", "TPU_V4", "TPU_V5E", "TPU_V5P", "TPU_V6E", "Collective", "Cost",
-           "DeviceMemory", "Hardware", "array_bytes", "collectives", "collectives_in", "comm_time", "cost",
-           "cpu_measured", "matmul_cost", "matmul_flops", "memory_per_device", "summarize"]
+           "DeviceMemory", "Hardware", "LoopCollective", "array_bytes", "collectives", "collectives_in", "comm_time",
+           "cost", "cpu_measured", "loop_collectives", "matmul_cost", "matmul_flops", "memory_per_device",
+           "summarize"]
 
 Groups = tuple[tuple[int, ...], ...]
 Shape = tuple[int, ...]
@@ -280,6 +281,92 @@ def _loop_trips(hlo_text: str) -> dict[str, int]:
         for outer, body, n in loops:
             trips[body] = trips.get(outer, 1) * n
     return trips
+
+
+# -- data dependencies of collectives inside loops ---------------------------------------------------
+_OPERATION = re.compile(r"^\s*(?P<root>ROOT\s+)?%(?P<name>[^\s=]+)\s*=\s*.*?\s(?P<op>[a-z][\w-]*)\((?P<args>[^)]*)\)")
+_PASS_THROUGH = ("copy", "bitcast", "get-tuple-element", "collective-permute-done", "all-gather-done",
+                 "all-reduce-done")  # forward a value without computing on it
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopCollective:
+    """A collective in a while loop's body and how it depends on the body's computation.
+
+    ``from_carry``: its operand is an element of the loop's input tuple (through copies and bitcasts), so
+    nothing computed in this trip feeds it. ``to_carry_only``: its result only reaches the loop's output
+    tuple, so nothing in this trip waits for it. Both true: the transfer is independent of the trip's
+    computation and may run during it. ``between``: for an asynchronous one (``*-start``/``*-done``), the
+    operations the schedule puts between its start and done (empty when synchronous).
+    """
+
+    name: str
+    kind: str
+    body: str
+    from_carry: bool
+    to_carry_only: bool
+    asynchronous: bool = False
+    between: tuple[str, ...] = ()
+
+
+def _computations(hlo_text: str) -> dict[str, list[re.Match[str]]]:
+    out: dict[str, list[re.Match[str]]] = {}
+    name = None
+    for line in hlo_text.splitlines():
+        if (header := _COMPUTATION.match(line)) is not None:
+            name = header["name"]
+            out[name] = []
+        elif name is not None and (op := _OPERATION.match(line)) is not None:
+            out[name].append(op)
+    return out
+
+
+def loop_collectives(hlo_text: str) -> list[LoopCollective]:
+    """The collectives of every while-loop body of an optimised HLO module, with their data dependencies.
+
+    Reads a scheduled module's text (``compiled.as_text()``): the instruction order is the schedule.
+    """
+    bodies = set(re.findall(r"\swhile\(.*?body=%?([^\s,]+)", hlo_text))
+    return [r for body, ops in _computations(hlo_text).items() if body in bodies for r in _body_collectives(body, ops)]
+
+
+def _body_collectives(body: str, ops: list[re.Match[str]]) -> list[LoopCollective]:
+    by_name = {op["name"]: op for op in ops}
+    args = {op["name"]: re.findall(r"%([^\s,)]+)", op["args"]) for op in ops}
+    users: dict[str, list[str]] = {}
+    for name, operands in args.items():
+        for a in operands:
+            users.setdefault(a, []).append(name)
+
+    def source(name: str) -> re.Match[str] | None:  # follow copies/bitcasts back to what computed it
+        op = by_name.get(name)
+        while op is not None and op["op"] in ("copy", "bitcast"):
+            op = by_name.get(args[op["name"]][0])
+        return op
+
+    def only_to_root(name: str) -> bool:  # every use, through copies/bitcasts/done, is the ROOT tuple
+        return all((by_name[u]["root"] and by_name[u]["op"] == "tuple") or
+                   (by_name[u]["op"] in _PASS_THROUGH and only_to_root(u)) for u in users.get(name, []))
+
+    order = [op["name"] for op in ops]
+    records = []
+    for op in ops:
+        kind = op["op"].removesuffix("-start")
+        if not re.fullmatch(_KINDS, kind):
+            continue
+        src = source(args[op["name"]][0]) if args[op["name"]] else None
+        tuple_of = by_name.get(args[src["name"]][0]) if src is not None and src["op"] == "get-tuple-element" else None
+        from_carry = tuple_of is not None and tuple_of["op"] == "parameter"
+        asynchronous = op["op"].endswith("-start")
+        between: tuple[str, ...] = ()
+        if asynchronous:
+            done = next((u for u in users.get(op["name"], []) if by_name[u]["op"] == f"{kind}-done"), None)
+            if done is not None:
+                inside = order[order.index(op["name"]) + 1:order.index(done)]
+                between = tuple(by_name[n]["op"] for n in inside if by_name[n]["op"] not in _PASS_THROUGH)
+        records.append(LoopCollective(op["name"], kind, body, from_carry, only_to_root(op["name"]), asynchronous,
+                                      between))
+    return records
 
 
 def _compiled(fn: tp.Any, args: tp.Sequence[tp.Any], kwargs: dict[str, tp.Any]) -> jax.stages.Compiled:

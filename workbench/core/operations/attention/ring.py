@@ -2,23 +2,34 @@
 
 Query, key and value are split on their length over the mesh axis ``sp``: device ``i`` holds
 query block ``i`` and, at first, key/value block ``i``. For ``sp`` steps every device folds the
-key/value block it holds into an online softmax (``tile_update``) and passes the block on to
-the next device with ``ppermute``, so each query block meets every key block while a device
-never holds more than one of each: logits take ``T S / sp^2`` per device.
+key/value block it holds into an online softmax (``tile_update``) while the block goes on to the
+next device with ``ppermute``, so each query block meets every key block while a device never
+holds more than two of them (the one it folds, the one arriving): logits take ``T S / sp^2`` per
+device. Each step sends the next block before folding the current one (double buffering), so the
+transfer neither waits for nor holds up the step's computation; ``workbench.core.inspect.loop_collectives``
+shows it in the compiled HLO.
 
-Batch is split over ``dp``/``fsdp`` and heads over ``tp`` where those axes divide the sizes;
-otherwise they are replicated. No load balancing: with a causal mask, blocks that see nothing
-are computed and masked like the others.
+Under a causal mask, tiles no query sees are skipped, but with contiguous blocks device ``i`` still
+folds ``i + 1`` of them, the last device all ``sp``. ``OperationMetadata(options={"load_balance":
+"zigzag"})`` gives device ``i`` chunks ``i`` and ``2 sp - 1 - i`` of ``2 sp`` instead (:mod:`.zigzag`):
+every device folds ``2 sp + 1`` tiles of a quarter of the size. Callers keep sequence order (two
+half-shard ppermutes per array move it in and out). :func:`ring_work` counts the tiles per device.
+
+The backward pass is a ring too (:mod:`.ring_kernel`, a ``custom_vjp``): no ``(T, S)`` logits and no
+copies of the whole key/value sequence on any device. Batch is split over ``dp``/``fsdp`` and heads over
+``tp`` where those axes divide the sizes; otherwise they are replicated.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import typing as tp
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -30,14 +41,17 @@ from workbench.core.operations.attention.common import (
     VALUE_DIM,
     AttentionCall,
     AttentionImplMixin,
-    SoftmaxCarry,
     Visibility,
-    keys_to_tiles,
-    queries_to_tiles,
-    tile_finish,
-    tile_update,
 )
-from workbench.core.operations.base import AttentionOutput, Capabilities, OperationImpl, OperationRegistry
+from workbench.core.operations.attention.ring_kernel import CONTIGUOUS, LOAD_BALANCES, ZIGZAG, RingPlan, ring_block
+from workbench.core.operations.attention.zigzag import from_zigzag, to_zigzag
+from workbench.core.operations.base import (
+    AttentionOutput,
+    Capabilities,
+    OperationImpl,
+    OperationMetadata,
+    OperationRegistry,
+)
 
 Array = jax.Array
 AxisEntry = tuple[str, ...] | None
@@ -101,96 +115,78 @@ def broadcast_spec(shape: tuple[int, ...], entries: tuple[AxisEntry | str, ...])
     return P(*(e if n > 1 else None for e, n in zip(entries, shape, strict=True)))
 
 
+Kernel = tp.Callable[..., Array]
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _jitted(attention: tp.Callable[[AttentionCall, Mesh, str], Array], mesh: Mesh, axis: str,
-            settings: tuple[tp.Any, ...], arrays: tuple[Array, Array, Array, dict[str, Array]]) -> Array:
-    (q, k, v, local), (causal, window, soft_cap, scale) = arrays, settings
+def _jitted(attention: Kernel, mesh: Mesh, axis: str, settings: tuple[tp.Any, ...],
+            arrays: tuple[Array, Array, Array, dict[str, Array]]) -> Array:
+    (q, k, v, local), (causal, window, soft_cap, scale, options) = arrays, settings
     vis = Visibility(q.shape[1], k.shape[1], causal, window, local.get("kv_lengths"), local.get("q_segment_ids"),
                      local.get("kv_segment_ids"), local.get("mask"))
-    return attention(AttentionCall(q, k, v, vis, local.get("bias"), soft_cap, scale, False), mesh, axis)
+    return attention(AttentionCall(q, k, v, vis, local.get("bias"), soft_cap, scale, False), mesh, axis,
+                     **dict(options))
 
 
-def run_jitted(attention: tp.Callable[[AttentionCall, Mesh, str], Array], call: AttentionCall, mesh: Mesh,
-               axis: str) -> Array:
-    """``attention(call, mesh, axis)`` under ``jit``, cached per mesh and static settings.
+def run_jitted(attention: Kernel, call: AttentionCall, mesh: Mesh, axis: str,
+               options: tuple[tuple[str, tp.Any], ...] = ()) -> Array:
+    """``attention(call, mesh, axis, **dict(options))`` under ``jit``, cached per mesh and static settings.
 
     Outside ``jit``, ``shard_map`` runs op by op, about ten times slower than compiled.
     """
-    settings = (call.visibility.causal, call.visibility.sliding_window, call.logits_soft_cap, call.scale)
+    settings = (call.visibility.causal, call.visibility.sliding_window, call.logits_soft_cap, call.scale, options)
     return _jitted(attention, mesh, axis, settings, (call.query, call.key, call.value, optional_inputs(call)))
 
 
 # -- ring -----------------------------------------------------------------------------------
-def _key_block(x: Array | None, k_off: Array, sk: int) -> Array | None:
-    """The key block ``[k_off, k_off + sk)`` of a 4-D mask or bias (unless it broadcasts over keys)."""
-    if x is None or x.shape[3] == 1:
-        return x
-    return jax.lax.dynamic_slice_in_dim(x, k_off, sk, axis=3)
+def ring_attention(call: AttentionCall, mesh: Mesh, axis: str, load_balance: str = CONTIGUOUS,
+                   count_tiles: bool = False) -> Array | tuple[Array, Array]:
+    """Attention of a validated call with key/value blocks rotating over mesh axis ``axis``; BTHD output.
 
-
-def _tile_call(call: AttentionCall, local: dict[str, Array], q_BTHD: Array, k_BSKD: Array, v_BSKD: Array,
-               kv_seg: Array | None, q_off: Array, k_off: Array) -> AttentionCall:
-    """The call for one (query block, key block) pair, indexed locally from 0 in both blocks.
-
-    Positions are shifted into the key block's frame: a key at global index ``k_off + j`` sits at
-    ``j`` and a query's position drops by ``k_off`` too, so causal, window and length tests compare
-    as globally while segment ids, mask and bias are read at local indices.
+    ``load_balance``: ``"contiguous"`` (device ``i`` holds block ``i``) or ``"zigzag"`` (chunks ``i`` and
+    ``2 sp - 1 - i`` of ``2 sp``; inputs and output stay in sequence order, moved in and out of the layout
+    inside). With ``count_tiles`` it also returns the tiles each device folded, ``(batch shards, sp)``.
     """
-    vis, sk = call.visibility, k_BSKD.shape[1]
-    lengths = local.get("kv_lengths")
-    tile_vis = Visibility(vis.q_len - q_off, vis.kv_len - k_off, vis.causal, vis.sliding_window,
-                          None if lengths is None else lengths - k_off, local.get("q_segment_ids"), kv_seg,
-                          _key_block(local.get("mask"), k_off, sk))
-    return AttentionCall(q_BTHD, k_BSKD, v_BSKD, tile_vis, _key_block(local.get("bias"), k_off, sk),
-                         call.logits_soft_cap, call.scale, False)
-
-
-def ring_attention(call: AttentionCall, mesh: Mesh, axis: str) -> Array:
-    """Attention of a validated call with key/value blocks rotating over mesh axis ``axis``; BTHD output."""
     sp = mesh.shape[axis]
     batch, heads = data_axes(mesh, call, axis)
     seq_spec = P(batch, axis, heads, None)
     local = optional_inputs(call)
-    # Masks and bias are split on queries like the query; each device slices the key block it holds.
+    # Masks and bias are split on queries like the query; each tile slices the key chunk it needs.
     specs = {"kv_lengths": P(batch), "q_segment_ids": P(batch, axis), "kv_segment_ids": P(batch, axis)}
     specs |= {n: broadcast_spec(x.shape, (batch, heads, axis, None)) for n, x in local.items() if x.ndim == 4}
-    perm = [(j, (j + 1) % sp) for j in range(sp)]  # device j passes its block to j + 1
+    varying = join(batch, axis, heads) or ()  # the mesh axes the query shard (and the loop carry) varies over
+    bias_axes = set(join(*specs["bias"])) if "bias" in local and any(specs["bias"]) else set()
+    _, t, s, *_ = call.shape
+    settings = AttentionCall(None, None, None, Visibility(t, s, call.visibility.causal,  # type: ignore[arg-type]
+                                                          call.visibility.sliding_window),
+                             None, call.logits_soft_cap, call.scale, False)
+    plan = RingPlan(settings, axis, sp, load_balance, varying, tuple(a for a in varying if a not in bias_axes))
+    block = ring_block(plan)
 
-    def body(q_BTHD: Array, k_BSKD: Array, v_BSKD: Array, local: dict[str, Array]) -> Array:
-        b, tq, h, d = q_BTHD.shape
-        sk, kv = k_BSKD.shape[1], k_BSKD.shape[2]
-        i = jax.lax.axis_index(axis)
-        q_BKGTD = queries_to_tiles(q_BTHD, kv)
-        q_idx, k_idx = jnp.arange(tq), jnp.arange(sk)
-
-        def fold(step, carry: SoftmaxCarry, blocks: tuple) -> SoftmaxCarry:
-            k_BKSD, v_BKSD, kv_seg = blocks
-            k_off = ((i - step) % sp) * sk  # the block held now came from device i - step
-            tile = _tile_call(call, local, q_BTHD, k_BSKD, v_BSKD, kv_seg, i * tq, k_off)
-            return tile_update(carry, q_BKGTD, k_BKSD, v_BKSD, tile, q_idx, k_idx)
-
-        def pass_then_fold(step, state: tuple) -> tuple:
-            carry, blocks = state
-            blocks = jax.lax.ppermute(blocks, axis, perm)
-            return fold(step, carry, blocks), blocks
-
-        # A loop, not sp unrolled steps: one step's logits are live at a time (unrolled, XLA fuses the
-        # row sums of all steps into one kernel and keeps every step's tile until the end). Folding the
-        # device's own block first makes the carry vary over the mesh like the loop body's result.
-        blocks = (keys_to_tiles(k_BSKD), keys_to_tiles(v_BSKD), local.get("kv_segment_ids"))  # tile layout
-        carry = fold(0, SoftmaxCarry.init(b, kv, h // kv, tq, d, q_BTHD.dtype), blocks)
-        carry, _ = jax.lax.fori_loop(1, sp, pass_then_fold, (carry, blocks))
-        return tile_finish(carry, q_BTHD.dtype)
+    def body(q_BTHD: Array, k_BSKD: Array, v_BSKD: Array, local: dict[str, Array]) -> tuple[Array, Array]:
+        if load_balance == ZIGZAG:  # into the zig-zag layout: every array split on positions (kv_lengths is not)
+            q_BTHD, k_BSKD, v_BSKD = (to_zigzag(x, axis, sp, 1) for x in (q_BTHD, k_BSKD, v_BSKD))
+            local = {n: x if n == "kv_lengths" else to_zigzag(x, axis, sp, 2 if x.ndim == 4 else 1)
+                     for n, x in local.items()}
+        out_BTHD, count = block(q_BTHD, k_BSKD, v_BSKD, local)
+        if load_balance == ZIGZAG:
+            out_BTHD = from_zigzag(out_BTHD, axis, sp, 1)
+        return out_BTHD, count.reshape(1, 1, 1)
 
     fn = jax.shard_map(body, mesh=mesh, in_specs=(seq_spec, seq_spec, seq_spec, {n: specs[n] for n in local}),
-                       out_specs=seq_spec)
-    return fn(call.query, call.key, call.value, local)
+                       out_specs=(seq_spec, P(batch, axis, heads)))
+    out, counts = fn(call.query, call.key, call.value, local)
+    return (out, counts[:, :, 0]) if count_tiles else out
 
 
 class SequenceParallelAttention(AttentionImplMixin, OperationImpl):
     """Base of ``ring`` and ``ulysses``: checks the mesh and lengths, runs :attr:`kernel` under ``jit``."""
 
-    kernel: tp.ClassVar[tp.Callable[[AttentionCall, Mesh, str], Array]]
+    kernel: tp.ClassVar[Kernel]
+
+    def kernel_options(self, t: int, s: int, sp: int, axis: str) -> tuple[tuple[str, tp.Any], ...]:
+        """The kernel's static keyword arguments, checked against the call's lengths (none by default)."""
+        return ()
 
     def forward_native(self, query, key, value, **kwargs) -> AttentionOutput:
         name = self.get_impl_name()
@@ -198,7 +194,16 @@ class SequenceParallelAttention(AttentionImplMixin, OperationImpl):
         call = self.prepare(query, key, value, **kwargs)
         _, t, s, *_ = call.shape
         check_lengths(name, t, s, sp, axis)
-        return AttentionOutput(run_jitted(self.kernel, call, mesh, axis), None, kernel_path=f"{name}/shard_map")
+        out = run_jitted(self.kernel, call, mesh, axis, self.kernel_options(t, s, sp, axis))
+        return AttentionOutput(out, None, kernel_path=f"{name}/shard_map")
+
+
+def load_balance_option(metadata: tp.Any) -> str:
+    """``OperationMetadata.options["load_balance"]`` (default ``"contiguous"``), or a ValueError."""
+    value = metadata.options.get("load_balance", CONTIGUOUS)
+    if value not in LOAD_BALANCES:
+        raise ValueError(f"ring: option load_balance must be one of {LOAD_BALANCES}; got {value!r}")
+    return value
 
 
 @OperationRegistry.register
@@ -207,9 +212,64 @@ class RingAttention(SequenceParallelAttention):
 
     kernel = staticmethod(ring_attention)
     capabilities = Capabilities(features=SEQUENCE_PARALLEL_FEATURES, mesh_axes=("sp",),
-                                description="shard_map over sp; key/value blocks rotate with ppermute, online "
-                                            "softmax per block; T and S divisible by sp")
+                                description="shard_map over sp; key/value blocks rotate with ppermute, sent "
+                                            "one step ahead of the fold (double buffering), online softmax "
+                                            "per block, fully masked tiles skipped; T and S divisible by sp; "
+                                            "option load_balance='zigzag' (T and S divisible by 2 sp)")
 
     @classmethod
     def get_impl_name(cls):
         return "ring"
+
+    def kernel_options(self, t: int, s: int, sp: int, axis: str) -> tuple[tuple[str, tp.Any], ...]:
+        load_balance = load_balance_option(self.metadata)
+        if load_balance == ZIGZAG and (t % (2 * sp) or s % (2 * sp)):
+            raise ValueError(f"ring: load_balance='zigzag' cuts the sequence into 2 * sp = {2 * sp} chunks, so T={t} "
+                             f"and S={s} must both be divisible by {2 * sp}; pad the sequences or use "
+                             f"load_balance='contiguous'")
+        return (("load_balance", load_balance),)
+
+
+# -- work per device --------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class RingWork:
+    """The tiles of logits each device along ``sp`` computed in one ``ring`` call (skipped ones not counted).
+
+    ``tile`` is ``(queries, keys)`` per tile: ``(T / sp, S / sp)`` contiguous, ``(T / 2sp, S / 2sp)`` zig-zag.
+    """
+
+    load_balance: str
+    tile: tuple[int, int]
+    tiles: tuple[int, ...]
+
+    @property
+    def pairs(self) -> tuple[int, ...]:
+        """Query-key logits computed per device, per batch row and head."""
+        return tuple(n * self.tile[0] * self.tile[1] for n in self.tiles)
+
+
+def ring_work(mesh: Mesh, length: int, kv_length: int | None = None, *, causal: bool = False,
+              sliding_window: int | None = None, load_balance: str = CONTIGUOUS, axis: str = "sp") -> RingWork:
+    """Run ``ring`` on zeros of ``length`` queries and ``kv_length`` keys (default: ``length``) and count the
+    tiles each device along ``axis`` computed: the kernel's own counter, incremented where it folds a tile.
+
+    >>> ring_work(make_mesh(fsdp=2, sp=4), 64, causal=True).tiles  # doctest: +SKIP
+    (1, 2, 3, 4)
+    """
+    metadata = OperationMetadata(mesh=mesh, sequence_axis_name=axis, options={"load_balance": load_balance})
+    op = RingAttention(metadata)
+    _, _, sp = sequence_mesh("ring", metadata)
+    s = length if kv_length is None else kv_length
+    check_lengths("ring", length, s, sp, axis)
+    options = dict(op.kernel_options(length, s, sp, axis))
+
+    def count(q_BTHD: Array, k_BSKD: Array) -> Array:
+        call = op.prepare(q_BTHD, k_BSKD, k_BSKD, causal=causal, sliding_window=sliding_window)
+        return ring_attention(call, mesh, axis, count_tiles=True, **options)[1]
+
+    q = jax.ShapeDtypeStruct((1, length, 1, 8), jnp.float32)
+    k = jax.ShapeDtypeStruct((1, s, 1, 8), jnp.float32)
+    counts = jax.jit(count).lower(q, k).compile()(jnp.zeros(q.shape, q.dtype), jnp.zeros(k.shape, k.dtype))
+    parts = 2 if options["load_balance"] == ZIGZAG else 1
+    return RingWork(options["load_balance"], (length // (parts * sp), s // (parts * sp)),
+                    tuple(int(n) for n in np.asarray(counts)[0]))
