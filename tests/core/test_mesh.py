@@ -81,3 +81,10 @@ def test_simulate_devices_in_a_fresh_process():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["3", "3"]
+
+
+def test_describe_an_abstract_mesh():
+    from jax.sharding import AbstractMesh
+
+    mesh = AbstractMesh((4, 64), ("fsdp", "ep"))
+    assert describe_mesh(mesh) == "AbstractMesh(fsdp=4, ep=64): 256 devices, shapes only"

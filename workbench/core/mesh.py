@@ -108,8 +108,11 @@ def initialize_distributed(coordinator_address: str, num_processes: int, process
                                process_id=process_id)
 
 
-def describe_mesh(mesh: Mesh) -> str:
-    """One line: axis sizes, device count, platform and processes."""
+def describe_mesh(mesh: Mesh | jax.sharding.AbstractMesh) -> str:
+    """One line: axis sizes, device count, platform and processes (an abstract mesh has only sizes)."""
+    if isinstance(mesh, jax.sharding.AbstractMesh):
+        axes = ", ".join(f"{name}={size}" for name, size in mesh.shape.items())
+        return f"AbstractMesh({axes}): {mesh.size} devices, shapes only"
     devices = mesh.devices.flat
     platforms = sorted({d.platform for d in devices})
     processes = sorted({d.process_index for d in mesh.devices.flat})
