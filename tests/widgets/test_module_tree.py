@@ -121,3 +121,20 @@ def test_one_layer_of_the_stack_opens_as_its_own_block():
     html = "".join(o["data"]["text/html"] for o in tree._layer_tree.outputs)
     assert "treescope-container" in html and "num_layers" not in tree.error
     assert not tree.open_layer(3) and "no layer 3; the model has 3 layers" in tree.error
+
+
+def test_a_moe_model_has_an_experts_tab_that_compiles_the_all_to_alls():
+    from workbench.core.mesh import make_mesh
+    from workbench.models import tiny
+
+    moe_tree = ModuleTree(tiny("mixtral"), mesh=make_mesh(dp=2, fsdp=1, ep=4))
+    assert moe_tree.experts is not None
+    moe_tree.experts.capacity.value = 1.0
+    moe_tree.experts.button.click()
+    summary = moe_tree.experts.summary
+    assert summary is not None and len(summary.all_to_alls) == 2 and summary.dispatch is not None
+    assert "all-to-alls" in moe_tree.experts.out.value and "dense" in moe_tree.experts.out.value
+    unplaced = ModuleTree(tiny("mixtral"))
+    unplaced.experts.button.click()  # no mesh: an inline error, the widget keeps working
+    assert "pass mesh=" in unplaced.experts.out.value and unplaced.experts.summary is None
+    assert ModuleTree(tiny("llama")).experts is None

@@ -138,10 +138,19 @@ class ModuleTree(widgets.VBox):
             f"its own block (<code>model.layers[i]</code>)</div>" if layers else
             '<div style="font-size:12px;color:#555">this model has no stacked layers</div>')
         children = [self._tree, self._counts, widgets.VBox([layer_note, self._layer, self._layer_tree])]
+        self._layout_args = (mesh, partition_axis, mode, rules)
+        self.experts: tp.Any = None  # an ExpertsPanel for a MoE model
+        if getattr(getattr(model, "config", None), "num_local_experts", 0):
+            from workbench.widgets._experts import ExpertsPanel
+
+            self.experts = ExpertsPanel(self._expert_summary)
+            note = widgets.HTML('<div style="font-size:12px;color:#555">how the MoE layers run on this mesh: the '
+                                "alltoall forward's all-to-all pair from the compiled HLO, its matmul FLOPs against "
+                                "dense, and the copies a sample batch drops at a capacity factor</div>")
+            children.append(widgets.VBox([note, self.experts.widget]))
         tabs = widgets.Tab(children=children)
-        tabs.set_title(0, "tree (treescope)")
-        tabs.set_title(1, "parameter counts")
-        tabs.set_title(2, "one layer")
+        for i, title in enumerate(("tree (treescope)", "parameter counts", "one layer", "experts")[:len(children)]):
+            tabs.set_title(i, title)
         super().__init__([self._header, tabs, self._choose, self._error, self._summary, self._detail], **kwargs)
         self.add_class("wb-module-tree")
         self._choose.observe(self._on_choose, names="value")
@@ -214,6 +223,19 @@ class ModuleTree(widgets.VBox):
         return f"ModuleTree({type(self.model).__name__}, {0 if total is None else total.count:,} parameters)"
 
     # -- internals -------------------------------------------------------------------------------------------
+    def _expert_summary(self, capacity_factor: float | None) -> tp.Any:
+        from workbench.core import explore
+        from workbench.core.moe_view import expert_parallel_summary
+
+        mesh, partition_axis, mode, rules = self._layout_args
+        mesh = mesh if mesh is not None else next((r.sharding.mesh for r in self._rows if r.sharding is not None),
+                                                  None)
+        if mesh is None:
+            raise ValueError("the model is not on a mesh: pass mesh= (one with an ep axis) to see its experts' "
+                             "all-to-alls")
+        layout = explore.Layout.of(self.model, mesh, partition_axis, rules, mode)
+        return expert_parallel_summary(self.model, layout, capacity_factor=capacity_factor, batch=(8, 32))
+
     def _header_html(self) -> str:
         total = self._totals.get("")
         count = 0 if total is None else total.count

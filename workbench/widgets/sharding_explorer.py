@@ -19,6 +19,7 @@ from jax.sharding import Mesh
 from workbench.core import explore
 from workbench.core.axes import MODE_TRAIN, PartitionAxis, label
 from workbench.core.mesh import describe_mesh
+from workbench.widgets._experts import ExpertsPanel, experts_html
 from workbench.widgets._explorer_rules import RulesEditor
 from workbench.widgets._html import error_html, escape, format_bytes
 
@@ -99,32 +100,6 @@ def diff_html(d: explore.LayoutDiff | None) -> str:
                    f"{c.new_bytes:,} B</td></tr>" for c in d.changed)
     return (f'<div class="wb-diff" style="font-size:12px"><div>{len(d.changed)} parameter(s) changed spec · '
             f'{escape(memory)}</div><table style="border-collapse:collapse">{rows}</table></div>')
-
-
-def experts_html(summary: tp.Any, *, stale: bool = False) -> str:
-    """A MoE model's expert parallelism on the layout: the all-to-all pair, FLOPs against ``dense``, drops."""
-    cf = "no drop" if summary.capacity_factor is None else f"capacity factor {summary.capacity_factor:g}"
-    def shape(r: tp.Any) -> str:  # XLA may split an all-to-all into one operand per destination
-        parts = r.shape if r.shape and isinstance(r.shape[0], tuple) else (r.shape,)
-        return f"{len(parts)} × {tuple(parts[0])}" if len(parts) > 1 else str(tuple(parts[0]))
-
-    pair = "; ".join(f"{escape(shape(r))}, {format_bytes(r.bytes)} per device, ×{r.trips} runs"
-                     for r in summary.all_to_alls) or "none (no ep axis of size > 1 on this layout)"
-    lines = [f"<div><b>alltoall</b> ({cf}): all-to-alls {pair}</div>",
-             f"<div>matmul FLOPs per device: {summary.alltoall.matmul_flops / 1e6:,.1f} M vs "
-             f"{summary.dense.matmul_flops / 1e6:,.1f} M with <b>dense</b> ({summary.flops_vs_dense:.2f}x)</div>"]
-    d = summary.dispatch
-    if d is None:
-        lines.append('<div style="color:#555">an abstract model: no router to run, so no dispatch or drops</div>')
-    else:
-        worst = float(d.imbalance_L.max())
-        lines.append(f"<div>a sample batch of random tokens: {d.groups} token shares of {d.share}, {d.slots} slots "
-                     f"per expert; <b>{d.dropped_fraction:.1%}</b> of the copies dropped; busiest expert "
-                     f"{worst:.2f}x the mean load</div>")
-    note = '<div style="color:#b00020">stale: computed for an earlier layout; press "experts" again</div>' \
-        if stale else ""
-    return (f'<div class="wb-experts" style="font-size:12px;{"opacity:0.6" if stale else ""}">{note}'
-            f'{"".join(lines)}</div>')
 
 
 def collectives_html(sc: explore.StepCollectives, *, stale: bool = False) -> str:
@@ -231,19 +206,17 @@ class ShardingExplorer:
 
     def compute_experts(self) -> bool:
         """For a MoE model: the alltoall forward's all-to-alls and matmul FLOPs against dense, and the drops
-        of a sample batch at the chosen capacity factor (see :func:`workbench.core.moe_view`)."""
+        of a sample batch at the chosen capacity factor (see :mod:`workbench.core.moe_view`)."""
+        return self._experts.run()
+
+    def _on_experts(self, summary: tp.Any) -> None:
+        self.experts, self._experts_layout = summary, self.layout
+
+    def _expert_summary(self, capacity_factor: float | None) -> tp.Any:
         from workbench.core.moe_view import expert_parallel_summary
 
-        self._experts_out.value = '<div style="font-size:12px;color:#555">compiling alltoall and dense…</div>'
-        try:
-            summary = expert_parallel_summary(self.model, self.layout, capacity_factor=self._capacity.value,
-                                              batch=(self._batch_b.value, self._batch_t.value))
-        except (ValueError, TypeError) as e:
-            self._experts_out.value = error_html(f"experts: {e}")
-            return False
-        self.experts, self._experts_layout = summary, self.layout
-        self._experts_out.value = experts_html(summary)
-        return True
+        return expert_parallel_summary(self.model, self.layout, capacity_factor=capacity_factor,
+                                       batch=(self._batch_b.value, self._batch_t.value))
 
     def apply(self) -> float | None:
         """Re-shard the live model as the layout says; the seconds it took (None, with an inline error, if not)."""
@@ -295,18 +268,11 @@ class ShardingExplorer:
         apply.add_class("wb-apply-button")
         apply.on_click(lambda _: self.apply())
         self._apply_status = w.HTML()
-        self._capacity = w.Dropdown(options=[("no drop", None), ("1.0", 1.0), ("1.25", 1.25), ("1.5", 1.5),
-                                             ("2.0", 2.0)], value=1.25, description="capacity",
-                                    layout=w.Layout(width="170px"), style={"description_width": "60px"})
-        experts_go = w.Button(description="experts", icon="random", button_style="info")
-        experts_go.add_class("wb-experts-button")
-        experts_go.on_click(lambda _: self.compute_experts())
-        self._experts_out = w.HTML('<div style="font-size:12px;color:#666">press "experts" to compile the forward '
-                                   "with the alltoall and dense MoE strategies and dispatch a sample batch</div>")
+        self._experts = ExpertsPanel(self._expert_summary, self._on_experts)
+        self._capacity, self._experts_out = self._experts.capacity, self._experts.out
         section = lambda text: w.HTML(f'<div style="font-weight:600;margin-top:6px">{text}</div>')
         moe = getattr(self.layout.config, "num_local_experts", 0) > 0
-        experts = [section("expert parallelism (MoE layers)"), w.HBox([self._capacity, experts_go]),
-                   self._experts_out] if moe else []
+        experts = [section("expert parallelism (MoE layers)"), self._experts.widget] if moe else []
         memory_controls = w.HBox([self._optimizer, self._kv_on, self._kv_b, self._kv_s])
         self.widget = w.VBox([
             self._title, self._error,

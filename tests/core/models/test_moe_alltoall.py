@@ -211,3 +211,25 @@ def test_token_counts_that_ep_does_not_divide_are_padded():
         want = model.generate(ids, config).sequences
         got = sharded.generate(ids, config).sequences
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3"])
+@pytest.mark.parametrize("ep", [2, 4, 8])
+def test_models_alltoall_gradients_equal_dense(family, ep):
+    """Gradients of the loss with respect to every parameter: alltoall on a dp x ep mesh vs dense on one device."""
+    from workbench.models import tiny
+
+    names = {"qwen3_moe": "num_experts", "deepseek_v3": "n_routed_experts"}
+    model = tiny(family, **{names.get(family, "num_local_experts"): 8})
+    ids = jnp.asarray(np.random.default_rng(1).integers(1, model.config.vocab_size, (8, 12)), jnp.int32)
+
+    def grads(m):
+        graphdef, params, rest = nnx.split(m, nnx.Param, ...)
+        loss = lambda p: nnx.merge(graphdef, p, rest).compute_loss(ids)[0]
+        return jax.jit(jax.grad(loss))(params)
+
+    with jax.default_matmul_precision("highest"):
+        want = grads(model.with_options(moe_strategy="dense"))
+        got = grads(model.with_options(moe_strategy="alltoall").shard_model(make_mesh(dp=8 // ep, fsdp=1, ep=ep)))
+    for (path, a), (_, b) in zip(nnx.to_flat_state(want), nnx.to_flat_state(got), strict=True):
+        np.testing.assert_allclose(np.asarray(b.get_value()), np.asarray(a.get_value()), atol=1e-5, err_msg=str(path))
