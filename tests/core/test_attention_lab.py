@@ -289,3 +289,19 @@ def test_model_comparison_decodes_with_a_hugging_face_tokenizer(smollm2_hf_token
             assert run.text == hf.batch_decode(run.new_tokens, skip_special_tokens=True)
     assert as_tokenizer(hf)(["Hello world"])["input_ids"].tolist() == [hf.encode("Hello world",
                                                                                  add_special_tokens=False)]
+
+
+def test_the_lab_compares_mla_shaped_inputs():
+    """MLA's absorbed form (one key [latent; rope key], values the latent, a head dim of their own): flash and
+    paged against vanilla, and an implementation without value_head_dim refused naming those that have it."""
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((1, 64, 4, 40)), jnp.float32)  # latent 32 + rope 8
+    k = jnp.asarray(rng.standard_normal((1, 64, 1, 40)), jnp.float32)
+    v = k[..., :32]  # values: the latent channels of the keys
+    for impl in ("flash", "paged"):
+        result = lab.compare(impl, q, k, v, runs=1)
+        assert result.impl.ok and result.max_abs_diff < 1e-5, (impl, result.impl.note)
+        assert result.impl.output.shape == (1, 64, 4, 32)
+    refused = lab.compare("sdpa", q, k, v, runs=1)
+    assert refused.impl.unsupported.startswith("unsupported: value_head_dim; supported by:")
+    assert "flash" in refused.impl.unsupported and "vanilla" in refused.impl.unsupported

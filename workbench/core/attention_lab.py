@@ -42,6 +42,7 @@ from workbench.core.operations.attention.common import (
     RETURN_WEIGHTS,
     SLIDING_WINDOW,
     SOFT_CAP,
+    VALUE_DIM,
 )
 from workbench.core.operations.attention.paged import PAGED_KV
 
@@ -109,19 +110,21 @@ class LabOptions:
             out["logits_soft_cap"] = self.logits_soft_cap
         return out
 
-    def features(self, query: Array, key: Array) -> list[str]:
-        """The capability names these options (and GQA inputs) ask of an implementation."""
+    def features(self, query: Array, key: Array, value: Array | None = None) -> list[str]:
+        """The capability names these options (and GQA inputs, or values with a head dim of their own, as
+        MLA's latents) ask of an implementation."""
         used = {CAUSAL: self.causal, SLIDING_WINDOW: self.sliding_window is not None,
-                SOFT_CAP: self.logits_soft_cap is not None, GQA: query.shape[2] != key.shape[2]}
+                SOFT_CAP: self.logits_soft_cap is not None, GQA: query.shape[2] != key.shape[2],
+                VALUE_DIM: value is not None and value.shape[-1] != query.shape[-1]}
         return [f for f, on in used.items() if on]
 
 
 def unsupported_reason(name: str, options: LabOptions, query: Array, key: Array, *,
-                       return_weights: bool = False) -> str | None:
+                       return_weights: bool = False, value: Array | None = None) -> str | None:
     """``"unsupported: <feature>; supported by: ..."`` when ``name`` lacks something asked, else None."""
     caps = OperationRegistry.capabilities(name)
     canonical = OperationRegistry.canonical_name(name)
-    for feature in [*options.features(query, key), *([RETURN_WEIGHTS] if return_weights else [])]:
+    for feature in [*options.features(query, key, value), *([RETURN_WEIGHTS] if return_weights else [])]:
         if not caps.supports(feature):
             others = [n for n in OperationRegistry.supporting(feature) if n != canonical]
             return f"unsupported: {feature}; supported by: {', '.join(others) or 'none registered'}"
@@ -165,10 +168,10 @@ def default_metadata(name: str, seq_len: int) -> OperationMetadata:
 
 def _paged_call(op: tp.Any, query: Array, key: Array, value: Array, kwargs: dict) -> AttentionOutput:
     """Run a paged implementation on contiguous keys: cut into pages, identity page table."""
-    b, s, kv, d = key.shape
+    b, s, kv, _ = key.shape
     n = -(-s // PAGE_SIZE)
     pad = ((0, 0), (0, n * PAGE_SIZE - s), (0, 0), (0, 0))
-    pages = [jnp.pad(x, pad).reshape(b * n, PAGE_SIZE, kv, d) for x in (key, value)]
+    pages = [jnp.pad(x, pad).reshape(b * n, PAGE_SIZE, kv, x.shape[-1]) for x in (key, value)]  # values: own dim
     table = jnp.arange(b * n, dtype=jnp.int32).reshape(b, n)
     return op(query, *pages, page_table=table, kv_lengths=jnp.full((b,), s, jnp.int32), **kwargs)
 
@@ -288,7 +291,7 @@ def _prepare(name: str, options: LabOptions, args: tuple[Array, ...], metadata: 
              return_weights: bool = False) -> tuple[Run, tp.Any]:
     """A Run holding the compiled call's costs (or why there is none) and the executable."""
     canonical = OperationRegistry.canonical_name(name)
-    reason = unsupported_reason(canonical, options, args[0], args[1], return_weights=return_weights)
+    reason = unsupported_reason(canonical, options, args[0], args[1], return_weights=return_weights, value=args[2])
     if reason:
         return Run(canonical, unsupported=reason), None
     try:
