@@ -171,3 +171,24 @@ def _walk(widget):
     yield widget
     for child in getattr(widget, "children", ()):
         yield from _walk(child)
+
+
+def test_on_a_virtual_cluster_the_collectives_compile_for_its_devices():
+    """A 16-device CPU cluster (more than the notebook's 8): the layout sits on an AbstractMesh and the
+    "collectives" and "experts" buttons compile in the cluster's worker; the HLO's groups span 16 devices."""
+    from workbench.core.cluster import Cluster
+    from workbench.core.mesh import MESH_AXES
+    from workbench.core.steps import full_mesh_shape
+    from workbench.core.virtual import cluster_mesh
+
+    cluster = Cluster.cpu(16)
+    mesh = cluster_mesh(cluster, full_mesh_shape({"dp": 4, "ep": 4}, cluster), MESH_AXES)
+    model = CausalLM.lazy_init(ModelConfig.from_hf(tiny_config("mixtral")))
+    ex = ShardingExplorer(model, mesh, cluster=cluster, batch=(8, 16))
+    assert ex.compute_collectives(), ex._collectives_out.value
+    kinds = {(r.kind, r.mesh_axes) for r in ex.collectives.records}
+    assert ("all-to-all", ("ep",)) in kinds and all(len(g) == 4 for r in ex.collectives.records
+                                                    for g in r.replica_groups)
+    assert ex.collectives.matmul_flops > 0
+    assert ex.compute_experts(), ex._experts_out.value
+    assert ex.experts.dispatch is None and ex.experts.flops_vs_dense < 1  # abstract model: no router to run

@@ -475,6 +475,25 @@ def step_collectives(model: nnx.Module, layout: Layout, *, kind: str = "forward"
                            matmul_flops(hlo))
 
 
+def cluster_step_collectives(model: nnx.Module, layout: Layout, cluster: tp.Any, *, kind: str = "forward",
+                             batch: tuple[int, int] = (8, 64)) -> StepCollectives:
+    """:func:`step_collectives` for a virtual ``cluster`` (``workbench.core.cluster``): the step compiled for
+    the cluster's devices on ``layout``'s mesh shape (TPU ahead of time, others in a worker process), so the
+    layout may sit on an ``AbstractMesh`` of any size the cluster has."""
+    from workbench.core.virtual import compile_step
+
+    if kind not in STEP_KINDS:
+        raise ValueError(f"kind must be one of {STEP_KINDS}; got {kind!r}")
+    if layout.mesh.size != cluster.num_devices:
+        raise ValueError(f"the layout's mesh has {layout.mesh.size} devices but {cluster.name} has "
+                         f"{cluster.num_devices}; resolve the layout on cluster_mesh(cluster, ...)")
+    analysis = compile_step(model, cluster, dict(layout.mesh.shape), kind=kind, batch=batch,
+                            partition_axis=layout.partition_axis, rules=layout.rules or None)
+    spec = layout.partition_axis.resolve(INPUT_AXES, layout.mode, shape=batch, mesh=layout.mesh)
+    return StepCollectives(kind, tuple(batch), spec, tuple(analysis.collectives), analysis.compile_seconds,
+                           tuple(analysis.warnings), analysis.matmul_flops)
+
+
 # -- placing -----------------------------------------------------------------------------------------
 def apply(model: nnx.Module, layout: Layout) -> tuple[nnx.Module, float]:
     """A copy of the live ``model`` placed as ``layout`` says, and the seconds it took (arrays ready)."""

@@ -132,16 +132,22 @@ class ExpertParallelSummary:
 
 
 def expert_parallel_summary(model: tp.Any, layout: tp.Any, *, batch: tuple[int, int] = (8, 64),
-                            capacity_factor: float | None = 1.25, seed: int = 0) -> ExpertParallelSummary:
-    """Compile the forward of ``model`` on ``layout`` with the ``alltoall`` and ``dense`` strategies and, for
-    a live model, dispatch a batch of random token ids (``seed``) at ``capacity_factor``."""
+                            capacity_factor: float | None = 1.25, seed: int = 0,
+                            cluster: tp.Any = None) -> ExpertParallelSummary:
+    """Compile the forward of ``model`` on ``layout`` with the ``alltoall`` and ``dense`` strategies (for a
+    virtual ``cluster``, on its devices) and, for a live model, dispatch a batch of random token ids
+    (``seed``) at ``capacity_factor``."""
+    import functools
+
     import jax
 
     from workbench.core import explore
 
+    step = (explore.step_collectives if cluster is None else
+            functools.partial(explore.cluster_step_collectives, cluster=cluster))
     a2a = model.with_options(moe_strategy="alltoall", capacity_factor=capacity_factor)
-    alltoall = explore.step_collectives(a2a, layout, kind="forward", batch=batch)
-    dense = explore.step_collectives(model.with_options(moe_strategy="dense"), layout, kind="forward", batch=batch)
+    alltoall = step(a2a, layout, kind="forward", batch=batch)
+    dense = step(model.with_options(moe_strategy="dense"), layout, kind="forward", batch=batch)
     live = all(isinstance(x, jax.Array) for x in jax.tree.leaves(model))
     report = None
     if live:

@@ -77,7 +77,15 @@ class CompiledAnalysis:
 
     @property
     def flops(self) -> float:
+        """XLA's ``cost_analysis()`` FLOPs: a while loop's body (a scanned layer) counted once."""
         return self.cost.get("flops", 0.0)
+
+    @property
+    def matmul_flops(self) -> float:
+        """FLOPs of every dot of the program per device, each once per loop trip (``inspect.matmul_flops``)."""
+        from workbench.core.inspect import matmul_flops
+
+        return matmul_flops(self.hlo_text)
 
     @property
     def bytes_accessed(self) -> float:

@@ -8,6 +8,7 @@ re-shards the live model. A bad edit shows an inline error and leaves the last v
 
 from __future__ import annotations
 
+import functools
 import re
 import typing as tp
 
@@ -134,15 +135,18 @@ class ShardingExplorer:
     ``model`` is a live model or an abstract one (``CausalLM.lazy_init(config)``); only shapes are
     read until "apply". ``explorer.layout``, ``.partition_axis``, ``.rules`` and ``.mode`` are always
     the last valid ones; ``.error`` is the inline error ('' when none); ``.model`` is the model,
-    re-sharded after :meth:`apply`. ``explorer.widget`` is the ipywidgets tree (displayed by
+    re-sharded after :meth:`apply`. With ``cluster`` (a virtual :class:`~workbench.core.cluster.Cluster`,
+    ``mesh`` then ``cluster_mesh(cluster, ...)``) the collectives and experts panels compile for the cluster's
+    devices instead of the notebook's. ``explorer.widget`` is the ipywidgets tree (displayed by
     ``display(explorer)``); ``_repr_html_`` is a static table and memory picture.
     """
 
     def __init__(self, model: tp.Any, mesh: Mesh | jax.sharding.AbstractMesh,
                  partition_axis: PartitionAxis | None = None, rules: tp.Sequence[tuple[str, tp.Any]] | None = None,
                  mode: str = MODE_TRAIN, *, optimizer: bool = True, kv_cache: tuple[int, int] | None = None,
-                 batch: tuple[int, int] = (8, 64)):
+                 batch: tuple[int, int] = (8, 64), cluster: tp.Any = None):
         self.model = model
+        self.cluster = cluster  # a virtual Cluster: "collectives" and "experts" compile for its devices
         self.layout = explore.Layout.of(model, mesh, partition_axis, rules, mode)  # raises on a bad start
         self.error = ""
         self.collectives: explore.StepCollectives | None = None
@@ -195,8 +199,9 @@ class ShardingExplorer:
         """Compile one step for the current layout (forward or train, as the toggle says) and show its collectives."""
         self._collectives_out.value = '<div style="font-size:12px;color:#555">compiling…</div>'
         try:
-            sc = explore.step_collectives(self.model, self.layout, kind=self._kind.value,
-                                          batch=(self._batch_b.value, self._batch_t.value))
+            step = explore.step_collectives if self.cluster is None else functools.partial(
+                explore.cluster_step_collectives, cluster=self.cluster)
+            sc = step(self.model, self.layout, kind=self._kind.value, batch=(self._batch_b.value, self._batch_t.value))
         except (ValueError, TypeError) as e:
             self._collectives_out.value = error_html(f"collectives: {e}")
             return False
@@ -216,7 +221,7 @@ class ShardingExplorer:
         from workbench.core.moe_view import expert_parallel_summary
 
         return expert_parallel_summary(self.model, self.layout, capacity_factor=capacity_factor,
-                                       batch=(self._batch_b.value, self._batch_t.value))
+                                       batch=(self._batch_b.value, self._batch_t.value), cluster=self.cluster)
 
     def apply(self) -> float | None:
         """Re-shard the live model as the layout says; the seconds it took (None, with an inline error, if not)."""
@@ -286,7 +291,8 @@ class ShardingExplorer:
     def _render(self, first: bool = False) -> None:
         name = getattr(self.layout.config, "model_type", type(self.model).__name__)
         self._title.value = (f'<div style="font-size:13px"><b>ShardingExplorer</b> · {escape(name)} · '
-                             f"<code>{escape(describe_mesh(self.mesh))}</code></div>")
+                             f"<code>{escape(describe_mesh(self.mesh))}</code>"
+                             + ("" if self.cluster is None else f" · {escape(str(self.cluster))}") + "</div>")
         self._diff.value = diff_html(self.last_diff)
         self._render_table()
         self._render_memory()
