@@ -89,12 +89,12 @@ def first_calls(model, scanned: bool, events: CompileEvents) -> dict[str, float]
     import jax
     import numpy as np
 
-    from workbench.core.models import generation
+    from workbench.core.compile_cache import PROGRAMS
     from workbench.core.models.training import make_train_step, to_state
     from workbench.models import GenerationConfig
 
     jax.clear_caches()
-    generation._COMPILED.clear()  # generate's compiled programs (keyed by graphdef and shapes)
+    PROGRAMS.clear()  # generate's and the train step's compiled programs (keyed by graphdef and shapes)
     model = model.with_options(scan_layers=scanned)
     layers, vocab = model.config.num_hidden_layers, model.config.vocab_size
     rng = np.random.default_rng(layers)

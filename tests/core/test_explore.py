@@ -243,3 +243,59 @@ def test_step_matmul_flops_count_every_layer():
     matmuls = 2 * tokens * (c.num_hidden_layers * per_layer + d * c.vocab_size)
     attention = c.num_hidden_layers * (b // 8) * 2 * 2 * t * t * h * hd
     assert step.matmul_flops == matmuls + attention
+
+
+def test_other_threads_stderr_is_not_lost_while_a_step_compiles(llama1, tmp_path, monkeypatch):
+    """step_collectives points fd 2 at XLA's log reader: a line another thread writes meanwhile reaches stderr
+    while the compile runs (not held until it ends), and XLA's warnings still reach the result."""
+    import contextlib
+    import os
+    import threading
+    import time
+
+    layout = explore.Layout.of(llama1, make_mesh(dp=2, fsdp=2, tp=2))
+    target = tmp_path / "stderr.txt"
+    real, live = explore._xla_log_lines, []
+
+    @contextlib.contextmanager
+    def probed():  # inside the capture: another thread writes a line; does the terminal get it now?
+        with real() as log:
+            writer = threading.Thread(target=os.write, args=(2, b"from another thread\n"))
+            writer.start()
+            writer.join()
+            deadline = time.monotonic() + 5
+            while "from another thread" not in target.read_text() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            live.append("from another thread" in target.read_text())
+            yield log
+
+    monkeypatch.setattr(explore, "_xla_log_lines", probed)
+    saved, stop = os.dup(2), threading.Event()
+    with open(target, "wb") as sink:
+        os.dup2(sink.fileno(), 2)  # this test's stand-in for the terminal
+        try:
+            def chatter():
+                i = 0
+                while not stop.is_set():
+                    os.write(2, f"other thread line {i}\n".encode())
+                    i += 1
+                    stop.wait(0.005)
+
+            thread = threading.Thread(target=chatter)
+            thread.start()
+            try:
+                sc = explore.step_collectives(llama1, layout, kind="forward", batch=(8, 64))
+            finally:
+                stop.set()
+                thread.join(10)
+            os.write(2, b"after\n")
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    written = target.read_text().splitlines()
+    assert live == [True]
+    numbers = [int(line.rsplit(" ", 1)[1]) for line in written if line.startswith("other thread line")]
+    assert numbers == list(range(len(numbers))) and len(numbers) > 1  # every line, in order
+    assert written[-1] == "after"
+    assert not any(explore._xla_warnings(written))  # XLA's log was kept from the terminal
+    assert sc.warnings and "Involuntary full rematerialization" in sc.warnings[0]

@@ -12,8 +12,9 @@ The functions behind the ``AttentionLab`` widget, usable from scripts and tested
 - :func:`model_comparison` switches a model's attention (``with_attention``) and compares logits
   and a short greedy generation.
 
-Compiled calls are cached (implementation class, metadata, options, input shapes), so switching
-back to an implementation already measured costs its runs only.
+Compiled calls are cached in the shared :data:`~workbench.core.compile_cache.PROGRAMS` (implementation
+class, metadata, options, input shapes), so switching back to an implementation already measured costs
+its runs only.
 
 >>> q, k, v = make_inputs(seq_len=64, heads=4, kv_heads=2, head_dim=16)
 >>> c = compare("flash", q, k, v, causal=True, runs=1)
@@ -23,7 +24,6 @@ back to an implementation already measured costs its runs only.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import statistics
@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from workbench.core.compile_cache import PROGRAMS
 from workbench.core.operations import AttentionOutput, OperationMetadata, OperationRegistry
 from workbench.core.operations.attention.common import (
     ALL_FEATURES,
@@ -49,8 +50,6 @@ from workbench.core.operations.attention.paged import PAGED_KV
 Array = jax.Array
 DTYPES = ("float32", "bfloat16", "float16")
 PAGE_SIZE = 16  # paged implementations get the keys cut into pages of this many tokens
-_CACHE_SIZE = 64
-_compiled: collections.OrderedDict[tp.Any, tuple[tp.Any, float, int | None]] = collections.OrderedDict()
 
 
 # -- inputs and options ---------------------------------------------------------------------------
@@ -187,7 +186,7 @@ def _freeze(value: tp.Any) -> tp.Any:
 def _cache_key(impl_cls: type, metadata: OperationMetadata, options: LabOptions, return_weights: bool,
                args: tuple[Array, ...]) -> tp.Any:
     avals = tuple((x.shape, str(x.dtype), getattr(x, "sharding", None)) for x in args)
-    key = (impl_cls, _freeze(metadata), options, return_weights, avals)
+    key = ("attention_lab", impl_cls, _freeze(metadata), options, return_weights, avals)
     try:
         hash(key)
     except TypeError:  # unhashable metadata options: compile every time
@@ -204,9 +203,16 @@ def compiled_call(name: str, metadata: OperationMetadata, options: LabOptions, a
     """
     impl_cls = OperationRegistry.get(name)
     key = _cache_key(impl_cls, metadata, options, return_weights, args)
-    if key is not None and key in _compiled:
-        _compiled.move_to_end(key)
-        return (*_compiled[key], True)
+    build = lambda: _compile(impl_cls, metadata, options, args, return_weights)
+    if key is None:
+        return (*build(), False)
+    found = PROGRAMS.get(key, build)
+    return (*found.value, not found.compiled)
+
+
+def _compile(impl_cls: type, metadata: OperationMetadata, options: LabOptions, args: tuple[Array, ...],
+             return_weights: bool) -> tuple[tp.Any, float, int | None]:
+    """``(executable, compile_ms, temp_bytes)`` of one implementation on ``args``."""
     op = impl_cls(metadata)
     kwargs = options.kwargs() | ({"return_weights": True} if return_weights else {})
     if PAGED_KV in impl_cls.capabilities.features:
@@ -217,17 +223,12 @@ def compiled_call(name: str, metadata: OperationMetadata, options: LabOptions, a
     executable = jax.jit(fn).lower(*args).compile()
     compile_ms = (time.perf_counter() - start) * 1e3
     stats = executable.memory_analysis()
-    entry = (executable, compile_ms, None if stats is None else int(stats.temp_size_in_bytes))
-    if key is not None:
-        _compiled[key] = entry
-        while len(_compiled) > _CACHE_SIZE:
-            _compiled.popitem(last=False)
-    return (*entry, False)
+    return executable, compile_ms, None if stats is None else int(stats.temp_size_in_bytes)
 
 
 def clear_cache() -> None:
-    """Forget every compiled call (the next comparison compiles again)."""
-    _compiled.clear()
+    """Forget every compiled call of the lab (the next comparison compiles again)."""
+    PROGRAMS.clear("attention_lab")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,8 +33,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from workbench.core import axes as ax
-from workbench.core._xla_log import give_back
-from workbench.core._xla_log import stderr_lines as _stderr_lines
+from workbench.core._xla_log import xla_log_lines as _xla_log_lines
 from workbench.core._xla_log import xla_warnings as _xla_warnings
 from workbench.core.axes import (
     BATCH,
@@ -372,7 +371,8 @@ class StepCollectives:
     """The collectives of one compiled step: each record, and per kind their count and bytes per device.
 
     ``warnings``: what XLA logged while compiling, e.g. the SPMD partitioner's "Involuntary full
-    rematerialization" (a tensor replicated, then re-partitioned, because no cheap resharding exists).
+    rematerialization" (a tensor replicated, then re-partitioned, because no cheap resharding exists);
+    a compile on another thread at the same moment can add its own (XLA's log does not say whose).
     ``matmul_flops``: FLOPs per device of the step's matmuls (every dot of the compiled program, a dot in
     the layer scan once per layer; :func:`workbench.core.inspect.matmul_flops`). XLA's own
     ``cost_analysis()`` counts a loop body once, so it would show about one layer's worth.
@@ -465,11 +465,10 @@ def step_collectives(model: nnx.Module, layout: Layout, *, kind: str = "forward"
     # Never run, only read: on CPU, LLVM's -O0 compiles 3-4x faster, after the same HLO passes.
     options = {"xla_backend_optimization_level": 0} if layout.mesh.devices.flat[0].platform == "cpu" else None
     start = time.perf_counter()
-    with _stderr_lines() as log:
+    with _xla_log_lines() as log:  # other output, from any thread, goes on to stderr meanwhile
         compiled = fn.lower(params, other, ids).compile(compiler_options=options)
     seconds = time.perf_counter() - start
     warnings = tuple(_xla_warnings(log))
-    give_back(log)  # not XLA's: back to stderr
     hlo = compiled.as_text()
     return StepCollectives(kind, (b, t), spec, tuple(collectives_in(hlo, layout.mesh)), seconds, warnings,
                            matmul_flops(hlo))

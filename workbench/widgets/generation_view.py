@@ -74,7 +74,6 @@ class GenerationView(widgets.VBox):
         self._busy = False
         self._stream: TokenStream | None = None
         self._run_info: dict[str, tp.Any] = {}
-        self._seen: set[tuple] = set()
         self._error_text = ""
         self.output: tp.Any = None  # the last GenerationOutput
         small = lambda w: widgets.Layout(width=w)
@@ -212,6 +211,8 @@ class GenerationView(widgets.VBox):
     def generate(self) -> threading.Thread | None:
         """Start generating from the controls (what the button does), in a background thread; None, with an
         inline error, when the inputs are invalid or a run is going."""
+        from workbench.core.models.generation import is_compiled
+
         if self.running:
             self._show_error("a generation is running: press stop first")
             return None
@@ -225,13 +226,15 @@ class GenerationView(widgets.VBox):
             return None
         self._show_error("")
         streaming = config.num_beams == 1
-        key = (config, ids.shape, cache_desc)
-        compiling = key not in self._seen
+        try:  # the core's compile cache says whether this run compiles (a new model, config or shape)
+            compiling = not is_compiled(self.model, ids, config, mask, cache, streamer=streaming)
+        except (ValueError, TypeError) as e:
+            self._show_error(str(e))
+            return None
         stream = TokenStream(self._on_stream if streaming else None, min_interval_s=self._refresh_s,
                              tokenizer=self.tokenizer)
         self._stream = stream
-        self._run_info = {"config": config, "mask": mask, "cache_desc": cache_desc, "key": key,
-                          "chat": self.chat.value}
+        self._run_info = {"config": config, "mask": mask, "cache_desc": cache_desc, "chat": self.chat.value}
         what = "the prefill and the decode loop" if streaming else "beam search"
         self._set_status(
             f"⏳ compiling {what} for this config, prompt length ({ids.shape[1]}) and cache (first run; later runs "
@@ -299,7 +302,6 @@ class GenerationView(widgets.VBox):
             out = self.model.generate(ids, config, mask, prng_key=jax.random.key(self.seed.value),
                                       streamer=stream if config.num_beams == 1 else None, cache=cache)
             self.output = out
-            self._seen.add(self._run_info["key"])
             new_BN = np.asarray(out.sequences)[:, ids.shape[1]:]
             self._text.value = self._text_html(ids, mask, new_BN)
             fill = cache_fill(out.cache)

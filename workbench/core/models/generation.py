@@ -7,14 +7,14 @@ pytree with a static ``max_length`` (and ``reorder(index_B)`` for beam search);
 a mask of ones; the cache tracks positions itself.
 
 Two programs run per call, each compiled once per (graphdef, config, input shapes and shardings) and
-cached, so a second call with the same shapes does not recompile: the prefill (the prompt's logits)
-and a ``lax.while_loop`` that picks every new token and runs the decode steps; the cache is donated
-to both. Greedy / sampling live in :mod:`.sampling`, beam search in :mod:`.beam_search`.
+cached in the shared :data:`~workbench.core.compile_cache.PROGRAMS` (thread-safe, bounded), so a second
+call with the same shapes does not recompile: the prefill (the prompt's logits) and a ``lax.while_loop``
+that picks every new token and runs the decode steps; the cache is donated to both. Greedy / sampling
+live in :mod:`.sampling`, beam search in :mod:`.beam_search`.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import threading
 import time
@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from workbench.core.compile_cache import PROGRAMS, signature
 from workbench.core.models.beam_search import beam_programs, best_sequences
 from workbench.core.models.cache import PagedKVCache
 from workbench.core.models.generation_config import GenerationConfig
@@ -70,33 +71,6 @@ def _stream(streamer, tokens) -> bool:
         return bool(should_stop()) if callable(should_stop) else False
     result = streamer(tokens)
     return isinstance(result, (bool, np.bool_)) and bool(result)
-
-
-_COMPILED: collections.OrderedDict = collections.OrderedDict()
-_MAX_COMPILED = 32
-
-
-def _signature(args) -> tuple:
-    leaves, treedef = jax.tree.flatten(args)
-    return treedef, tuple((jax.typeof(x), getattr(x, "sharding", None)) for x in leaves)
-
-
-def _compiled(key: tuple, fn: tp.Callable, args: tuple, donate: tuple[int, ...], timings: dict):
-    """AOT-compile ``fn`` for ``args`` once per (key, signature); adds compile seconds to ``timings``."""
-    full_key = (*key, _signature(args))
-    if full_key in _COMPILED:
-        _COMPILED.move_to_end(full_key)
-        return _COMPILED[full_key]
-    t0 = time.perf_counter()
-    compiled = jax.jit(fn, donate_argnums=donate).lower(*args).compile()
-    timings["compile"] += time.perf_counter() - t0
-    _COMPILED[full_key] = compiled
-    while len(_COMPILED) > _MAX_COMPILED:
-        _COMPILED.popitem(last=False)
-    return compiled
-
-
-_SLOTS: dict[tuple, _StreamSlot] = {}
 
 
 def _check_inputs(model, input_ids, attention_mask, config: GenerationConfig, cache, streamer):
@@ -191,34 +165,33 @@ def generate(model: nnx.Module, input_ids, generation_config: GenerationConfig |
         raise TypeError(f"generation_config must be a GenerationConfig (GenerationConfig.from_hf(...) converts HF's); "
                         f"got {type(config).__name__}")
     config = resolve_config(model, config, np.shape(input_ids)[-1])
-    input_ids, mask, cache = _check_inputs(model, input_ids, attention_mask, config, cache, streamer)
-    prompt_len = input_ids.shape[1]
-    graphdef, state = nnx.split(model)
+    key, args, programs = _plan(model, input_ids, config, attention_mask, prng_key, streamer, cache)
     timings = {"compile": 0.0, "prefill": 0.0, "decode": 0.0}
-    slot = None
-    if config.num_beams > 1:
-        key = ("beam", graphdef, config, prompt_len)
-        prefill, decode = beam_programs(graphdef, config, prompt_len)
-        args = (state, jnp.repeat(input_ids, config.num_beams, 0), jnp.repeat(mask, config.num_beams, 0), cache)
-    else:
-        key = ("sample", graphdef, config, prompt_len, streamer is not None)
-        slot = _SLOTS.setdefault(key, _StreamSlot()) if streamer is not None else None
-        prefill, decode = sample_programs(graphdef, config, prompt_len, slot)
-        args = (state, input_ids, mask, cache, jax.random.key(0) if prng_key is None else prng_key)
-    run_prefill = _compiled((*key, "prefill"), prefill, args, (3,), timings)
+    sig = signature(args)
+    run_prefill = _program((*key, "prefill", sig), lambda: _compile(programs()[0], args, (3,)), timings)
+    if streamer is not None and hasattr(streamer, "put"):
+        streamer.put(np.asarray(args[1]))
+    t0 = time.perf_counter()
+    s, cache = jax.block_until_ready(run_prefill(*args))
+    timings["prefill"] = time.perf_counter() - t0
+    state = args[0]
+    # the decode loop's inputs are the prefill's outputs, so the prefill's signature determines their avals
+    run_decode, slot = _program((*key, "decode", sig),
+                                lambda: _decode_entry(programs, streamer is not None, (state, s, cache)), timings)
+    t0 = time.perf_counter()
     if slot is None:
-        s, cache = _run(key, run_prefill, decode, state, args, timings)
+        s, cache = jax.block_until_ready(run_decode(state, s, cache))
     else:
-        with slot.lock:
+        with slot.lock:  # two threads streaming through one program take turns
             slot.streamer = streamer
             try:
-                if hasattr(streamer, "put"):
-                    streamer.put(np.asarray(input_ids))
-                s, cache = _run(key, run_prefill, decode, state, args, timings)
-                if hasattr(streamer, "end"):
-                    streamer.end()
+                s, cache = jax.block_until_ready(run_decode(state, s, cache))
             finally:
                 slot.streamer = None
+        if hasattr(streamer, "end"):
+            streamer.end()
+    timings["decode"] = time.perf_counter() - t0
+    prompt_len = args[1].shape[1]
     if config.num_beams > 1:
         sequences, n_new = best_sequences(s, prompt_len)
     else:
@@ -227,12 +200,45 @@ def generate(model: nnx.Module, input_ids, generation_config: GenerationConfig |
     return GenerationOutput(sequences=sequences, num_new_tokens=n_new, cache=cache, timings=timings)
 
 
-def _run(key, run_prefill, decode, state, args, timings):
-    t0 = time.perf_counter()
-    s, cache = jax.block_until_ready(run_prefill(*args))
-    timings["prefill"] = time.perf_counter() - t0
-    run_decode = _compiled((*key, "decode"), decode, (state, s, cache), (2,), timings)
-    t0 = time.perf_counter()
-    s, cache = jax.block_until_ready(run_decode(state, s, cache))
-    timings["decode"] = time.perf_counter() - t0
-    return s, cache
+def _plan(model, input_ids, config, attention_mask, prng_key, streamer, cache):
+    """``(key, args, programs)``: the cache key of this call's programs (without input avals), the prefill's
+    arguments, and ``programs(on_tokens=None) -> (prefill, decode)``."""
+    input_ids, mask, cache = _check_inputs(model, input_ids, attention_mask, config, cache, streamer)
+    prompt_len = input_ids.shape[1]
+    graphdef, state = nnx.split(model)
+    if config.num_beams > 1:
+        key = ("generate", "beam", graphdef, config, prompt_len)
+        args = (state, jnp.repeat(input_ids, config.num_beams, 0), jnp.repeat(mask, config.num_beams, 0), cache)
+        return key, args, lambda on_tokens=None: beam_programs(graphdef, config, prompt_len)
+    key = ("generate", "sample", graphdef, config, prompt_len, streamer is not None)
+    args = (state, input_ids, mask, cache, jax.random.key(0) if prng_key is None else prng_key)
+    return key, args, lambda on_tokens=None: sample_programs(graphdef, config, prompt_len, on_tokens)
+
+
+def _compile(fn: tp.Callable, args: tuple, donate: tuple[int, ...]):
+    return jax.jit(fn, donate_argnums=donate).lower(*args).compile()
+
+
+def _decode_entry(programs, streaming: bool, args: tuple) -> tuple[tp.Any, _StreamSlot | None]:
+    """The compiled decode loop and the slot its host callback reads the streamer from (evicted with it)."""
+    slot = _StreamSlot() if streaming else None
+    return _compile(programs(slot)[1], args, (2,)), slot
+
+
+def _program(key: tuple, build: tp.Callable, timings: dict):
+    """``PROGRAMS[key]`` (built once); adds the seconds spent compiling, or waiting for another thread
+    compiling the same program, to ``timings["compile"]``."""
+    found = PROGRAMS.get(key, build)
+    timings["compile"] += found.seconds
+    return found.value
+
+
+def is_compiled(model: nnx.Module, input_ids, generation_config: GenerationConfig | None = None,
+                attention_mask=None, cache=None, *, streamer: bool = False, prng_key: Array | None = None) -> bool:
+    """Whether ``generate`` with these arguments (``streamer``: with one or not) would reuse compiled
+    programs, so it starts decoding without compiling. Nothing is compiled or run; ``cache`` is not donated.
+    """
+    config = resolve_config(model, generation_config, np.shape(input_ids)[-1])
+    key, args, _ = _plan(model, input_ids, config, attention_mask, prng_key, _stream if streamer else None, cache)
+    sig = signature(args)
+    return (*key, "prefill", sig) in PROGRAMS and (*key, "decode", sig) in PROGRAMS

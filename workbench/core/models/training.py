@@ -24,6 +24,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from workbench.core.axes import BATCH, LENGTH, PartitionAxis
+from workbench.core.compile_cache import PROGRAMS, signature
 from workbench.core.models.loss import causal_lm_loss, labels_from
 
 Batch = dict[str, tp.Any]
@@ -181,7 +182,7 @@ def make_train_step(optimizer: optax.GradientTransformation | None = None, *,
     z-loss (:mod:`.moe_losses`; ``compute_loss`` takes the same coefficients).
     """
     partition_axis = PartitionAxis() if partition_axis is None else partition_axis
-    compiled: dict[tp.Any, tp.Callable] = {}
+    router = (router_aux_loss_coef, router_z_loss_coef)
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
         if not isinstance(state, TrainState):
@@ -189,17 +190,18 @@ def make_train_step(optimizer: optax.GradientTransformation | None = None, *,
         if optimizer is not None and state.tx is not optimizer:
             state = state.replace(tx=optimizer)
         batch = _place(batch, state, partition_axis)
-        leaves, treedef = jax.tree.flatten((state, batch))
-        shardings = [x.sharding for x in leaves]
-        key = (treedef, tuple(shardings))
-        if key not in compiled:
-            state_sh, batch_sh = jax.tree.unflatten(treedef, shardings)
-            step = functools.partial(_step, router=(router_aux_loss_coef, router_z_loss_coef))
-            compiled[key] = jax.jit(step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None),
-                                    donate_argnums=0)
-        return compiled[key](state, batch)
+        key = ("train_step", router, signature((state, batch)))
+        return PROGRAMS.get(key, lambda: _compile_step(state, batch, router)).value(state, batch)
 
     return train_step
+
+
+def _compile_step(state: TrainState, batch: Batch, router: tuple[float, float]):
+    """The step compiled for these avals and shardings; the output state keeps the input's shardings."""
+    state_sh, batch_sh = jax.tree.map(lambda x: x.sharding, (state, batch))
+    step = functools.partial(_step, router=router)
+    return jax.jit(step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None),
+                   donate_argnums=0).lower(state, batch).compile()
 
 
 def make_eval_step(*, partition_axis: PartitionAxis | None = None
