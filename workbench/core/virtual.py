@@ -112,6 +112,9 @@ def tpu_devices(topology: str, slices: int = 1) -> tuple[jax.Device, ...]:
                           f"{TPU_AOT_HINT}") from None
     from jax.experimental import topologies
 
+    # Compiling touches no chip, so several processes (a notebook and a test worker, pytest -n 2) may load
+    # libtpu at once; without this the second fails on libtpu's /tmp/libtpu_lockfile.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     with stderr_lines() as log:  # libtpu complains that this host is not a TPU VM: true, and fine
         kwargs = {"num_slices": slices} if slices > 1 else {}
         topology_desc = topologies.get_topology_desc(topology_name=topology, platform="tpu", **kwargs)
