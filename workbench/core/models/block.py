@@ -73,11 +73,28 @@ def make_norm(config: ModelConfig, dim: int | None = None, *, param_dtype=jnp.fl
                    param_dtype=param_dtype)
 
 
+class AttentionContext:
+    """What an attention module passes to its operation besides the arrays: the mesh and PartitionAxis the
+    model is laid on (``with_mesh`` sets them; sequence-parallel implementations need the mesh) and the
+    options given to ``with_attention(name, **options)``. Kept as hashable statics, built per call."""
+
+    mesh: tp.Any = None
+    partition_axis: tp.Any = None
+    attn_options: tuple[tuple[str, tp.Any], ...] = ()
+
+    def operation_metadata(self) -> OperationMetadata:
+        from workbench.core.axes import PartitionAxis
+
+        pa = self.partition_axis or PartitionAxis()
+        return OperationMetadata(mesh=self.mesh, partition_axis=pa, sequence_axis_name=pa.sequence_parallel_axis,
+                                 options=dict(self.attn_options))
+
+
 def _linear(kind, in_f: int, out_f: int, bias: bool, dtype, param_dtype, rngs: nnx.Rngs):
     return kind(in_f, out_f, use_bias=bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
 
-class Attention(nnx.Module):
+class Attention(AttentionContext, nnx.Module):
     """Multi-head attention with grouped key/value heads and (optionally) rotary positions.
 
     The block is the same for every layer; what differs per layer (the sliding window) comes as
@@ -121,7 +138,7 @@ class Attention(nnx.Module):
             q_BTHD, k_BTKD = apply_rope(q_BTHD, cos_BTD, sin_BTD), apply_rope(k_BTKD, cos_BTD, sin_BTD)
         options = self.op_options()
         if cache is None:
-            op = OperationRegistry.create(self.attn_mechanism, OperationMetadata())
+            op = OperationRegistry.create(self.attn_mechanism, self.operation_metadata())
             out = op(q_BTHD, k_BTKD, v_BTKD, mask=mask_B1TS, causal=True, sliding_window=sliding_window, **options)
             out_BTHD, kv = out.attention_outputs, None
         else:

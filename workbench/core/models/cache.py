@@ -137,6 +137,17 @@ def cache_footprint(config: ModelConfig, dtype=jnp.bfloat16) -> CacheFootprint:
                           jnp.dtype(dtype).name, what)
 
 
+def _check_cacheable(attn_mechanism: str) -> None:
+    """Sequence-parallel attention splits one long sequence over ``sp`` for training and a cache-less
+    forward; decoding with a KV cache is not built for it: say which implementations decode."""
+    if OperationRegistry.capabilities(attn_mechanism).mesh_axes:
+        decoders = [n for n in OperationRegistry.list_implementations() if not OperationRegistry.capabilities(n)
+                    .mesh_axes and n != "paged"]
+        raise ValueError(f"{attn_mechanism!r} splits the sequence over a mesh axis and does not decode with a KV "
+                         f"cache; generate with model.with_attention(...) one of {decoders} (or a paged cache), "
+                         f"and keep {attn_mechanism!r} for training and cache-less forwards")
+
+
 def _check_value_dim(value_dim: int | None, head_dim: int) -> None:
     if value_dim is not None and not (isinstance(value_dim, int | np.integer) and 1 <= value_dim <= head_dim):
         raise ValueError(f"value_dim (values = the keys' first value_dim channels) must be an int in [1, head_dim="
@@ -245,6 +256,7 @@ class _ContiguousStep:
         else:
             values = jax.lax.dynamic_update_slice(values, _as(v_BTKD, values.dtype)[None], start)
             v_BSKD = _as(_layer(values, layer), q_BTHD.dtype)
+        _check_cacheable(attn_mechanism)
         op = OperationRegistry.create(attn_mechanism, OperationMetadata())
         filled_B = jnp.full((b,), self.cache.index + t, INDEX)
         mask_B11S = self.valid_BS[:, None, None, :]

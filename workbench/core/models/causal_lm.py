@@ -157,15 +157,24 @@ class CausalLM(ModelMethods, nnx.Module):
             model.remat = check_remat(remat)
         return model
 
-    def with_attention(self, name: str) -> CausalLM:
+    def with_attention(self, name: str, **options: tp.Any) -> CausalLM:
         """A model running attention ``name`` that shares this model's parameter arrays (no copy); its
-        Variables are new, so updating one model's parameters leaves the other's alone."""
+        Variables are new, so updating one model's parameters leaves the other's alone. ``options`` go to
+        the implementation's ``OperationMetadata.options`` (e.g. ``load_balance="zigzag"`` for ``ring``); on
+        a model laid on a mesh (``shard_model``) the operation also gets that mesh, so sequence-parallel
+        implementations (``ring``, ``ulysses``) run inside the model on an ``sp`` axis."""
         name = resolve_attention(name, self.config)
+        try:
+            frozen = tuple(sorted(options.items()))
+            hash(frozen)
+        except TypeError:
+            raise TypeError(f"attention options must be hashable values (strings, numbers, tuples); got {options!r}"
+                            ) from None
         graphdef, state = nnx.split(self)
         model = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
         for _, module in nnx.iter_modules(model):
             if isinstance(module, Attention | MLAttention):
-                module.attn_mechanism = name
+                module.attn_mechanism, module.attn_options = name, frozen
         return model
 
     def init_cache(self, batch_size: int, max_length: int, *, dtype=None) -> KVCache:

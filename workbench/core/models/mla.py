@@ -28,10 +28,10 @@ from flax.nnx.nn import dtypes
 
 from workbench.core.axes import EMPTY, FSDP, MODE_TRAIN, SP, DynamicShardingAxes, Replicated
 from workbench.core.linear import ColumnParallelLinear, RowParallelLinear
-from workbench.core.models.block import RMSNorm
+from workbench.core.models.block import AttentionContext, RMSNorm
 from workbench.core.models.config import ModelConfig, YarnRopeScaling
 from workbench.core.models.rope import apply_rope
-from workbench.core.operations import OperationMetadata, OperationRegistry
+from workbench.core.operations import OperationRegistry
 
 Array = jax.Array
 
@@ -62,7 +62,7 @@ def _latent_down(in_f: int, out_f: int, bias: bool, dtype, param_dtype, rngs: nn
     return layer
 
 
-class MLAttention(nnx.Module):
+class MLAttention(AttentionContext, nnx.Module):
     """Multi-head latent attention with the call of :class:`~workbench.core.models.block.Attention`.
 
     Parameter names are transformers' (``q_a_proj``, ``q_a_layernorm``, ``q_b_proj`` or ``q_proj``,
@@ -131,7 +131,7 @@ class MLAttention(nnx.Module):
         key_BT1K = jnp.concatenate([c_BT1C, k_pe_BT1R.astype(c_BT1C.dtype)], axis=-1)
         options = self.op_options()
         if cache is None:
-            op = OperationRegistry.create(self.attn_mechanism, OperationMetadata())
+            op = OperationRegistry.create(self.attn_mechanism, self.operation_metadata())
             out = op(query_BTHK, key_BT1K, c_BT1C, mask=mask_B1TS, causal=True, sliding_window=sliding_window,
                      **options)
             out_BTHC, kv = out.attention_outputs, None

@@ -125,10 +125,12 @@ def with_mesh(model: nnx.Module, mesh: jax.sharding.Mesh | None, partition_axis:
     pa = None if mesh is None else (partition_axis or PartitionAxis())
     if hasattr(new, "mesh"):
         new.mesh, new.partition_axis = mesh, pa
+    from workbench.core.models.block import AttentionContext
     from workbench.core.models.moe import MoE
 
     for _, module in nnx.iter_modules(new):
-        if isinstance(module, MoE):  # the alltoall strategy runs a shard_map over this mesh
+        # the alltoall MoE strategy and sequence-parallel attention run shard_maps over this mesh
+        if isinstance(module, MoE | AttentionContext):
             module.mesh, module.partition_axis = mesh, pa
     return new
 

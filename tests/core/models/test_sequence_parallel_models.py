@@ -1,0 +1,67 @@
+"""Sequence (context) parallelism inside models: a model laid on an ``sp`` mesh passes its mesh to its
+attention, so ``ring`` and ``ulysses`` run in every layer with the hidden states split along the sequence.
+Against the unsharded model with ``vanilla`` attention (float32, left padding)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from workbench.core.mesh import make_mesh
+from workbench.core.models.training import from_state, make_train_step, to_state
+from workbench.models import GenerationConfig, tiny
+
+
+def batch(model, b=2, t=64):
+    ids = jnp.asarray(np.random.default_rng(0).integers(1, model.config.vocab_size, (b, t)), jnp.int32)
+    return ids, jnp.ones_like(ids).at[1, :5].set(0)
+
+
+def max_diff(got, want, mask):
+    return float(jnp.max(jnp.abs(got - want) * mask[..., None]))  # padded rows' logits mean nothing
+
+
+@pytest.mark.parametrize("family, impl, axes, options", [
+    ("llama", "ring", dict(fsdp=1, sp=8), {}),
+    ("llama", "ring", dict(fsdp=1, sp=8), {"load_balance": "zigzag"}),
+    ("llama", "ulysses", dict(dp=2, fsdp=1, sp=4), {}),
+    ("qwen3", "ring", dict(dp=2, fsdp=1, sp=4), {}),
+    ("gemma3", "ring", dict(fsdp=1, sp=8), {}),  # sliding and full layers, soft-capped logits
+    ("mixtral", "ring", dict(fsdp=1, sp=8), {}),
+    ("llama", "ring", dict(fsdp=2, tp=2, sp=2), {}),
+])
+def test_logits_equal_vanilla(family, impl, axes, options):
+    model = tiny(family)
+    ids, mask = batch(model)
+    with jax.default_matmul_precision("highest"):
+        want = model.with_attention("vanilla")(ids, mask).logits
+        sharded = model.shard_model(make_mesh(**axes)).with_attention(impl, **options)
+        got = sharded(ids, mask).logits
+    assert max_diff(got, want, mask) <= 2e-5
+    assert "sp" in str(got.sharding.spec)  # the hidden states stayed split along the sequence
+
+
+def test_a_train_step_on_an_sp_mesh_equals_the_unsharded_step():
+    model = tiny("llama")
+    ids, mask = batch(model)
+    data = {"input_ids": ids, "attention_mask": mask}
+    step = make_train_step()
+    with jax.default_matmul_precision("highest"):
+        plain, plain_metrics = step(to_state(model.with_attention("vanilla"), optax.sgd(0.1)), data)
+        ring = model.shard_model(make_mesh(dp=2, fsdp=1, sp=4)).with_attention("ring")
+        state, metrics = step(to_state(ring, optax.sgd(0.1)), data)
+    assert abs(float(metrics["loss"]) - float(plain_metrics["loss"])) <= 1e-5
+    for (path, a), (_, b) in zip(nnx.to_flat_state(nnx.state(from_state(plain), nnx.Param)),
+                                 nnx.to_flat_state(nnx.state(from_state(state), nnx.Param)), strict=True):
+        np.testing.assert_allclose(np.asarray(b.get_value()), np.asarray(a.get_value()), atol=1e-5, err_msg=str(path))
+
+
+def test_decoding_says_which_implementations_decode():
+    model = tiny("llama").shard_model(make_mesh(fsdp=1, sp=8)).with_attention("ring")
+    ids, mask = batch(model, t=16)
+    with pytest.raises(ValueError, match=r"'ring' splits the sequence.*with_attention\(\.\.\.\) one of .*flash"):
+        model.generate(ids, GenerationConfig(max_new_tokens=2, do_sample=False), attention_mask=mask)
+    with pytest.raises(TypeError, match="hashable"):
+        model.with_attention("ring", block_sizes=[1, 2])
