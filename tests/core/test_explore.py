@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from tests.core.stderr_file import stderr_into
 from workbench.core import explore
 from workbench.core.axes import EMBED, EMPTY, FSDP, MODE_DECODE, MODE_TRAIN, SP, TP, VOCAB, PartitionAxis
 from workbench.core.inspect import collectives, memory_per_device
@@ -270,28 +271,24 @@ def test_other_threads_stderr_is_not_lost_while_a_step_compiles(llama1, tmp_path
             yield log
 
     monkeypatch.setattr(explore, "_xla_log_lines", probed)
-    saved, stop = os.dup(2), threading.Event()
-    with open(target, "wb") as sink:
-        os.dup2(sink.fileno(), 2)  # this test's stand-in for the terminal
-        try:
-            def chatter():
-                i = 0
-                while not stop.is_set():
-                    os.write(2, f"other thread line {i}\n".encode())
-                    i += 1
-                    stop.wait(0.005)
+    stop = threading.Event()
 
-            thread = threading.Thread(target=chatter)
-            thread.start()
-            try:
-                sc = explore.step_collectives(llama1, layout, kind="forward", batch=(8, 64))
-            finally:
-                stop.set()
-                thread.join(10)
-            os.write(2, b"after\n")
+    def chatter():
+        i = 0
+        while not stop.is_set():
+            os.write(2, f"other thread line {i}\n".encode())
+            i += 1
+            stop.wait(0.005)
+
+    with stderr_into(target):  # this test's stand-in for the terminal
+        thread = threading.Thread(target=chatter)
+        thread.start()
+        try:
+            sc = explore.step_collectives(llama1, layout, kind="forward", batch=(8, 64))
         finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+            stop.set()
+            thread.join(10)
+        os.write(2, b"after\n")
     written = target.read_text().splitlines()
     assert live == [True]
     numbers = [int(line.rsplit(" ", 1)[1]) for line in written if line.startswith("other thread line")]

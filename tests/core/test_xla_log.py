@@ -3,6 +3,7 @@
 import os
 import threading
 
+from tests.core.stderr_file import stderr_into
 from workbench.core._xla_log import xla_log_lines
 
 XLA_LINE = "W1122 12:57:02.022634   11999 spmd_partitioner.cc:656] [SPMD] warned"
@@ -10,7 +11,6 @@ XLA_LINE = "W1122 12:57:02.022634   11999 spmd_partitioner.cc:656] [SPMD] warned
 
 def test_overlapping_blocks_from_threads_get_xla_lines_and_pass_the_rest(tmp_path):
     target = tmp_path / "stderr.txt"
-    saved = os.dup(2)
     inside, results = threading.Barrier(2), {}
 
     def block(name):
@@ -20,18 +20,13 @@ def test_overlapping_blocks_from_threads_get_xla_lines_and_pass_the_rest(tmp_pat
             inside.wait(10)
         results[name] = list(log)
 
-    with open(target, "wb") as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            threads = [threading.Thread(target=block, args=(n,)) for n in ("a", "b")]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(10)
-            os.write(2, b"after\n")
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+    with stderr_into(target):
+        threads = [threading.Thread(target=block, args=(n,)) for n in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        os.write(2, b"after\n")
     written = target.read_text().splitlines()
     assert sorted(written[:-1]) == ["plain a", "plain b"] and written[-1] == "after"
     for name in ("a", "b"):  # XLA's log does not say which thread caused it: both blocks see both

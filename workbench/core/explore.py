@@ -57,8 +57,6 @@ ROLE_FIELDS = tuple(PartitionAxis().field_for(role) for role in ROLES)
 INPUT_AXES = (BATCH, LENGTH)
 KV_CACHE_AXES = (BATCH, KV_LENGTH, KV_HEAD, KV_HEAD_DIM)
 KV_CACHE_MODE = MODE_DECODE
-ADAM_MOMENT_DTYPE = np.dtype(np.float32)
-COUNTER_BYTES = 4  # AdamW's int32 step count, replicated
 KVCacheSize = tuple[int, int, tp.Any]  # (batch, max_length, dtype)
 
 
@@ -306,9 +304,9 @@ def memory_per_device(layout: Layout, *, optimizer: str | None = "adamw",
                       kv_cache: KVCacheSize | None = None) -> MemoryBreakdown:
     """Bytes each device holds for the parameters, AdamW state and a KV cache, without allocating.
 
-    ``optimizer="adamw"``: two moments per parameter in float32 (what mixed-precision training keeps;
-    optax keeps them in the parameters' dtype, the same for float32 models) with the parameters'
-    shardings, plus its int32 step count. ``kv_cache=(batch, max_length, dtype)``: keys and values
+    ``optimizer="adamw"``: optax's AdamW state, two moments per parameter in the parameters' dtype with
+    their shardings, plus its int32 step count (:func:`workbench.core.ledger.optimizer_bytes`, the one count
+    the ledger uses too). ``kv_cache=(batch, max_length, dtype)``: keys and values
     of every layer, ``layers x 2 x (B, S, KV, D)`` (MLA: ``layers x (B, S, 1, C + R)``, values inside the
     keys), sharded by :func:`kv_cache_spec`.
     """
@@ -316,7 +314,9 @@ def memory_per_device(layout: Layout, *, optimizer: str | None = "adamw",
         raise ValueError(f"optimizer must be 'adamw' or None; got {optimizer!r}")
     opt = 0
     if optimizer == "adamw":
-        opt = 2 * sum(math.prod(p.shard_shape) for p in layout.params) * ADAM_MOMENT_DTYPE.itemsize + COUNTER_BYTES
+        from workbench.core.ledger import optimizer_bytes
+
+        opt = optimizer_bytes(layout, "adamw")
     kv, kv_spec, kv_reason = 0, None, ""
     if kv_cache is not None:
         batch, max_length, dtype = kv_cache

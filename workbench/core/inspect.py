@@ -24,7 +24,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, Sharding
 
-from workbench.core._hlo_flops import matmul_flops
+from workbench.core._hlo_graph import computation_runs, matmul_flops
 from workbench.core._roofline import (
     H100,
     H100_MEASURED,
@@ -109,7 +109,6 @@ _KINDS = "all-gather|reduce-scatter|all-reduce|all-to-all|collective-permute"
 _INSTRUCTION = re.compile(rf"^\s*(?:ROOT\s+)?%?(?P<name>[^\s=]+)\s*=\s*(?P<shape>.*?)\s(?P<kind>{_KINDS})"
                           rf"(?P<start>-start)?\((?P<rest>.*)$")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[^\s(]+)\s.*\{\s*$")
-_WHILE = re.compile(r"\swhile\(.*?body=%?(?P<body>[^\s,]+).*?known_trip_count\D*(?P<n>\d+)")
 _ARRAY = re.compile(r"(\w+)\[([\d,<=]*)\](?:\{[^}]*\})?")
 _EXPLICIT = re.compile(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}")
 _IOTA = re.compile(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
@@ -240,7 +239,7 @@ def collectives_in(hlo_text: str, mesh: Mesh | None = None) -> list[Collective]:
     if mesh is not None and n_devices not in (1, mesh.size):
         raise ValueError(f"collectives: the program runs on {n_devices} devices but the mesh has {mesh.size}; "
                          f"pass the mesh it was compiled for")
-    trips = _loop_trips(hlo_text)
+    trips = computation_runs(hlo_text)
     records = []
     computation = None
     for line in hlo_text.splitlines():
@@ -264,23 +263,6 @@ def collectives_in(hlo_text: str, mesh: Mesh | None = None) -> list[Collective]:
         records.append(Collective(kind, match["name"], shape, ",".join(dtypes), nbytes, groups, pairs, axes,
                                   asynchronous, trips.get(computation, 1)))
     return records
-
-
-def _loop_trips(hlo_text: str) -> dict[str, int]:
-    """Computation name -> runs per program execution, for while-loop bodies with a known trip count
-    (nested loops multiply). Other computations are absent (once)."""
-    loops: list[tuple[str, str, int]] = []  # (computation holding the while, body, trip count)
-    computation = None
-    for line in hlo_text.splitlines():
-        if (header_match := _COMPUTATION.match(line)) is not None:
-            computation = header_match["name"]
-        elif (m := _WHILE.search(line)) is not None and computation is not None:
-            loops.append((computation, m["body"], int(m["n"])))
-    trips: dict[str, int] = {}
-    for _ in range(len(loops)):  # outer loops first, whatever the text order
-        for outer, body, n in loops:
-            trips[body] = trips.get(outer, 1) * n
-    return trips
 
 
 # -- data dependencies of collectives inside loops ---------------------------------------------------

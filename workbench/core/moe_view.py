@@ -61,14 +61,13 @@ def token_groups(batch: int, length: int, mesh: Mesh | None, partition_axis: Par
     if mesh is None:
         return 1, 1, n
     from workbench.core.models.causal_lm import ACTIVATION_AXES
+    from workbench.core.models.moe_alltoall import token_split
 
     pa = partition_axis or PartitionAxis()
-    spec = tuple(pa.resolve(ACTIVATION_AXES, shape=(batch, length, 1), mesh=mesh))[:2]
-    axes = [a for entry in spec if entry is not None for a in ((entry,) if isinstance(entry, str) else entry)]
     sizes = dict(mesh.shape)
+    axes, split = token_split(pa.resolve(ACTIVATION_AXES, shape=(batch, length, 1), mesh=mesh), sizes,
+                              pa.expert_parallel_axis)
     shards = math.prod(sizes[a] for a in axes)
-    ep = sizes.get(pa.expert_parallel_axis, 1)
-    split = ep if ep > 1 and pa.expert_parallel_axis not in axes else 1
     return shards, split, -(-(n // shards) // split)
 
 

@@ -61,6 +61,15 @@ def dispatch_slots(experts_NK: Array, num_experts: int, slots: int, valid_N: Arr
     return slot_NK, keep_NK
 
 
+def token_split(token_spec: P | None, sizes: tp.Mapping[str, int], ep_axis: str) -> tuple[tuple[str, ...], int]:
+    """The mesh axes a ``(B, T, ...)`` token layout ``token_spec`` splits the tokens over, and how many ways
+    each device's tokens are split again over ``ep_axis`` (its size when the tokens repeat over it, else 1)."""
+    bt_spec = (*tuple(token_spec or ())[:2], None, None)[:2]
+    axes = tuple(a for entry in bt_spec if entry is not None for a in ((entry,) if isinstance(entry, str) else entry))
+    ep = sizes.get(ep_axis, 1)
+    return axes, ep if ep > 1 and ep_axis not in axes else 1
+
+
 class Dispatch(tp.NamedTuple):
     """What the all-to-all strategy did: tokens routed to each expert (before drops) and copies dropped,
     summed over the devices (global counts)."""
@@ -71,13 +80,13 @@ class Dispatch(tp.NamedTuple):
 
 def _local(x_ND, weights_NK, experts_NK, ex: Experts, *, num_experts: int, capacity_factor: float | None,
            ep_axis: str | None, ep: int, tp_axis: str | None, precision, valid_N: Array | None = None,
-           real_tokens: int | None = None) -> tuple[Array, Array, Array]:
+           share: int | None = None) -> tuple[Array, Array, Array]:
     """One device's dispatch, expert compute and combine (the body of the shard_map). ``valid_N`` marks
-    real tokens when the device's share was padded to split evenly over ``ep`` (``real_tokens`` of them
-    at most, which sizes the capacity)."""
+    real tokens when the device's share was padded to split evenly over ``ep`` (a share of ``share`` tokens
+    sizes the capacity)."""
     n, d = x_ND.shape
     k = experts_NK.shape[1]
-    c = capacity(n if real_tokens is None else real_tokens, k, num_experts, capacity_factor)
+    c = capacity(n if share is None else share, k, num_experts, capacity_factor)
     slot_NK, keep_NK = dispatch_slots(experts_NK, num_experts, c, valid_N)
     # dropped copies aim at slot c: out of range, so the scatter drops them
     target_NK = jnp.where(keep_NK, slot_NK, c)
@@ -130,9 +139,8 @@ def alltoall(x_BTD: Array, weights_BTK: Array, experts_BTK: Array, ex: Experts, 
                                          experts_BTK.reshape(b * t, -1), ex, ep_axis=None, ep=1, tp_axis=None, **body)
         return y_ND.reshape(b, t, d), Dispatch(counts_E, dropped)
     bt_spec = (*tuple(token_spec or ())[:2], None, None)[:2]
-    token_axes = tuple(a for entry in bt_spec if entry is not None
-                       for a in ((entry,) if isinstance(entry, str) else entry))
-    split_ep = ep > 1 and ep_axis not in token_axes  # tokens repeat over ep: each ep device takes 1/ep
+    token_axes, split = token_split(token_spec, sizes, ep_axis)
+    split_ep = split > 1  # tokens repeat over ep: each ep device takes 1/ep
     tp_size = sizes.get(tp_axis, 1)
     e = ep_axis if ep > 1 else None
     f = tp_axis if tp_size > 1 and ex.gate_EDF.shape[2] % tp_size == 0 else None
@@ -156,7 +164,7 @@ def alltoall(x_BTD: Array, weights_BTK: Array, experts_BTK: Array, ex: Experts, 
             valid_N = i * part + jnp.arange(part) < n
         local = ex._replace(**{name: arrays.get(name) for name in specs})
         y_ND, counts_E, dropped = _local(x_ND, w_NK, e_NK, local, ep_axis=e, ep=ep, tp_axis=f, valid_N=valid_N,
-                                         real_tokens=part, **body)
+                                         share=part, **body)
         if split_ep:
             y_ND = jax.lax.all_gather(y_ND, ep_axis, tiled=True)[:n]
         if distinct:

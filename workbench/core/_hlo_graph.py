@@ -1,10 +1,12 @@
-"""Matmul FLOPs of an optimised HLO module, each dot counted once per time it runs.
+"""How often each computation of an optimised HLO module runs, and the module's matmul FLOPs.
 
-XLA's ``cost_analysis()`` counts a while loop's body once, so for a model whose layers run in a
-``lax.scan`` it reports about one layer's FLOPs. Here every ``dot`` (also inside fusions) counts
-``2 x prod(result dims) x prod(contracted dims)``, times the runs of the computation holding it: a loop
-body runs its ``known_trip_count`` times per run of its caller, a fused or called computation once per
-call. Re-exported by :mod:`workbench.core.inspect` as ``matmul_flops``.
+A computation runs once per run of each instruction that calls it (a fusion, a call, a conditional's branch:
+counted as if taken), and a while loop's body ``known_trip_count`` times per run of the loop. From that:
+a collective's trips per program execution (:mod:`workbench.core.inspect` uses :func:`computation_runs`), and
+the FLOPs of every ``dot`` (also inside fusions), ``2 x prod(result dims) x prod(contracted dims)`` times the
+runs of its computation. XLA's ``cost_analysis()`` counts a while loop's body once, so for a model whose layers
+run in a ``lax.scan`` it reports about one layer's FLOPs. ``matmul_flops`` is re-exported by
+:mod:`workbench.core.inspect`.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ def _dims(text: str) -> list[int]:
     return [int(d) for d in text.split(",") if d]
 
 
-def matmul_flops(hlo_text: str) -> float:
-    """FLOPs of every dot in ``hlo_text`` (``compiled.as_text()``), loop trips included (see module doc)."""
-    flops_in: dict[str, float] = {}  # computation -> dot FLOPs of one run
-    calls: dict[str, list[tuple[str, int]]] = {}  # caller -> [(callee, runs per caller run)]
+def _graph(hlo_text: str) -> tuple[str | None, dict[str, float], dict[str, list[tuple[str, int]]]]:
+    """The entry computation's name, each computation's dot FLOPs for one run, and its calls
+    ``[(callee, runs per run of the caller)]``."""
+    flops_in: dict[str, float] = {}
+    calls: dict[str, list[tuple[str, int]]] = {}
     entry, computation, shapes = None, None, {}
     for line in hlo_text.splitlines():
         if (header := _HEADER.match(line)) is not None:
@@ -55,11 +58,27 @@ def matmul_flops(hlo_text: str) -> float:
                 callee = callee.strip().lstrip("%")
                 is_body = re.search(rf"body=%?{re.escape(callee)}\b", m["rest"]) is not None
                 calls[computation].append((callee, trips if is_body else 1))
-    if entry is None:
-        return 0.0
-    total, stack = 0.0, [(entry, 1.0)]
+    return entry, flops_in, calls
+
+
+def _runs(entry: str | None, calls: dict[str, list[tuple[str, int]]]) -> dict[str, int]:
+    runs: dict[str, int] = {}
+    stack = [] if entry is None else [(entry, 1)]
     while stack:  # HLO call graphs are acyclic
-        computation, runs = stack.pop()
-        total += runs * flops_in.get(computation, 0.0)
-        stack.extend((callee, runs * n) for callee, n in calls.get(computation, []))
-    return total
+        computation, n = stack.pop()
+        runs[computation] = runs.get(computation, 0) + n
+        stack.extend((callee, n * m) for callee, m in calls.get(computation, []))
+    return runs
+
+
+def computation_runs(hlo_text: str) -> dict[str, int]:
+    """Computation name -> runs per execution of the module (computations not reached from the entry are
+    absent)."""
+    entry, _, calls = _graph(hlo_text)
+    return _runs(entry, calls)
+
+
+def matmul_flops(hlo_text: str) -> float:
+    """FLOPs of every dot in ``hlo_text`` (``compiled.as_text()``), each once per run of its computation."""
+    entry, flops_in, calls = _graph(hlo_text)
+    return sum(n * flops_in.get(c, 0.0) for c, n in _runs(entry, calls).items())
