@@ -84,3 +84,34 @@ def test_explorer_renders_and_a_rule_changed_in_the_browser_re_renders_the_table
     page.set_viewport_size({"width": 1440, "height": 1500})  # the whole explorer in one picture
     lab_screenshot(page, SCREENSHOT, scroll_to=1)
     print(f"\n{explorer_notebook}: ran and interacted in {time.monotonic() - start:.1f} s; screenshot {SCREENSHOT}")
+
+
+EXPERTS_SCREENSHOT = screenshot_path("sharding_explorer_experts.png")
+_EXPERT_CELLS = [
+    _CELLS[0],
+    "moe = wb.models.tiny('mixtral')\n"
+    "moe_explorer = ShardingExplorer(moe, wb.make_mesh(dp=2, fsdp=1, ep=4), batch=(8, 32))\n"
+    "moe_explorer",
+]
+
+
+@pytest.fixture
+def experts_notebook() -> tp.Iterator[str]:
+    with temp_notebook("sharding_explorer_experts.ipynb", _EXPERT_CELLS) as path:
+        yield path
+
+
+def test_the_experts_panel_compiles_in_the_kernel_and_shows_the_all_to_alls(lab_page, lab_server,
+                                                                            experts_notebook):
+    cells = run_notebook_in_lab(lab_page, lab_server, experts_notebook, timeout_s=180)
+    assert notebook_errors(lab_page) == [] and model_errors(cells) == []
+    page = lab_page
+    page.wait_for_selector(".wb-experts-button", timeout=60_000)
+    page.click(".wb-experts-button")
+    page.wait_for_selector(".wb-experts", timeout=90_000)
+    text = page.locator(".wb-experts").inner_text()
+    assert "all-to-alls" in text and "dense" in text and "of the copies dropped" in text
+    page.set_viewport_size({"width": 1440, "height": 1500})
+    page.locator(".wb-experts").scroll_into_view_if_needed()
+    EXPERTS_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(EXPERTS_SCREENSHOT))
