@@ -106,7 +106,7 @@ def test_layout_matches_device_put_shards(mesh_name, spec, shape):
 def test_abstract_mesh_numbers_devices_by_position():
     mesh = make_mesh(dp=2, tp=4)
     concrete = sharding_layout((4, 8), "bfloat16", P("dp", "tp"), mesh)
-    abstract = sharding_layout((4, 8), "bfloat16", P("dp", "tp"), AbstractMesh((2, 1, 1, 4, 1), MESH_AXES))
+    abstract = sharding_layout((4, 8), "bfloat16", P("dp", "tp"), AbstractMesh((1, 2, 1, 1, 4, 1), MESH_AXES))
     by_position = {pos: concrete.device_blocks[d.id] for pos, d in enumerate(mesh.devices.flat)}
     assert abstract.device_blocks == by_position
     assert abstract.bytes_per_device == concrete.bytes_per_device == 2 * 2 * 2
@@ -143,7 +143,7 @@ def test_fit_drops_what_fit_spec_drops():
 
 
 @pytest.mark.parametrize("spec, shape, message", [
-    (P("tpp"), (8,), r"unknown mesh axis 'tpp' \(did you mean 'tp'\?\); the mesh has axes dp, fsdp, ep, tp, sp"),
+    (P("tpp"), (8,), r"unknown mesh axis 'tpp' \(did you mean 'tp'\?\); the mesh has axes pp, dp, fsdp, ep, tp, sp"),
     (P("tp", "tp"), (8, 8), "'tp' shards both dim 0 and dim 1"),
     (P(("dp", "tp")), (6,), r"dim 0 has size 6, not divisible by dp×tp = 8 \(strict check.*fit_spec.*gives "
                             r"P\('dp',\)"),
@@ -266,9 +266,9 @@ def test_mesh_grid_facets_rows_cols_and_collapse():
 # ------------------------------------------------------------------------------------------ mesh shapes
 def test_factorizations_are_every_shape():
     shapes = mesh_factorizations(8)
-    brute = [dict(zip(MESH_AXES, s, strict=True)) for s in itertools.product([1, 2, 4, 8], repeat=5)
+    brute = [dict(zip(MESH_AXES, s, strict=True)) for s in itertools.product([1, 2, 4, 8], repeat=len(MESH_AXES))
              if math.prod(s) == 8]
-    assert shapes == brute and len(shapes) == 35
+    assert shapes == brute and len(shapes) == 56  # 2^3 over 6 axes: C(3 + 5, 5)
     assert mesh_factorizations(6, ("a", "b")) == [{"a": 1, "b": 6}, {"a": 2, "b": 3}, {"a": 3, "b": 2},
                                                   {"a": 6, "b": 1}]
     assert mesh_factorizations(1, ()) == [{}]
@@ -304,7 +304,7 @@ def test_set_axis_size_errors():
 def test_reshape_mesh_keeps_devices_names_and_types():
     mesh = make_mesh(dp=2, tp=4)
     new = reshape_mesh(mesh, {"fsdp": 2, "tp": 2, "sp": 2})
-    assert dict(new.shape) == {"dp": 1, "fsdp": 2, "ep": 1, "tp": 2, "sp": 2}
+    assert dict(new.shape) == {"pp": 1, "dp": 1, "fsdp": 2, "ep": 1, "tp": 2, "sp": 2}
     assert new == make_mesh(fsdp=2, tp=2, sp=2)
     assert reshape_mesh(mesh, dict(mesh.shape)) == mesh
     explicit = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Explicit,) * 2, devices=_PERMUTED)

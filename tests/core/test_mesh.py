@@ -15,24 +15,25 @@ from workbench.core.mesh import MESH_AXES, describe_mesh, make_mesh, simulate_de
 
 def test_default_mesh_puts_every_device_on_fsdp():
     mesh = make_mesh()
-    assert mesh.axis_names == MESH_AXES == ("dp", "fsdp", "ep", "tp", "sp")
-    assert dict(mesh.shape) == {"dp": 1, "fsdp": 8, "ep": 1, "tp": 1, "sp": 1}
+    assert mesh.axis_names == MESH_AXES == ("pp", "dp", "fsdp", "ep", "tp", "sp")
+    assert dict(mesh.shape) == {"pp": 1, "dp": 1, "fsdp": 8, "ep": 1, "tp": 1, "sp": 1}
     assert set(mesh.axis_types) == {AxisType.Auto}
     assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in jax.devices())
 
 
 @pytest.mark.parametrize("kwargs, expected", [
-    (dict(dp=2, tp=4), (2, 1, 1, 4, 1)),
-    (dict(dp=2, fsdp=2, tp=2), (2, 2, 1, 2, 1)),
-    (dict(fsdp=2, ep=-1, tp=2), (1, 2, 2, 2, 1)),
-    (dict(fsdp=1, sp=-1), (1, 1, 1, 1, 8)),
+    (dict(dp=2, tp=4), (1, 2, 1, 1, 4, 1)),
+    (dict(dp=2, fsdp=2, tp=2), (1, 2, 2, 1, 2, 1)),
+    (dict(fsdp=2, ep=-1, tp=2), (1, 1, 2, 2, 2, 1)),
+    (dict(fsdp=1, sp=-1), (1, 1, 1, 1, 1, 8)),
+    (dict(pp=2, tp=2), (2, 1, 2, 1, 2, 1)),
 ])
 def test_sizes_and_inference(kwargs, expected):
     assert tuple(make_mesh(**kwargs).shape.values()) == expected
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(dp=3, fsdp=1), r"dp\*fsdp\*ep\*tp\*sp = 3 but there are 8 devices.*e\.g\. make_mesh\(fsdp=-1, tp=2\)"),
+    (dict(dp=3, fsdp=1), r"pp\*dp\*fsdp\*ep\*tp\*sp = 3 but there are 8 devices.*e\.g\. make_mesh\(fsdp=-1, tp=2\)"),
     (dict(dp=3), "multiply to 3, which does not divide the 8 devices"),
     (dict(tp=-1), "fsdp and tp are both -1.*fsdp defaults to -1, so pass fsdp=1 with tp=-1"),
     (dict(dp=-1, tp=-1, fsdp=2), "dp and tp are both -1"),
@@ -62,7 +63,7 @@ def test_a_psum_over_tp_is_a_real_collective():
 
 def test_describe_mesh():
     assert describe_mesh(make_mesh(dp=2, tp=4)) == (
-        "Mesh(dp=2, fsdp=1, ep=1, tp=4, sp=1): 8 cpu device(s), 1 process(es), Auto axes")
+        "Mesh(pp=1, dp=2, fsdp=1, ep=1, tp=4, sp=1): 8 cpu device(s), 1 process(es), Auto axes")
 
 
 def test_simulate_devices_is_a_no_op_for_the_running_count_and_refuses_another():

@@ -353,7 +353,7 @@ class PartitionAxis:
                     raise ValueError(
                         f"dim {dim} ({semantic}) maps to mesh axis {axis!r} through PartitionAxis.{field}, "
                         f"but the mesh has axes {tuple(mesh_sizes)}; build the mesh with that axis "
-                        f"(make_mesh names dp, fsdp, ep, tp, sp) or change PartitionAxis.{field}")
+                        f"(make_mesh names pp, dp, fsdp, ep, tp, sp) or change PartitionAxis.{field}")
         chosen, notes = _fit_axes(size, candidates, mesh_sizes, used)
         if notes and strict:
             raise ValueError(f"dim {dim} ({semantic}, size {size}): {'; '.join(notes)}; change the shape, "

@@ -517,7 +517,7 @@ def mesh_factorizations(n_devices: int, axis_names: tp.Sequence[str] = MESH_AXES
     """Every mesh shape over ``axis_names`` whose sizes multiply to ``n_devices``, in lexicographic order.
 
     >>> len(mesh_factorizations(8)), mesh_factorizations(4, ("dp", "tp"))
-    (35, [{'dp': 1, 'tp': 4}, {'dp': 2, 'tp': 2}, {'dp': 4, 'tp': 1}])
+    (56, [{'dp': 1, 'tp': 4}, {'dp': 2, 'tp': 2}, {'dp': 4, 'tp': 1}])
     """
     if isinstance(n_devices, bool) or not isinstance(n_devices, int) or n_devices < 1:
         raise ValueError(f"n_devices must be a positive int; got {n_devices!r}")
@@ -575,7 +575,7 @@ def set_axis_size(n_devices: int, sizes: tp.Mapping[str, int], axis: str, size: 
 def reshape_mesh(mesh: Mesh, sizes: tp.Mapping[str, int]) -> Mesh:
     """A new mesh over the same devices and axis names (and types) with the given axis sizes.
 
-    A mesh over the workbench axes (dp, fsdp, ep, tp, sp) is built by ``make_mesh``; any other by
+    A mesh over the workbench axes (pp, dp, fsdp, ep, tp, sp) is built by ``make_mesh``; any other by
     ``jax.make_mesh``. Devices are taken in id order, as ``jax.devices()`` lists them.
     """
     import jax

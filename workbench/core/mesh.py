@@ -1,4 +1,8 @@
-"""Device meshes: simulated CPU devices, the five-axis workbench mesh, multi-process start.
+"""Device meshes: simulated CPU devices, the six-axis workbench mesh, multi-process start.
+
+Axis order ``(pp, dp, fsdp, ep, tp, sp)``: outermost first. ``jax.make_mesh`` gives the last axes the
+closest devices, so the axes that talk most (tp, sp) sit on the fastest links and pipeline stages (pp),
+which pass only activations between neighbours, on the slowest.
 
 Axis types: :func:`make_mesh` builds ``AxisType.Auto`` axes by default (``jax.make_mesh``
 defaults to ``Explicit`` since JAX 0.7). With Auto axes, shardings are annotations and
@@ -18,7 +22,7 @@ import typing as tp
 import jax
 from jax.sharding import AxisType, Mesh
 
-MESH_AXES = ("dp", "fsdp", "ep", "tp", "sp")
+MESH_AXES = ("pp", "dp", "fsdp", "ep", "tp", "sp")
 
 
 def _backends_started() -> bool:
@@ -50,8 +54,8 @@ def simulate_devices(n: int) -> None:
     os.environ["XLA_FLAGS"] = f"{flags.strip()} --xla_force_host_platform_device_count={n}".strip()
 
 
-def _sizes(dp: int, fsdp: int, ep: int, tp: int, sp: int, n: int) -> tuple[int, ...]:
-    sizes = dict(dp=dp, fsdp=fsdp, ep=ep, tp=tp, sp=sp)
+def _sizes(pp: int, dp: int, fsdp: int, ep: int, tp: int, sp: int, n: int) -> tuple[int, ...]:
+    sizes = dict(pp=pp, dp=dp, fsdp=fsdp, ep=ep, tp=tp, sp=sp)
     for name, size in sizes.items():
         if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
             raise ValueError(f"make_mesh: {name}={size!r}; each axis size is a positive int, or -1 for "
@@ -71,25 +75,28 @@ def _sizes(dp: int, fsdp: int, ep: int, tp: int, sp: int, n: int) -> tuple[int, 
                              f"{n} devices, so {inferred[0]}=-1 cannot be inferred (e.g. {example})")
         sizes[inferred[0]] = n // known
     elif known != n:
-        raise ValueError(f"make_mesh: dp*fsdp*ep*tp*sp = {known} but there are {n} devices; the product must "
+        raise ValueError(f"make_mesh: pp*dp*fsdp*ep*tp*sp = {known} but there are {n} devices; the product must "
                          f"equal the device count (e.g. {example}, or set one axis to -1)")
     return tuple(sizes.values())
 
 
-def make_mesh(dp: int = 1, fsdp: int = -1, ep: int = 1, tp: int = 1, sp: int = 1, *,
+def make_mesh(dp: int = 1, fsdp: int = -1, ep: int = 1, tp: int = 1, sp: int = 1, *, pp: int = 1,
               devices: tp.Sequence[jax.Device] | None = None,
               axis_types: AxisType = AxisType.Auto) -> Mesh:
-    """A mesh with axes ``(dp, fsdp, ep, tp, sp)`` over all devices; one size may be -1.
+    """A mesh with axes ``(pp, dp, fsdp, ep, tp, sp)`` over all devices; one size may be -1.
 
     >>> dict(make_mesh(dp=2, tp=4).shape)  # 8 devices: fsdp=-1 takes what is left
-    {'dp': 2, 'fsdp': 1, 'ep': 1, 'tp': 4, 'sp': 1}
+    {'pp': 1, 'dp': 2, 'fsdp': 1, 'ep': 1, 'tp': 4, 'sp': 1}
+
+    ``pp`` is the pipeline-stage axis (see :mod:`workbench.core.pipeline`); keyword-only, so the
+    positional order of the other five is unchanged.
 
     ``devices`` defaults to ``jax.devices()``, every device of every process, so under
     ``jax.distributed`` the mesh is global. ``jax.make_mesh`` orders devices to suit the
     physical topology on TPU and GPU.
     """
     devices = list(jax.devices() if devices is None else devices)
-    shape = _sizes(dp, fsdp, ep, tp, sp, len(devices))
+    shape = _sizes(pp, dp, fsdp, ep, tp, sp, len(devices))
     return jax.make_mesh(shape, MESH_AXES, axis_types=(axis_types,) * len(MESH_AXES), devices=devices)
 
 

@@ -45,7 +45,7 @@ def optimizer(name: str, learning_rate: float = 1e-3) -> optax.GradientTransform
 
 
 def full_mesh_shape(mesh_shape: tp.Mapping[str, int], cluster: Cluster) -> tuple[int, ...]:
-    """``{"fsdp": 16, "tp": 4}`` -> the sizes of the workbench's mesh axes ``(dp, fsdp, ep, tp, sp)``."""
+    """``{"fsdp": 16, "tp": 4}`` -> the sizes of the workbench's mesh axes ``(pp, dp, fsdp, ep, tp, sp)``."""
     unknown = sorted(set(mesh_shape) - set(MESH_AXES))
     if unknown:
         raise ValueError(f"mesh axes {unknown} are not the workbench's {MESH_AXES}")

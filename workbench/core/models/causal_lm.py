@@ -251,6 +251,39 @@ class CausalLM(ModelMethods, nnx.Module):
         cap = self.config.final_logit_softcapping
         return logits if cap is None else cap * jnp.tanh(logits / cap)
 
+    @staticmethod
+    def positions(input_ids: Array, attention_mask: Array | None) -> tuple[Array, Array | None]:
+        """Without a cache: each token's position ``(B, T)`` (``cumsum(mask) - 1`` under left padding) and
+        the key mask ``(B, 1, 1, T)`` hiding padded keys (None without ``attention_mask``)."""
+        b, t = input_ids.shape
+        if attention_mask is None:
+            return jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), None
+        keep_BT = attention_mask.astype(bool)
+        return jnp.maximum(jnp.cumsum(keep_BT, axis=-1, dtype=jnp.int32) - 1, 0), keep_BT[:, None, None, :]
+
+    def embed(self, input_ids: Array, positions_BT: Array) -> Array:
+        """Token embeddings ``(B, T, D)`` in the model's dtype (times the family's multiplier, plus learned
+        position embeddings where the family has them)."""
+        c = self.config
+        x_BTD = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(self.dtype)
+        if c.embedding_multiplier is not None:  # in the model's dtype, as HF does (sqrt(3072) is 55.5 in bf16)
+            x_BTD = x_BTD * jnp.asarray(c.embedding_multiplier, self.dtype)
+        if self.embed_positions is not None:
+            x_BTD = x_BTD + jnp.take(self.embed_positions[...], positions_BT, axis=0).astype(self.dtype)
+        return x_BTD
+
+    def rope_tables(self, positions_BT: Array) -> dict[str, tuple[Array, Array]] | None:
+        """Each rotary table the layers use (``"global"``, ``"local"``) -> its ``(cos, sin)`` at these
+        positions; None for a family with learned positions."""
+        if self.embed_positions is not None:
+            return None
+        c = self.config
+        tables = {"global": (c.rope_theta, c.rope_scaling), "local": (c.local_rope_theta, None)}
+        used = sorted({c.layer_kind(i)[1] for i in range(c.num_hidden_layers)})
+        return {name: cos_sin(positions_BT, inv_frequencies(c.head_dim, *tables[name], dtype=self.logits_dtype),
+                              attention_factor(tables[name][1]))
+                for name in used}
+
     def hidden_states(self, input_ids: Array, attention_mask: Array | None = None, *,
                       cache: KVCache | PagedKVCache | None = None) -> tuple[Array, tp.Any, Array | None]:
         """Final normed hidden states ``(B, T, D)``, the updated cache and stacked router logits."""
@@ -267,25 +300,12 @@ class CausalLM(ModelMethods, nnx.Module):
         if cache is not None:
             step = cache.begin(jnp.ones((b, t), bool) if attention_mask is None else attention_mask)
             positions_BT = step.positions_BT
-        elif attention_mask is None:
-            positions_BT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         else:
-            keep_BT = attention_mask.astype(bool)
-            positions_BT = jnp.maximum(jnp.cumsum(keep_BT, axis=-1, dtype=jnp.int32) - 1, 0)
-            mask_B1TS = keep_BT[:, None, None, :]
+            positions_BT, mask_B1TS = self.positions(input_ids, attention_mask)
         c = self.config
-        x_BTD = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(self.dtype)
-        if c.embedding_multiplier is not None:  # in the model's dtype, as HF does (sqrt(3072) is 55.5 in bf16)
-            x_BTD = x_BTD * jnp.asarray(c.embedding_multiplier, self.dtype)
+        x_BTD = self.embed(input_ids, positions_BT)
         kinds_L = [c.layer_kind(i) for i in range(c.num_hidden_layers)]
-        ropes = None
-        if self.embed_positions is not None:
-            x_BTD = x_BTD + jnp.take(self.embed_positions[...], positions_BT, axis=0).astype(self.dtype)
-        else:
-            tables = {"global": (c.rope_theta, c.rope_scaling), "local": (c.local_rope_theta, None)}
-            ropes = {name: cos_sin(positions_BT, inv_frequencies(c.head_dim, *tables[name], dtype=self.logits_dtype),
-                                   attention_factor(tables[name][1]))
-                     for name in sorted({rope for _, rope in kinds_L})}
+        ropes = self.rope_tables(positions_BT)
         kv = None if step is None else step.arrays()
         constrain = self._activation_constraint()
         x_BTD = constrain(x_BTD)

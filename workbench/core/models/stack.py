@@ -139,12 +139,26 @@ def run_layers(stack: nnx.Module, x_BTD: Array, ropes: tp.Mapping[str, tuple[Arr
     name to its ``(cos, sin)`` (None without rotary positions). ``constrain`` pins each layer's output
     hidden states to a sharding (the scan carry's layout is XLA's choice otherwise). ``first_layer``: the
     model's index of the stack's first layer (where its layers sit in a cache of all layers)."""
-    constrain = constrain or (lambda x: x)
     n = num_stacked(stack)
     if len(kinds_L) != n:
         raise ValueError(f"internal: {len(kinds_L)} layer kinds for {n} layers")
     kinds, kind_L = layer_kinds(kinds_L)
     graphdef, state = nnx.split(stack)
+    return run_stack(graphdef, state, x_BTD, ropes, mask_B1TS, kinds=kinds, kind_L=kind_L,
+                     layer_L=first_layer + np.arange(n, dtype=np.int32), step=step, kv=kv, scan=scan,
+                     remat=remat, constrain=constrain)
+
+
+def run_stack(graphdef: nnx.GraphDef, state: nnx.State, x_BTD: Array,
+              ropes: tp.Mapping[str, tuple[Array, Array]] | None, mask_B1TS: Array | None, *,
+              kinds: tp.Sequence[tuple[int | None, str]], kind_L: Array | np.ndarray, layer_L: Array | np.ndarray, step: tp.Any = None,
+              kv: tp.Any = None, scan: bool = True, remat: str = "none",
+              constrain: tp.Callable[[Array], Array] | None = None) -> tuple[Array, tp.Any, Array | None]:
+    """:func:`run_layers` on a stack given as its graphdef and stacked state (any number of layers, e.g. one
+    pipeline stage's slice): ``kinds`` the distinct layer kinds, ``kind_L`` each layer's index into them and
+    ``layer_L`` its index in the model (both may be traced: a pipeline stage picks them at run time)."""
+    constrain = constrain or (lambda x: x)
+    n = jax.tree.leaves(state)[0].shape[0]
     policy = REMAT_POLICIES[check_remat(remat)]
 
     def layer(kind, x_BTD, kv, state_l, index):
@@ -172,12 +186,16 @@ def run_layers(stack: nnx.Module, x_BTD: Array, ropes: tp.Mapping[str, tuple[Arr
             x_BTD, kv, router = run(x_BTD, kv, *xs)
             return (x_BTD, kv), router
 
-        xs = (state, first_layer + jnp.arange(n, dtype=jnp.int32), jnp.asarray(kind_L))
-        (x_BTD, kv), routers = jax.lax.scan(body, (x_BTD, kv), xs)
+        (x_BTD, kv), routers = jax.lax.scan(body, (x_BTD, kv), (state, jnp.asarray(layer_L), jnp.asarray(kind_L)))
         return x_BTD, kv, routers
     routers = []
     for i in range(n):
         state_l = jax.tree.map(lambda a, i=i: a[i], state)
-        x_BTD, kv, router = remat_(functools.partial(layer, kinds[kind_L[i]]))(x_BTD, kv, state_l, first_layer + i)
+        if isinstance(kind_L, np.ndarray):
+            run = remat_(functools.partial(layer, kinds[int(kind_L[i])]))
+        else:  # chosen at run time (a pipeline stage's kinds): switch, as the scan does
+            run = remat_(lambda *a, i=i: jax.lax.switch(kind_L[i], [functools.partial(layer, w) for w in kinds], *a))
+        index = int(layer_L[i]) if isinstance(layer_L, np.ndarray) else layer_L[i]
+        x_BTD, kv, router = run(x_BTD, kv, state_l, index)
         routers.append(router)
     return x_BTD, kv, None if routers[0] is None else jnp.stack(routers)

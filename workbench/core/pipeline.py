@@ -1,0 +1,493 @@
+"""Pipeline parallelism: a model's stacked layers cut into stages over the ``pp`` mesh axis, run by a schedule.
+
+The step is one ``jax.shard_map`` that is manual over ``pp`` only (dp / fsdp / tp / ep stay automatic inside, so
+pipelining combines with the other parallelisms). Each device holds its stages' slice of the stacked layers
+(``PartitionAxis(layer_axis="pp")``) and plays its column of :func:`pipeline_schedule`'s table in a
+``lax.scan`` over ticks: a forward of one microbatch through one stage, or a backward (the stage recomputed
+from its saved input and differentiated with ``jax.vjp``), or nothing. After every tick two ``ppermute`` s move
+activations one device forward and gradients one device back (``p - 1 -> 0`` closes the ring for the
+interleaved schedule's wrap from stage ``p - 1`` to stage ``p``). So the executed order IS the table's, and a
+device keeps only the stage inputs the table says are alive: all ``m`` microbatches with GPipe, at most ``p``
+with 1F1B.
+
+What runs outside the pipeline: the embedding (and a MoE family's leading dense layers) before it, on every
+device, differentiated with ``jax.vjp`` from the gradient the first stage sends back; the final norm, LM head
+and loss run inside the last stage, which starts each microbatch's backward.
+
+The loss is the unpipelined one: the sum over microbatches of each one's summed token losses divided by the
+batch's total token count, so loss and gradients equal the plain step's (``tests/core/test_pipeline.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from workbench.core.axes import BATCH, LENGTH, PartitionAxis
+from workbench.core.pipeline_schedule import (BACKWARD, FORWARD, IDLE, SCHEDULES, PipelineConfig, PipelineSchedule,
+                                              pipeline_schedule)
+
+__all__ = ["SCHEDULES", "PipelineConfig", "PipelineSchedule", "pipeline_schedule", "pipeline_partition_axis",
+           "pipeline_forward", "pipeline_value_and_grad", "make_pipeline_train_step", "executor_tables",
+           "activation_stash_bytes"]
+
+Array = jax.Array
+PP = "pp"
+# executor actions: a forward through a stage that is not the last, one through the last (head and loss too), a backward
+_IDLE, _FWD, _FWD_LAST, _BWD = 0, 1, 2, 3
+
+
+def pipeline_partition_axis(partition_axis: PartitionAxis | None = None) -> PartitionAxis:
+    """``partition_axis`` (default ``PartitionAxis()``) with the stacked layers split over ``pp``: each
+    pipeline device stores only its stages' layers (and their gradients and optimizer state)."""
+    return (partition_axis or PartitionAxis()).replace(layer_axis=PP)
+
+
+# -- the schedule as executor tables ------------------------------------------------------------------------
+def _allocate(intervals: list[tuple[int, int, tp.Hashable]]) -> tuple[dict[tp.Hashable, int], int]:
+    """Greedy slots for ``(start, end, key)`` lifetimes: a slot is reused once its last holder's end <= start."""
+    ends: list[int] = []
+    slot_of: dict[tp.Hashable, int] = {}
+    for start, end, key in sorted(intervals, key=lambda x: (x[0], x[1])):
+        free = next((s for s, e in enumerate(ends) if e <= start), None)
+        if free is None:
+            free = len(ends)
+            ends.append(end)
+        ends[free] = end
+        slot_of[key] = free
+    return slot_of, len(ends)
+
+
+def executor_tables(schedule: PipelineSchedule) -> tuple[np.ndarray, int, int]:
+    """``(tables (ticks, 8, p) int32, forward slots, gradient slots)``. Per tick and device: action, microbatch,
+    local stage index, stage, the input slot F and B read, the gradient slot B reads (the last stage's F
+    writes it), and where this tick's incoming activation and gradient go (-1: nothing arrives)."""
+    c = schedule.config
+    p, last = c.num_stages, c.total_stages - 1
+    when = {(a.kind, a.microbatch, a.stage): a.tick for a in schedule.actions}
+    f_life: list[list] = [[] for _ in range(p)]
+    b_life: list[list] = [[] for _ in range(p)]
+    for a in schedule.actions:
+        d, i, k = a.device, a.microbatch, a.stage
+        if a.kind == "forward" and k > 0:  # arrived from stage k-1 the tick it ran; alive until its backward
+            f_life[d].append((when["forward", i, k - 1], when.get(("backward", i, k), a.tick), (i, k)))
+        if a.kind == "backward":
+            start = when["forward", i, k] if k == last else when["backward", i, k + 1]
+            b_life[d].append((start, a.tick, (i, k)))
+    f_slots, b_slots = [_allocate(f) for f in f_life], [_allocate(b) for b in b_life]
+    n_f, n_b = max(1, max(n for _, n in f_slots)), max(1, max(n for _, n in b_slots))
+    tables = np.full((schedule.ticks, 8, p), -1, np.int32)
+    tables[:, 0] = _IDLE
+    for a in schedule.actions:
+        t, d, i, k = a.tick, a.device, a.microbatch, a.stage
+        action = _BWD if a.kind == "backward" else _FWD_LAST if k == last else _FWD
+        fs = f_slots[d][0].get((i, k), 0)
+        bs = b_slots[d][0].get((i, k), 0)
+        tables[t, :6, d] = (action, i, k // p, k, fs, bs)
+        if a.kind == "forward" and k < last:  # the next stage's device stores it at the end of this tick
+            tables[t, 6, (d + 1) % p] = f_slots[(d + 1) % p][0][(i, k + 1)]
+        if a.kind == "backward" and k > 0:
+            tables[t, 7, (d - 1) % p] = b_slots[(d - 1) % p][0][(i, k - 1)]
+    tables[:, 1:6][tables[:, 1:6] < 0] = 0  # idle cells read slot 0 and ignore it
+    return tables, n_f, n_b
+
+
+# -- the executor --------------------------------------------------------------------------------------------
+def _split_microbatches(x: Array, m: int) -> Array:
+    """``(B, ...) -> (m, B/m, ...)`` with microbatch ``i`` = rows ``i, i + m, ...``: each microbatch takes
+    rows from every data-parallel shard, so splitting moves no data."""
+    return jnp.swapaxes(x.reshape(x.shape[0] // m, m, *x.shape[1:]), 0, 1)
+
+
+def _stage_layers(layers: tp.Any, config: PipelineConfig) -> tp.Any:
+    """Stacked ``(L, ...)`` -> ``(v, p, L / V, ...)``: ``[j, d]`` is stage ``j p + d``, device ``d``'s j-th."""
+    v, p = config.virtual_stages, config.num_stages
+    return jax.tree.map(lambda a: a.reshape(v, p, a.shape[0] // (v * p), *a.shape[1:]), layers)
+
+
+def _unstage_layers(staged: tp.Any) -> tp.Any:
+    return jax.tree.map(lambda a: a.reshape(a.shape[0] * a.shape[1] * a.shape[2], *a.shape[3:]), staged)
+
+
+class _Parts(tp.NamedTuple):
+    graphdef: nnx.GraphDef
+    rest: nnx.State  # every parameter but the pipelined stack's
+    layers: nnx.State  # the pipelined stack's parameters (L, ...)
+    other: nnx.State
+
+
+def _parts(graphdef: nnx.GraphDef, params: nnx.State, other: nnx.State) -> _Parts:
+    params = nnx.State(dict(params))
+    layers = params.pop("layers")
+    return _Parts(graphdef, params, layers, other)
+
+
+def _model(parts: _Parts, rest: nnx.State, layers: nnx.State) -> nnx.Module:
+    return nnx.merge(parts.graphdef, nnx.State({**dict(rest), "layers": layers}), parts.other)
+
+
+def _check_model(model: nnx.Module, config: PipelineConfig) -> int:
+    if not hasattr(model, "layers") or not hasattr(model, "rope_tables"):
+        raise TypeError(f"pipeline parallelism runs a workbench CausalLM (stacked layers); got {type(model).__name__}")
+    from workbench.core.models.causal_lm import SequenceClassifier
+
+    if isinstance(model, SequenceClassifier):
+        raise TypeError("pipeline parallelism trains causal LMs; a SequenceClassifier's head reads one token")
+    from workbench.core.operations import OperationRegistry
+
+    if model.attn_mechanism in OperationRegistry.supporting("sequence_parallel"):
+        raise ValueError(f"{model.attn_mechanism!r} is sequence-parallel attention, which runs its own shard_map "
+                         f"over sp; inside a pipeline use a local attention (vanilla, flash)")
+    n = model.config.num_hidden_layers - model.config.first_dense_layers
+    return config.check_layers(n)
+
+
+def _run_pipeline(parts: _Parts, schedule: PipelineSchedule, mesh: jax.sharding.Mesh, x_mBTD: Array,
+                  mask_mBT: Array | None, labels_mBT: Array | None, num_tokens: Array, *, train: bool):
+    """The shard_map: ``(loss, grads of rest, grads of the staged layers, grads of x)`` when ``train``,
+    else the last stage's hidden states ``(m, mb, T, D)``."""
+    config = schedule.config
+    p, v, last = config.num_stages, config.virtual_stages, config.total_stages - 1
+    tables, n_f, n_b = executor_tables(schedule)
+    model0 = _model(parts, parts.rest, parts.layers)
+    c = model0.config
+    first = c.first_dense_layers
+    per_stage = config.check_layers(c.num_hidden_layers - first)
+    kinds_all = [c.layer_kind(i) for i in range(first, c.num_hidden_layers)]
+    from workbench.core.models.stack import layer_kinds, run_stack
+
+    kinds, kind_L = layer_kinds(kinds_all)
+    kind_VL = jnp.asarray(kind_L.reshape(config.total_stages, per_stage))
+    layer_VL = jnp.asarray(first + np.arange(c.num_hidden_layers - first, dtype=np.int32)
+                           .reshape(config.total_stages, per_stage))
+    layers_gd = nnx.graphdef(model0.layers)
+    staged = _stage_layers(parts.layers, config)
+    scan, remat = model0.scan_layers, model0.remat
+
+    from workbench.core.models.causal_lm import ACTIVATION_AXES
+
+    act_spec = (model0.partition_axis or PartitionAxis()).resolve(ACTIVATION_AXES, shape=x_mBTD.shape[1:], mesh=mesh)
+    act_spec = _drop_unit_axes(act_spec, mesh)
+
+    # The buffers of stage inputs and gradients keep the batch split over the data axes like the microbatches
+    # themselves: made here, outside the shard_map, with the same sharding (made inside, XLA would replicate
+    # them). Known limit: with tp / ep / sp > 1 as well, XLA 0.10's SPMD partitioner aborts on this loop
+    # when its activations are split over the data axes (a failed check on replica groups), so there the
+    # microbatches and buffers are replicated over dp / fsdp: every data-parallel replica runs the whole
+    # microbatch (results exact, the data axes then save no compute). pp x dp and pp x fsdp split the batch.
+    mb_shape = x_mBTD.shape[1:]
+    split = NamedSharding(mesh, P(None, *act_spec) if _splits_batch(mesh) else P())
+    x_mBTD = jax.lax.with_sharding_constraint(x_mBTD, split)
+    rows = NamedSharding(mesh, P(*split.spec[:3]))
+    mask_mBT, labels_mBT = (None if a is None else jax.lax.with_sharding_constraint(a, rows)
+                            for a in (mask_mBT, labels_mBT))
+    buffer = lambda n: jax.lax.with_sharding_constraint(jnp.zeros((n, *mb_shape), x_mBTD.dtype), split)
+    buffers = dict(fbuf=buffer(n_f + 1), out=buffer(x_mBTD.shape[0] + 1))
+    if train:
+        buffers["bbuf"] = buffer(n_b + 1)
+
+    def body(rest, staged_local, x_mBTD, mask_mBT, labels_mBT, num_tokens, buffers):
+        d = jax.lax.axis_index(PP)
+        vary = lambda tree: jax.tree.map(
+            lambda a: a if PP in jax.typeof(a).manual_axis_type.varying else jax.lax.pcast(a, (PP,), to="varying"), tree)
+        # every device differentiates its own copy of the replicated parameters (no implicit psum inside a
+        # branch only some devices take); the psum after the loop adds them up
+        rest = vary(rest)
+        model = _model(parts, rest, jax.tree.map(lambda a: a[0, 0], staged_local))
+        layers_v = jax.tree.map(lambda a: a[:, 0], staged_local)  # (v, L/V, ...)
+        mb_shape = x_mBTD.shape[1:]
+
+        def stage(layers_j, x_BTD, i, k):
+            mask_BT = None if mask_mBT is None else mask_mBT[i]
+            positions_BT, mask_B1TS = model.positions(jnp.zeros(mb_shape[:2], jnp.int32), mask_BT)
+            out, _, _ = run_stack(layers_gd, layers_j, x_BTD, model.rope_tables(positions_BT), mask_B1TS,
+                                  kinds=kinds, kind_L=kind_VL[k], layer_L=layer_VL[k], scan=scan, remat=remat,
+                                  constrain=None)
+            return out
+
+        def head_loss(rest_, y_BTD, i):
+            from workbench.core.models.loss import causal_lm_loss
+
+            m_ = _model(parts, rest_, jax.tree.map(lambda a: a[0], layers_v))
+            logits = m_.head(m_.norm(y_BTD)).astype(m_.logits_dtype)
+            return causal_lm_loss(logits, labels_mBT[i], num_items_in_batch=num_tokens)[0]
+
+        zeros_like = lambda tree: vary(jax.tree.map(jnp.zeros_like, tree))
+        carry = vary(buffers)
+        if train:
+            carry.update( loss=vary(jnp.zeros((), jnp.float32)),
+                         g_rest=zeros_like(rest), g_layers=zeros_like(layers_v))
+
+        def tick(carry, table):
+            action, i, j, k, fs, bs, recv_f, recv_b = (table[r, d] for r in range(8))
+            layers_j = jax.tree.map(lambda a: a[j], layers_v)
+            x_in = jnp.where(k == 0, x_mBTD[i], carry["fbuf"][fs])
+            g_in = carry["bbuf"][bs] if train else None
+            none = vary(jnp.zeros(mb_shape, x_mBTD.dtype))
+            no_loss = vary(jnp.zeros((), jnp.float32))
+            no_rest = zeros_like(rest) if train else None
+            no_layer = zeros_like(layers_j) if train else None
+
+            # Each branch returns (activation sent forward, gradient sent back, the last stage's output, its
+            # loss, d loss / d rest, d loss / d this stage's layers); the buffers are written after the switch,
+            # so each lives once in the loop's carry instead of once per branch.
+            def idle():
+                return none, none, none, no_loss, no_rest, no_layer
+
+            def forward():
+                return stage(layers_j, x_in, i, k), none, none, no_loss, no_rest, no_layer
+
+            def forward_last():
+                y = stage(layers_j, x_in, i, k)
+                if not train:
+                    return none, none, y, no_loss, no_rest, no_layer
+                loss, (g_rest, dy) = jax.value_and_grad(head_loss, argnums=(0, 1))(rest, y, i)
+                return none, none, dy, loss, g_rest, no_layer
+
+            def backward():
+                _, vjp = jax.vjp(lambda lj, x: stage(lj, x, i, k), layers_j, x_in)
+                g_layers_j, dx = vjp(g_in)
+                return none, dx, none, no_loss, no_rest, g_layers_j
+
+            branches = [idle, forward, forward_last, backward] if train else [idle, forward, forward_last]
+            send_f, send_b, y_last, loss, g_rest, g_layers_j = jax.lax.switch(action, branches)
+            ring = [(s, (s + 1) % p) for s in range(p)]
+            # a write that should not happen goes to the buffer's spare last row (no read-modify-write, so
+            # XLA updates the loop's buffers in place)
+            put = lambda buf, slot, value, when: buf.at[jnp.where(when, slot, buf.shape[0] - 1)].set(value)
+            got_f = jax.lax.ppermute(send_f, PP, ring)
+            carry = dict(carry, fbuf=put(carry["fbuf"], jnp.maximum(recv_f, 0), got_f, recv_f >= 0))
+            if not train:
+                carry["out"] = put(carry["out"], i, y_last, action == _FWD_LAST)
+                return carry, None
+            got_b = jax.lax.ppermute(send_b, PP, [(b, a) for a, b in ring])
+            bbuf = put(carry["bbuf"], bs, y_last, action == _FWD_LAST)  # the seed of this microbatch's backward
+            carry["bbuf"] = put(bbuf, jnp.maximum(recv_b, 0), got_b, recv_b >= 0)
+            carry["out"] = put(carry["out"], i, send_b, (action == _BWD) & (k == 0))  # stage 0: d loss / d x
+            carry["loss"] = carry["loss"] + loss
+            carry["g_rest"] = jax.tree.map(jnp.add, carry["g_rest"], g_rest)
+            carry["g_layers"] = jax.tree.map(lambda g, gj: g.at[j].add(gj), carry["g_layers"], g_layers_j)
+            return carry, None
+
+        carry, _ = jax.lax.scan(tick, carry, jnp.asarray(tables))
+        # one device holds each of these; the sum over pp hands them to all
+        out = jax.lax.psum(carry["out"][:-1], PP)
+        if not train:
+            return out
+        g_layers = jax.tree.map(lambda a: a[:, None], carry["g_layers"])
+        return jax.lax.psum(carry["loss"], PP), jax.lax.psum(carry["g_rest"], PP), g_layers, out
+
+    layer_spec = jax.tree.map(lambda _: P(None, PP), staged)
+    rest_spec = jax.tree.map(lambda _: P(), parts.rest)
+    in_specs = (rest_spec, layer_spec, P(), P(), P(), P(), jax.tree.map(lambda _: P(), buffers))
+    out_specs = (P(), rest_spec, layer_spec, P()) if train else P()
+    run = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names={PP})
+    return run(parts.rest, staged, x_mBTD, mask_mBT, labels_mBT, num_tokens, buffers)
+
+
+def _splits_batch(mesh: jax.sharding.Mesh) -> bool:
+    """Whether the pipeline keeps microbatches split over the data axes (not with tp / ep / sp > 1, where
+    XLA 0.10's partitioner aborts on the loop: see ``_run_pipeline``)."""
+    return all(mesh.shape.get(a, 1) == 1 for a in ("tp", "ep", "sp"))
+
+
+def _drop_unit_axes(spec: P, mesh: jax.sharding.Mesh) -> P:
+    """``spec`` without mesh axes of size 1 (they split nothing; XLA's partitioner trips on some of them
+    inside a partly manual shard_map)."""
+    def keep(entry):
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        names = tuple(n for n in names if mesh.shape[n] > 1)
+        return None if not names else names[0] if len(names) == 1 else names
+
+    return P(*(keep(e) for e in spec))
+
+
+def _pipeline_mesh(mesh: jax.sharding.Mesh | None, params: tp.Any, config: PipelineConfig) -> jax.sharding.Mesh:
+    if mesh is None:
+        from workbench.core.models.training import _mesh_of
+
+        mesh = _mesh_of(params)
+    if mesh is None or PP not in mesh.axis_names:
+        raise ValueError("pipeline parallelism needs the model on a mesh with a 'pp' axis: "
+                         "model.shard_model(make_mesh(pp=..., ...), pipeline_partition_axis())")
+    if mesh.shape[PP] != config.num_stages:
+        raise ValueError(f"PipelineConfig(num_stages={config.num_stages}) but the mesh's pp axis has "
+                         f"{mesh.shape[PP]} devices; make them equal")
+    return mesh
+
+
+def _embed_all(graphdef, params, other, input_ids, attention_mask, layers_off: bool = True):
+    """The embedding (and leading dense layers) of the whole batch: ``x (B, T, D)``."""
+    model = nnx.merge(graphdef, params, other)
+    positions_BT, mask_B1TS = model.positions(input_ids, attention_mask)
+    x_BTD = model.embed(input_ids, positions_BT)
+    c = model.config
+    if c.first_dense_layers:
+        from workbench.core.models.stack import run_layers
+
+        kinds_L = [c.layer_kind(i) for i in range(c.first_dense_layers)]
+        x_BTD, _, _ = run_layers(model.dense_layers, x_BTD, model.rope_tables(positions_BT), mask_B1TS,
+                                 kinds_L=kinds_L, scan=model.scan_layers, remat=model.remat)
+    return x_BTD
+
+
+def _local_model(model: nnx.Module) -> nnx.Module:
+    """The model without its mesh: inside the pipeline's shard_map the automatic axes place everything."""
+    from workbench.core.models.sharding import with_mesh
+
+    return with_mesh(model, None)
+
+
+def pipeline_loss_and_grads(graphdef: nnx.GraphDef, params: nnx.State, other: nnx.State, batch: dict[str, Array],
+                            config: PipelineConfig, mesh: jax.sharding.Mesh) -> tuple[Array, Array, nnx.State]:
+    """Traceable: ``(loss, num_tokens, grads)`` of a causal-LM batch through the pipeline (grads shaped like
+    ``params``)."""
+    from workbench.core.models.loss import labels_from
+
+    input_ids = batch["input_ids"]
+    mask = batch.get("attention_mask")
+    labels = batch.get("labels")
+    labels = labels_from(input_ids, mask) if labels is None else labels
+    m = config.num_microbatches
+    num_tokens = jnp.sum(labels[:, 1:] != -100, dtype=jnp.int32)
+    embed = functools.partial(_embed_all, graphdef, other=other, input_ids=input_ids, attention_mask=mask)
+    x_BTD, embed_vjp = jax.vjp(embed, params)
+    parts = _parts(graphdef, params, other)
+    split = functools.partial(_split_microbatches, m=m)
+    loss, g_rest, g_staged, dx_mBTD = _run_pipeline(
+        parts, pipeline_schedule(config), mesh, split(x_BTD), None if mask is None else split(mask), split(labels),
+        jnp.maximum(num_tokens, 1).astype(jnp.float32), train=True)
+    dx_BTD = jnp.swapaxes(dx_mBTD, 0, 1).reshape(x_BTD.shape)
+    (g_embed,) = embed_vjp(dx_BTD)
+    # the pipeline's gradients in the parameters' own tree (its rest / layers parts are rebuilt States)
+    g_pipe = dict(g_rest)
+    g_pipe["layers"] = _unstage_layers(g_staged)
+    leaves = [jax.tree.leaves(g_pipe[key]) for key in params]
+    g_pipe = jax.tree.unflatten(jax.tree.structure(params), [x for part in leaves for x in part])
+    grads = jax.tree.map(jnp.add, g_pipe, g_embed)
+    return loss, num_tokens, grads
+
+
+def pipeline_value_and_grad(model: nnx.Module, batch: dict[str, tp.Any], config: PipelineConfig, *,
+                            mesh: jax.sharding.Mesh | None = None) -> tuple[Array, nnx.State]:
+    """``(loss, grads)`` of next-token cross-entropy on ``batch`` through the pipeline, compiled; equal to
+    ``jax.value_and_grad`` of the unpipelined loss. ``mesh`` defaults to the model's (``shard_model``)."""
+    from workbench.core.models.training import _prepare
+
+    _check_model(model, config)
+    model = _local_model(model)
+    graphdef, params, other = nnx.split(model, nnx.Param, ...)
+    mesh = _pipeline_mesh(mesh, params, config)
+    batch = _prepare(batch)
+    _check_batch(batch["input_ids"], config, mesh)
+    fn = jax.jit(lambda params, other, batch: pipeline_loss_and_grads(graphdef, params, other, batch, config, mesh))
+    loss, _, grads = fn(params, other, batch)
+    return loss, grads
+
+
+def _check_batch(input_ids: Array, config: PipelineConfig, mesh: jax.sharding.Mesh) -> None:
+    data_ways = mesh.shape.get("dp", 1) * mesh.shape.get("fsdp", 1)
+    config.check_batch(input_ids.shape[0], data_ways)
+
+
+def pipeline_forward(model: nnx.Module, input_ids: tp.Any, attention_mask: tp.Any = None, *,
+                     config: PipelineConfig, mesh: jax.sharding.Mesh | None = None) -> Array:
+    """Logits ``(B, T, V)`` of ``input_ids`` run through the pipeline's forward ticks (GPipe's fill and
+    drain), compiled; equal to ``model(input_ids).logits``."""
+    _check_model(model, config)
+    model = _local_model(model)
+    graphdef, params, other = nnx.split(model, nnx.Param, ...)
+    mesh = _pipeline_mesh(mesh, params, config)
+    input_ids = jnp.asarray(input_ids, jnp.int32)
+    _check_batch(input_ids, config, mesh)
+    mask = None if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
+    forward_only = PipelineConfig(config.num_stages, config.num_microbatches,
+                                  "interleaved" if config.virtual_stages > 1 else "gpipe", config.virtual_stages)
+
+    @jax.jit
+    def run(params, other, input_ids, mask):
+        x_BTD = _embed_all(graphdef, params, other, input_ids, mask)
+        split = functools.partial(_split_microbatches, m=config.num_microbatches)
+        y_mBTD = _run_pipeline(_parts(graphdef, params, other), _forward_ticks(forward_only), mesh, split(x_BTD),
+                               None if mask is None else split(mask), None, jnp.ones(()), train=False)
+        m = nnx.merge(graphdef, params, other)
+        y_BTD = jnp.swapaxes(y_mBTD, 0, 1).reshape(x_BTD.shape)
+        return m.head(m.norm(y_BTD)).astype(m.logits_dtype)
+
+    return run(params, other, input_ids, mask)
+
+
+def _forward_ticks(config: PipelineConfig) -> PipelineSchedule:
+    """The schedule's forward actions only (a forward pass, no backward)."""
+    full = pipeline_schedule(config)
+    keep = [a for a in full.actions if a.kind == "forward"]
+    ticks = max(a.tick for a in keep) + 1
+    grid = np.where(full.grid[:ticks] == FORWARD, FORWARD, IDLE).astype(np.int32)
+    mb = np.where(grid == FORWARD, full.microbatch[:ticks], -1)
+    stage = np.where(grid == FORWARD, full.stage[:ticks], -1)
+    return PipelineSchedule(config, tuple(keep), grid, mb, stage)
+
+
+def make_pipeline_train_step(config: PipelineConfig, optimizer: tp.Any = None, *,
+                             partition_axis: PartitionAxis | None = None):
+    """``train_step(state, batch) -> (state, metrics)`` like :func:`training.make_train_step`, with the loss and
+    gradients from the pipeline. The state's model must sit on a mesh with ``pp = config.num_stages``; lay it
+    with ``model.shard_model(mesh, pipeline_partition_axis())`` so each device stores only its stages."""
+    import optax
+
+    from workbench.core.compile_cache import PROGRAMS, signature
+    from workbench.core.models.training import TrainState, _place
+
+    partition_axis = pipeline_partition_axis(partition_axis)
+
+    def step(state: TrainState, batch: dict[str, Array], mesh) -> tuple[TrainState, dict[str, Array]]:
+        loss, num_tokens, grads = pipeline_loss_and_grads(state.graphdef, state.params, state.other, batch, config,
+                                                          mesh)
+        updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        new = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
+        return new, {"loss": loss, "num_tokens": num_tokens, "grad_norm": optax.tree.norm(grads)}
+
+    def train_step(state: TrainState, batch: dict[str, tp.Any]) -> tuple[TrainState, dict[str, Array]]:
+        if not isinstance(state, TrainState):
+            raise TypeError(f"train_step takes a TrainState (to_state(model, optimizer)); got {type(state).__name__}")
+        if optimizer is not None and state.tx is not optimizer:
+            state = state.replace(tx=optimizer)
+        _check_model(nnx.merge(state.graphdef, state.params, state.other), config)
+        mesh = _pipeline_mesh(None, state.params, config)
+        batch = _place(batch, state, partition_axis)
+        if not _splits_batch(mesh):  # see _run_pipeline: the batch stays whole on every device
+            batch = jax.device_put(batch, NamedSharding(mesh, P()))
+        _check_batch(batch["input_ids"], config, mesh)
+        key = ("pipeline_train_step", config, signature((state, batch)))
+
+        def compile_():
+            shardings = jax.tree.map(lambda x: x.sharding, (state, batch))
+            return jax.jit(functools.partial(step, mesh=mesh), in_shardings=shardings,
+                           out_shardings=(shardings[0], None), donate_argnums=0).lower(state, batch).compile()
+
+        return PROGRAMS.get(key, compile_).value(state, batch)
+
+    return train_step
+
+
+def batch_spec(partition_axis: PartitionAxis, shape: tuple[int, int], mesh: jax.sharding.Mesh) -> NamedSharding:
+    """Where a pipelined batch ``(B, T)`` lives: rows over the data axes (every pp stage sees all of them)."""
+    return NamedSharding(mesh, partition_axis.resolve((BATCH, LENGTH), shape=shape, mesh=mesh))
+
+
+def activation_stash_bytes(config: PipelineConfig, *, batch_size: int, seq_len: int, hidden_size: int,
+                           dtype: tp.Any = jnp.float32, data_ways: int = 1) -> int:
+    """Bytes per device of the stage inputs (kept for the backward) and incoming gradients the schedule holds
+    at its peak: the executor's buffer rows times one microbatch's ``(B / m / data_ways, T, D)`` slice.
+    GPipe's grow with ``m`` (every microbatch's input waits for the backward); 1F1B's stop at ``p``."""
+    _, n_f, n_b = executor_tables(pipeline_schedule(config))
+    rows = batch_size // config.num_microbatches // data_ways
+    return (n_f + n_b) * rows * seq_len * hidden_size * jnp.dtype(dtype).itemsize
