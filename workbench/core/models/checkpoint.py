@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import json
 import math
@@ -27,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from workbench.core.axes import MODE_TRAIN
-from workbench.core.models.config import ModelConfig
+from workbench.core.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
 from workbench.core.models.generation_config import GenerationConfig
 from workbench.core.models.hf_convert import load_model, param_table
 
@@ -103,10 +104,15 @@ def _read_index(directory: pathlib.Path) -> dict[str, list[str]]:
         raise ValueError(f"{directory / SAFE_INDEX} has no 'weight_map' {{tensor name: shard file}}; re-save it")
     files: dict[str, list[str]] = {}
     for name, file in weight_map.items():
+        if not isinstance(file, str) or pathlib.PurePath(file).name != file:
+            raise ValueError(f"{directory / SAFE_INDEX} maps {name!r} to {file!r}; a shard must be a file name in "
+                             f"{directory} (re-save the checkpoint)")
         files.setdefault(file, []).append(name)
-    for file in files:
+    for file, names in files.items():
         if not (directory / file).is_file():
-            raise ValueError(f"{directory / SAFE_INDEX} names the shard {file}, which is missing from {directory}")
+            raise ValueError(f"{directory / SAFE_INDEX} names the shard {file}, which is missing from {directory} "
+                             f"(it holds {len(names)} tensors, e.g. {names[0]!r}); copy or download that file "
+                             f"into {directory}, or re-save the checkpoint")
     return files
 
 
@@ -115,6 +121,25 @@ def _read_json(file: pathlib.Path) -> tp.Any:
         return json.loads(file.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{file} is not valid JSON: {err}") from None
+
+
+def _model_config(file: pathlib.Path, hf: dict[str, tp.Any]) -> ModelConfig:
+    """``ModelConfig.from_hf(hf)``; its errors name ``file`` and what to change there."""
+    model_type = hf.get("model_type")
+    supported = ", ".join(SUPPORTED_MODEL_TYPES)
+    if "model_type" not in hf:
+        raise ValueError(f"{file} has no model_type; a Hugging Face config.json names its family (supported: "
+                         f"{supported})")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"{file}: model_type {model_type!r} is not supported; supported: {supported}. Load a "
+                         f"checkpoint of one of these families (renaming model_type does not convert the weights)")
+    try:
+        return ModelConfig.from_hf(hf)
+    except KeyError as err:
+        raise ValueError(f"{file} has no {err.args[0]!r}, which a {model_type} config needs; add it (transformers' "
+                         f"save_pretrained writes it)") from None
+    except (ValueError, TypeError) as err:
+        raise type(err)(f"{file}: {err}") from None
 
 
 def _no_weights_message(directory: pathlib.Path) -> str:
@@ -228,7 +253,7 @@ def from_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, param_dtype=N
     hf = _read_json(directory / "config.json")
     if not isinstance(hf, dict):
         raise ValueError(f"{directory / 'config.json'} must hold a JSON object")
-    config = ModelConfig.from_hf(hf)
+    config = _model_config(directory / "config.json", hf)
     kwargs: dict[str, tp.Any] = dict(attn_mechanism=attn_mechanism, dtype=dtype,
                                      param_dtype=dtype if param_dtype is None else param_dtype)
     if issubclass(model_cls, SequenceClassifier):
@@ -366,8 +391,13 @@ def _write_safetensors(file: pathlib.Path, tensors: list[CheckpointTensor], adva
             value = np.ascontiguousarray(t.read(), dtype=t.dtype)
             if value.shape != t.shape:
                 raise RuntimeError(f"internal: {t.name} computed with shape {value.shape}, planned {t.shape}")
-            f.write(value.reshape(-1).view(np.uint8).data)
+            _write_tensor(f, value)
             advance()
+
+
+def _write_tensor(f: tp.BinaryIO, value: np.ndarray) -> None:
+    """One tensor's bytes (C order, little-endian as NumPy holds them here) onto the open file."""
+    f.write(value.reshape(-1).view(np.uint8).data)
 
 
 def _hf_config(model, dtype: np.dtype) -> dict[str, tp.Any]:
@@ -395,10 +425,11 @@ def save_pretrained(model, path: str | os.PathLike, *, max_shard_size: int | str
     Writes ``config.json``, ``generation_config.json`` (the model's ``generation_config``, when it sets anything) and
     ``model.safetensors``, or ``model-0000i-of-0000N.safetensors`` shards of at most ``max_shard_size``
     (a bigger tensor gets its own shard) plus ``model.safetensors.index.json``. ``dtype`` (default:
-    the parameters') is the dtype written. Everything is written to a temporary directory beside
-    ``path`` first, so a failure leaves ``path`` untouched. In an existing directory only these
-    files are replaced (old weight files removed); others (a tokenizer, a README) are kept.
-    Returns the directory.
+    the parameters') is the dtype written. Every file is first written under a temporary name (in
+    ``path`` when it exists, else in a temporary directory beside it that then becomes ``path``) and
+    moved into place with ``os.replace`` only once all are written, so a failure while writing removes
+    the temporaries and leaves ``path`` as it was. In an existing directory only these files are
+    replaced (old weight files removed); others (a tokenizer, a README) are kept. Returns the directory.
     """
     if dtype is not None and not jnp.issubdtype(jnp.dtype(dtype), jnp.floating):
         raise ValueError(f"dtype must be a floating dtype such as jnp.float32 or jnp.bfloat16; got {dtype!r}")
@@ -407,6 +438,9 @@ def save_pretrained(model, path: str | os.PathLike, *, max_shard_size: int | str
     dest = pathlib.Path(path).expanduser()
     if dest.exists() and not dest.is_dir():
         raise ValueError(f"{dest} is a file; save_pretrained writes a directory")
+    blocker = next((p for p in dest.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ValueError(f"{blocker} is a file, so the directory {dest} cannot be made; save under a directory")
     limit = parse_size(max_shard_size)
     tensors = hf_tensor_plan(model, dtype)
     shards: list[list[CheckpointTensor]] = [[]]
@@ -416,34 +450,101 @@ def save_pretrained(model, path: str | os.PathLike, *, max_shard_size: int | str
         shards[-1].append(t)
     names = ([SAFE_WEIGHTS] if len(shards) == 1 else
              [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
+    fresh = not dest.exists()
+    try:
+        stage = _new_dir(dest) if fresh else dest
+    except OSError as err:
+        raise _save_error(err, dest, "nothing was written") from err
+    temps: dict[str, pathlib.Path] = {}  # final name -> where it is written first
+
+    def temp(name: str) -> pathlib.Path:
+        temps[name] = stage / name if fresh else _unused_name(dest, f".{name}.", ".tmp")
+        return temps[name]
+
     try:
         from tqdm.auto import tqdm
 
         with tqdm(total=len(tensors), desc=f"saving {dest.name}", unit="tensor", disable=not progress) as bar:
             for name, shard in zip(names, shards, strict=True):
-                _write_safetensors(tmp / name, shard, bar.update)
+                _write_safetensors(temp(name), shard, bar.update)
         if len(shards) > 1:
             index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)},
                      "weight_map": {t.name: name for name, shard in zip(names, shards, strict=True) for t in shard}}
-            (tmp / SAFE_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+            temp(SAFE_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         written_dtype = tensors[0].dtype
-        (tmp / "config.json").write_text(json.dumps(_hf_config(model, written_dtype), indent=2, sort_keys=True) + "\n")
+        temp("config.json").write_text(json.dumps(_hf_config(model, written_dtype), indent=2, sort_keys=True) + "\n")
         generation = _generation_config(model)
         if generation is not None:
-            (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
-        if not dest.exists():
-            tmp.rename(dest)
-            return dest
-        for old in dest.iterdir():  # stale weights of an earlier save would shadow or contradict the new ones
-            if old.name in (SAFE_WEIGHTS, SAFE_INDEX) or SHARD_RE.fullmatch(old.name):
-                old.unlink()
-        for new in tmp.iterdir():
-            os.replace(new, dest / new.name)
-        return dest
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            temp("generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
+    except BaseException as err:
+        _discard(stage if fresh else None, temps.values())
+        if isinstance(err, OSError):
+            where = "nothing was written" if fresh else f"nothing in {dest} was changed"
+            raise _save_error(err, dest, f"{where} (the temporary files are removed)") from err
+        raise
+    try:
+        if fresh:
+            stage.rename(dest)
+        else:
+            _move_into_place(dest, temps)
+    except OSError as err:
+        _discard(stage if fresh else None, temps.values())
+        where = "nothing was written" if fresh else f"{dest} may now mix old and new files; save again"
+        raise _save_error(err, dest, f"moving the written files into place failed: {where}") from err
+    return dest
+
+
+def _unused_name(parent: pathlib.Path, prefix: str, suffix: str) -> pathlib.Path:
+    """A name in ``parent`` that does not exist yet (``prefix`` + random hex + ``suffix``)."""
+    import secrets
+
+    while (candidate := parent / f"{prefix}{secrets.token_hex(6)}{suffix}").exists():
+        pass
+    return candidate
+
+
+def _new_dir(dest: pathlib.Path) -> pathlib.Path:
+    """An empty directory beside ``dest`` (made with the usual permissions, unlike ``tempfile.mkdtemp``'s 0700)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        stage = _unused_name(dest.parent, f".{dest.name}.", ".tmp")
+        with contextlib.suppress(FileExistsError):
+            stage.mkdir()
+            return stage
+
+
+def _move_into_place(dest: pathlib.Path, temps: dict[str, pathlib.Path]) -> None:
+    """``os.replace`` each written file onto its name, weights first, then drop weight files of an earlier save
+    that the new ones do not replace (they would shadow or contradict them), then the configs."""
+    weights = [name for name in temps if name.endswith(".safetensors") or name == SAFE_INDEX]
+    for name in weights:
+        os.replace(temps[name], dest / name)
+    for old in dest.iterdir():
+        if (old.name in (SAFE_WEIGHTS, SAFE_INDEX) or SHARD_RE.fullmatch(old.name)) and old.name not in temps:
+            old.unlink()
+    for name in temps.keys() - set(weights):
+        os.replace(temps[name], dest / name)
+
+
+def _discard(stage: pathlib.Path | None, files: tp.Iterable[pathlib.Path]) -> None:
+    """Remove what a failed save wrote: the staging directory, or the temporary files."""
+    if stage is not None:
+        shutil.rmtree(stage, ignore_errors=True)
+    for file in files:
+        with contextlib.suppress(OSError):
+            file.unlink(missing_ok=True)
+
+
+def _save_error(err: OSError, dest: pathlib.Path, outcome: str) -> OSError:
+    """``err`` (same errno, so the same OSError subclass) with a message saying what happened and what to change."""
+    fix = {errno.EACCES: f"make {dest} (or its parent) writable, or save elsewhere",
+           errno.EPERM: f"make {dest} (or its parent) writable, or save elsewhere",
+           errno.EROFS: "the file system is read-only: save elsewhere",
+           errno.ENOSPC: "free disk space (or save elsewhere)",
+           errno.EDQUOT: "free space within your quota (or save elsewhere)"}.get(err.errno, "fix the cause")
+    reason = f"{err.strerror or err}" + (f": {err.filename}" if err.filename else "")
+    message = f"save_pretrained to {dest} failed ({reason}); {outcome}. To save, {fix} and call it again"
+    return OSError(err.errno, message) if err.errno is not None else OSError(message)
 
 
 # ----------------------------------------------------------------------------------------------- torch, Hub

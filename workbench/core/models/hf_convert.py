@@ -207,6 +207,13 @@ def _np(x: tp.Any) -> np.ndarray:
     return np.asarray(x)
 
 
+def _floating(dtype: tp.Any) -> bool:
+    """Whether a checkpoint tensor's dtype can hold weights (bfloat16 included)."""
+    import jax.numpy as jnp
+
+    return bool(jnp.issubdtype(dtype, jnp.floating))
+
+
 def _read(reader: Reader, name: str, used: set[str]) -> np.ndarray:
     if name not in reader:
         raise KeyError(name)
@@ -392,8 +399,8 @@ def load_model(config: ModelConfig, reader: Reader, *, model_cls: type | None = 
     builds each stored array, calling ``read(i)`` for layer ``i``'s slice of a stacked parameter
     (``num_layers`` of them) or ``read(None)`` for the whole of an unstacked one; the default puts it
     on the default device, a loader passes one that places it on its mesh. Raises ValueError naming
-    the parameter for a missing or mis-shaped tensor and (with ``strict``) for tensors the model has
-    no place for.
+    the parameter for a missing, mis-shaped or non-floating tensor and (with ``strict``) for tensors
+    the model has no place for.
     """
     from flax import nnx
 
@@ -421,11 +428,25 @@ def load_model(config: ModelConfig, reader: Reader, *, model_cls: type | None = 
                 raise ValueError(f"the checkpoint has no {missing.args[0]!r} ({expected_names(config, entry, i)}), "
                                  f"needed for parameter {label} {tuple(var.shape)} of this {config.model_type} "
                                  f"config") from None
+            except (ValueError, IndexError) as err:  # a fused or permuted tensor whose shape does not divide
+                raise ValueError(f"{expected_names(config, entry, i)} does not fit parameter {label} "
+                                 f"{tuple(var.shape)} of this {config.model_type} config ({err}); check that "
+                                 f"config.json matches the checkpoint, or re-save the checkpoint") from None
+            names = expected_names(config, entry, i)
+            where = "" if i is None else f" (layer {i} of the stacked {tuple(var.shape)})"
             if tuple(value.shape) != want:
-                where = "" if i is None else f" (layer {i} of the stacked {tuple(var.shape)})"
-                raise ValueError(f"{expected_names(config, entry, i)} gives shape {tuple(value.shape)} for parameter "
-                                 f"{label}{where}; expected {want} for this {config.model_type} config (check that "
-                                 f"config.json matches the checkpoint)")
+                found, layout = tuple(value.shape), " (in the parameter's layout, after conversion)"
+                if entry.kind in ("copy", "transpose"):  # the tensor as stored, so the message matches the file
+                    flip = (lambda s: s[::-1]) if entry.kind == "transpose" else (lambda s: s)
+                    found, want, layout = flip(found), flip(want), ""
+                raise ValueError(f"{names} gives shape {found} for parameter {label}{where}; expected {want}"
+                                 f"{layout} for this {config.model_type} config (check that config.json matches "
+                                 f"the checkpoint, or re-save the checkpoint)")
+            if not _floating(value.dtype):
+                raise ValueError(f"{names} has dtype {value.dtype} for parameter {label}{where}; expected a floating "
+                                 f"dtype (float32, bfloat16, float16, float64; it is cast to the parameter's "
+                                 f"{np.dtype(var.dtype).name}): the checkpoint is damaged or not this model's, re-save "
+                                 f"it with floating weights")
             return value
 
         return read
