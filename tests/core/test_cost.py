@@ -266,6 +266,44 @@ def test_step_time_of_a_program_compiled_for_an_h100_node():
     assert serial.time_s == pytest.approx(max(step.compute_s, step.memory_s) + step.comm_s)
 
 
+def _two_way_ring(mesh):
+    """Two permutes per loop trip over sp, one each way round the ring (a bidirectional collective matmul)."""
+    n = mesh.shape["sp"]
+
+    def trips(x):
+        def body(i, carry):
+            a, b = carry
+            a = jax.lax.ppermute(a, "sp", [(j, (j + 1) % n) for j in range(n)])
+            b = jax.lax.ppermute(b, "sp", [(j, (j - 1) % n) for j in range(n)])
+            return a * 2, b * 3
+
+        a, b = jax.lax.fori_loop(0, 5, body, (x, x[:, :512]))
+        return jax.lax.psum(a.sum() + b.sum(), "sp")
+
+    x = jax.ShapeDtypeStruct((n * 256, 1024), jnp.float32, sharding=NamedSharding(mesh, P("sp")))
+    return jax.shard_map(trips, mesh=mesh, in_specs=P("sp"), out_specs=P()), x
+
+
+@pytest.mark.parametrize("cluster", [pytest.param(Cluster.tpu("v5e:2x4"), marks=needs_libtpu), Cluster.h100()],
+                         ids=["tpu", "gpu"])
+def test_permutes_the_two_ways_round_a_torus_ring_run_at_once(cluster):
+    """A ring's links carry both directions at once on a TPU torus (the scaling book's bidirectional ICI,
+    TPUS chapter); a GPU's two permutes leave by the same NVLink egress and add up."""
+    from workbench.core.virtual import compile_on
+
+    analysis = compile_on(cluster, *_two_way_ring(cluster.mesh((8,), ("sp",))))
+    step = step_time(analysis)
+    permutes = [c for c in step.collectives if c.kind == "collective-permute"]
+    assert len(permutes) == 2 and {c.runs for c in permutes} == {5}
+    big = max(permutes, key=lambda c: c.nbytes)
+    busy = sum(c.total_s for c in permutes)
+    if cluster.platform == "tpu":
+        assert [c.overlapped for c in permutes] == [c is not big for c in permutes]
+        assert busy == big.total_s and "overlapped" in step.summary()
+    else:
+        assert not any(c.overlapped for c in permutes) and busy == sum(c.seconds * 5 for c in permutes)
+
+
 def test_a_cpu_cluster_has_no_network_to_cost():
     with pytest.raises(ValueError, match="no network numbers"):
         collective_time("all-gather", 1e6, ("x",), {"x": 8}, Cluster.cpu(8))

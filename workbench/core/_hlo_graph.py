@@ -188,12 +188,14 @@ def matmul_flops(hlo_text: str) -> float:
 # operands read and its result written. A fusion reads what its body reads of each operand (a parameter used
 # only by slices: those slices, as a layer scan reads one layer of its stacked weights per trip; the buffer of
 # an in-place dynamic-update-slice: nothing) and writes its result (a dynamic-update-slice: its update only).
-# Ops that move nothing (tuples, bitcasts, parameters, control flow) count 0; the computations control flow
-# calls (loop bodies, branches) count once per run, fusion bodies and reducers through their caller.
+# Ops that move nothing (tuples, bitcasts, parameters, control flow) count 0, and so do arrays XLA:TPU put
+# in on-chip memory (layout ``S(1)``: its memory-space assignment prefetches them into VMEM; the copy in
+# counts); the computations control flow calls (loop bodies, branches) count once per run, fusion bodies and
+# reducers through their caller.
 _NO_TRAFFIC = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while", "call", "conditional",
                "after-all", "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain"}
 _SLICES = ("dynamic-slice", "slice", "gather")
-_ARRAYS = re.compile(r"(\w+)\[([\d,]*)\]")
+_ARRAYS = re.compile(r"(\w+)\[([\d,]*)\](\{[^}]*\})?")
 _OPERANDS = re.compile(r"%([\w.\-]+)")
 _INLINED = re.compile(r"(?:calls|to_apply)=%?([\w.\-]+)")
 
@@ -208,8 +210,12 @@ class _Op(tp.NamedTuple):
 
 
 def _type_bytes(type_text: str) -> float:
+    """Bytes of the arrays of an HLO type in HBM: one whose layout puts it in another memory space (XLA:TPU's
+    ``S(1)``, on-chip VMEM) is not HBM traffic."""
     total = 0.0
-    for dtype, dims in _ARRAYS.findall(re.sub(r"/\*.*?\*/", "", type_text)):
+    for dtype, dims, layout in _ARRAYS.findall(re.sub(r"/\*.*?\*/", "", type_text)):
+        if re.search(r"S\([1-9]\d*\)", layout):
+            continue
         bits = 8 if dtype == "pred" else int(m[1]) if (m := re.match(r"(?:bf|[sufc])(\d+)", dtype)) else 0
         total += math.prod(_dims(dims)) * bits / 8
     return total

@@ -255,10 +255,11 @@ class CollectiveTime:
     level: str
     bound: str
     name: str = ""
+    overlapped: bool = False  # runs beside a permute the other way round the same ring: costs nothing more
 
     @property
     def total_s(self) -> float:
-        return self.seconds * self.runs
+        return 0.0 if self.overlapped else self.seconds * self.runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,7 +317,7 @@ class StepTime:
         """Collectives grouped by (kind, axes, level, bound): their runs and seconds, longest first."""
         groups: dict[tuple, list[CollectiveTime]] = {}
         for c in self.collectives:
-            groups.setdefault((c.kind, c.axes, c.level, c.bound), []).append(c)
+            groups.setdefault((c.kind, c.axes, c.level, "overlapped" if c.overlapped else c.bound), []).append(c)
         rows = [(k[0], k[1], k[2], k[3], sum(c.runs for c in cs), sum(c.nbytes * c.runs for c in cs),
                  sum(c.total_s for c in cs)) for k, cs in groups.items()]
         return sorted(rows, key=lambda r: -r[-1])
@@ -376,6 +377,32 @@ def _b(nbytes: float) -> str:
     return f"{nbytes:.0f} B"
 
 
+def _pair_opposite_permutes(timed: list[CollectiveTime], records: tp.Sequence[tp.Any], hlo_text: str
+                            ) -> list[CollectiveTime]:
+    """Collective-permutes in one loop body that send the two ways round the same ring of a TPU torus (one's
+    pairs are the other's reversed: XLA's bidirectional windowed einsums) use opposite links at once: per body
+    and ring, the busier direction's permutes take time, the other's are marked ``overlapped``. (Through a
+    switch both directions leave by the same egress: they add up.)"""
+    from workbench.core.inspect import loop_collectives
+
+    body = {r.name: r.body for r in loop_collectives(hlo_text)}
+    ways: dict[tuple, list[list[int]]] = {}
+    for i, record in enumerate(records):
+        pairs = frozenset(getattr(record, "source_target_pairs", None) or ())
+        if record.kind != "collective-permute" or not pairs or record.name not in body or timed[i].level != "ici":
+            continue
+        reverse = frozenset((b, a) for a, b in pairs)
+        ring = min(sorted(pairs), sorted(reverse))
+        ways.setdefault((body[record.name], tuple(ring)), [[], []])[sorted(pairs) != ring].append(i)
+    out = list(timed)
+    for forward, backward in ways.values():
+        if forward and backward:
+            light = min((forward, backward), key=lambda side: sum(timed[i].total_s for i in side))
+            for i in light:
+                out[i] = dataclasses.replace(timed[i], overlapped=True)
+    return out
+
+
 def step_time(analysis: tp.Any = None, cluster: Cluster | None = None, mesh_shape: tp.Mapping[str, int] | None = None,
               *, mfu: float = 1.0, dtype: tp.Any = "bf16", overlap: bool = True, flops: float | None = None,
               hbm_bytes: float | None = None, collectives: tp.Iterable[tp.Any] | None = None) -> StepTime:
@@ -385,8 +412,10 @@ def step_time(analysis: tp.Any = None, cluster: Cluster | None = None, mesh_shap
     Compute is the program's dots (``analysis.matmul_flops``, each once per loop trip) at ``mfu`` of the peak of
     ``dtype``; memory its HBM bytes (``analysis.hbm_bytes``); communication every collective
     (:func:`collective_time`) times its loop trips. ``flops``, ``hbm_bytes`` and ``collectives`` (records or
-    ``(kind, bytes, axes[, runs])`` tuples) replace the analysis's. A GPU cluster's program is compiled by
-    XLA:CPU (bfloat16 math widened to float32, CPU fusion): its bytes are an overestimate.
+    ``(kind, bytes, axes[, runs])`` tuples) replace the analysis's. Collectives run one after another, except
+    permutes in one loop body going opposite ways round a TPU ring (both directions of its links at once). A
+    GPU cluster's program is compiled by XLA:CPU (bfloat16 math widened to float32, CPU fusion): its bytes are
+    an overestimate.
     """
     cluster = cluster or getattr(analysis, "cluster", None)
     if cluster is None:
@@ -410,6 +439,8 @@ def step_time(analysis: tp.Any = None, cluster: Cluster | None = None, mesh_shap
             kind, nbytes, axes, runs, name = record.kind, record.bytes, record.mesh_axes, record.trips, record.name
         t = transfer(kind, nbytes, tuple(axes), mesh, cluster)
         timed.append(CollectiveTime(kind, tuple(axes), int(nbytes), int(runs), t.seconds, t.level, t.bound, name))
+    if collectives is None and getattr(analysis, "hlo_text", ""):
+        timed = _pair_opposite_permutes(timed, analysis.collectives, analysis.hlo_text)
     xla = getattr(analysis, "xla_seconds", None) if cluster == getattr(analysis, "cluster", None) else None
     return StepTime(cluster, mesh, roofline(flops, hbm_bytes, cluster, dtype, mfu), tuple(timed), mfu, overlap, xla)
 
