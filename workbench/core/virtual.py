@@ -89,11 +89,21 @@ class CompiledAnalysis:
 
     @property
     def bytes_accessed(self) -> float:
+        """XLA's ``cost_analysis()`` bytes accessed: a while loop's body counted once."""
         return self.cost.get("bytes accessed", 0.0)
 
     @property
+    def hbm_bytes(self) -> float:
+        """Bytes each device moves between HBM and the chip, counted as XLA's ``bytes accessed`` is but each
+        instruction once per loop trip (``_hlo_graph.hbm_bytes``)."""
+        from workbench.core._hlo_graph import hbm_bytes
+
+        return hbm_bytes(self.hlo_text)
+
+    @property
     def xla_seconds(self) -> float | None:
-        """XLA's own estimate of the program's time (TPU only), or None."""
+        """XLA's own estimate of the program's time (TPU only: ``cost_analysis()["optimal_seconds"]``), or None.
+        Like the other ``cost_analysis()`` numbers it counts a while loop's body once."""
         return self.cost.get("optimal_seconds")
 
     def collectives_summary(self) -> dict[str, dict[str, int]]:
