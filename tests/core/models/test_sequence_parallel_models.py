@@ -1,6 +1,6 @@
 """Sequence (context) parallelism inside models: a model laid on an ``sp`` mesh passes its mesh to its
-attention, so ``ring`` and ``ulysses`` run in every layer with the hidden states split along the sequence.
-Against the unsharded model with ``vanilla`` attention (float32, left padding)."""
+attention, so ``ring``, ``ulysses`` and ``allgather_kv`` run in every layer with the hidden states split along
+the sequence. Against the unsharded model with ``vanilla`` attention (float32, left padding)."""
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +31,10 @@ def max_diff(got, want, mask):
     ("gemma3", "ring", dict(fsdp=1, sp=8), {}),  # sliding and full layers, soft-capped logits
     ("mixtral", "ring", dict(fsdp=1, sp=8), {}),
     ("llama", "ring", dict(fsdp=2, tp=2, sp=2), {}),
+    ("llama", "allgather_kv", dict(fsdp=1, sp=8), {}),
+    ("qwen3", "allgather_kv", dict(dp=2, fsdp=1, sp=4), {"load_balance": "zigzag"}),
+    ("gemma3", "allgather_kv", dict(fsdp=1, sp=8), {}),
+    ("mixtral", "allgather_kv", dict(dp=2, fsdp=1, sp=4), {}),
 ])
 def test_logits_equal_vanilla(family, impl, axes, options):
     model = tiny(family)
@@ -43,25 +47,27 @@ def test_logits_equal_vanilla(family, impl, axes, options):
     assert "sp" in str(got.sharding.spec)  # the hidden states stayed split along the sequence
 
 
-def test_a_train_step_on_an_sp_mesh_equals_the_unsharded_step():
+@pytest.mark.parametrize("impl", ["ring", "allgather_kv"])
+def test_a_train_step_on_an_sp_mesh_equals_the_unsharded_step(impl):
     model = tiny("llama")
     ids, mask = batch(model)
     data = {"input_ids": ids, "attention_mask": mask}
     step = make_train_step()
     with jax.default_matmul_precision("highest"):
         plain, plain_metrics = step(to_state(model.with_attention("vanilla"), optax.sgd(0.1)), data)
-        ring = model.shard_model(make_mesh(dp=2, fsdp=1, sp=4)).with_attention("ring")
-        state, metrics = step(to_state(ring, optax.sgd(0.1)), data)
+        sharded = model.shard_model(make_mesh(dp=2, fsdp=1, sp=4)).with_attention(impl)
+        state, metrics = step(to_state(sharded, optax.sgd(0.1)), data)
     assert abs(float(metrics["loss"]) - float(plain_metrics["loss"])) <= 1e-5
     for (path, a), (_, b) in zip(nnx.to_flat_state(nnx.state(from_state(plain), nnx.Param)),
                                  nnx.to_flat_state(nnx.state(from_state(state), nnx.Param)), strict=True):
         np.testing.assert_allclose(np.asarray(b.get_value()), np.asarray(a.get_value()), atol=1e-5, err_msg=str(path))
 
 
-def test_decoding_says_which_implementations_decode():
-    model = tiny("llama").shard_model(make_mesh(fsdp=1, sp=8)).with_attention("ring")
+@pytest.mark.parametrize("impl", ["ring", "allgather_kv"])
+def test_decoding_says_which_implementations_decode(impl):
+    model = tiny("llama").shard_model(make_mesh(fsdp=1, sp=8)).with_attention(impl)
     ids, mask = batch(model, t=16)
-    with pytest.raises(ValueError, match=r"'ring' splits the sequence.*with_attention\(\.\.\.\) one of .*flash"):
+    with pytest.raises(ValueError, match=rf"'{impl}' splits the sequence.*with_attention\(\.\.\.\) one of .*flash"):
         model.generate(ids, GenerationConfig(max_new_tokens=2, do_sample=False), attention_mask=mask)
     with pytest.raises(TypeError, match="hashable"):
         model.with_attention("ring", block_sizes=[1, 2])

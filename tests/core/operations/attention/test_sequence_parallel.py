@@ -1,4 +1,5 @@
-"""Sequence-parallel attention (``ring``, ``ulysses``) on 8 simulated devices, against the float64 reference."""
+"""Sequence-parallel attention (``ring``, ``ulysses``, ``allgather_kv``) on 8 simulated devices, against the
+float64 reference."""
 
 import jax
 import jax.numpy as jnp
@@ -7,10 +8,10 @@ import pytest
 
 from tests.core.operations.attention.reference import reference_attention
 from workbench.core.mesh import make_mesh
-from workbench.core.operations.attention import ring, ulysses  # noqa: F401  (registers them)
+from workbench.core.operations.attention import allgather_kv, ring, ulysses  # noqa: F401  (registers them)
 from workbench.core.operations.base import OperationMetadata, OperationRegistry
 
-IMPLS = ("ring", "ulysses")
+IMPLS = ("ring", "ulysses", "allgather_kv")
 
 
 def inputs(b=2, t=16, h=8, kv=8, d=8, s=None, seed=0):
@@ -86,7 +87,8 @@ def test_sp1_equals_vanilla(name):
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize(("name", "collective"), [("ring", "collective-permute"), ("ulysses", "all-to-all")])
+@pytest.mark.parametrize(("name", "collective"), [("ring", "collective-permute"), ("ulysses", "all-to-all"),
+                                                   ("allgather_kv", "all-gather")])
 def test_compiled_hlo_has_collective(name, collective):
     op = create(name, fsdp=4, sp=2)
     q, k, v = inputs(kv=2)

@@ -69,6 +69,7 @@ def flash_attention(call: AttentionCall, block_q: int, block_k: int) -> Array:
     """Output BTHD of ``call``, ``block_q`` queries by ``block_k`` keys at a time."""
     b, t, s, h, kv, _ = call.shape
     nq, nk = -(-t // block_q), -(-s // block_k)
+    call, varying = all_varying(call)
     may_see = tile_filter(call.visibility, block_q, block_k)
     call = pad_call(call, nq * block_q, nk * block_k)
     # Scale the queries once rather than every (block_q, block_k) tile of logits.
@@ -98,11 +99,35 @@ def flash_attention(call: AttentionCall, block_q: int, block_k: int) -> Array:
             return jax.lax.switch(branch, [lambda c: c, update, full], carry), None
 
         init = SoftmaxCarry.init(b, kv, h // kv, block_q, call.value_dim, call.query.dtype)
+        if varying:  # inside shard_map the carry varies as its inputs do
+            init = jax.lax.pcast(init, varying, to="varying")
         carry, _ = jax.lax.scan(key_block, init, (k_NBKsD, v_NBKsD, k_starts))
         return None, tile_finish(carry, call.query.dtype, call.sinks_tiles())
 
     _, o_NBtHD = jax.lax.scan(query_block, None, (q_NBKGtD, q_starts))
     return o_NBtHD.swapaxes(0, 1).reshape(b, nq * block_q, h, call.value_dim)[:, :t]
+
+
+def all_varying(call: AttentionCall) -> tuple[AttentionCall, tuple[str, ...]]:
+    """Inside ``shard_map``: ``call`` with every array varying over each manual mesh axis any of them varies over,
+    and those axes (``()`` outside ``shard_map``). Cast here, once, an array replicated over an axis (a bias
+    shared by a sequence's devices) gets its gradient summed here, not by a psum inside a tile's ``lax.cond``
+    that the devices skipping the tile never join."""
+    vis = call.visibility
+    arrays = {"query": call.query, "key": call.key, "value": call.value, "bias": call.bias, "sinks": call.sinks}
+    masks = {"kv_lengths": vis.kv_lengths, "q_segment_ids": vis.q_segment_ids,
+             "kv_segment_ids": vis.kv_segment_ids, "mask": vis.mask}
+    vma = lambda x: jax.typeof(x).manual_axis_type.varying
+    axes = tuple(sorted(set().union(*(vma(x) for x in (*arrays.values(), *masks.values()) if x is not None))))
+    if not axes:
+        return call, ()
+
+    def cast(x: Array | None) -> Array | None:
+        missing = tuple(a for a in axes if x is not None and a not in vma(x))
+        return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+    vis = dataclasses.replace(vis, **{n: cast(x) for n, x in masks.items()})
+    return dataclasses.replace(call, visibility=vis, **{n: cast(x) for n, x in arrays.items()}), axes
 
 
 def tile_filter(vis: Visibility, block_q: int, block_k: int) -> tp.Callable[[Array, Array], Array] | None:

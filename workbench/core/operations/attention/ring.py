@@ -180,7 +180,8 @@ def ring_attention(call: AttentionCall, mesh: Mesh, axis: str, load_balance: str
 
 
 class SequenceParallelAttention(AttentionImplMixin, OperationImpl):
-    """Base of ``ring`` and ``ulysses``: checks the mesh and lengths, runs :attr:`kernel` under ``jit``."""
+    """Base of ``ring``, ``ulysses`` and ``allgather_kv``: checks the mesh and lengths, runs :attr:`kernel` under
+    ``jit``."""
 
     kernel: tp.ClassVar[Kernel]
 
@@ -198,11 +199,18 @@ class SequenceParallelAttention(AttentionImplMixin, OperationImpl):
         return AttentionOutput(out, None, kernel_path=f"{name}/shard_map")
 
 
-def load_balance_option(metadata: tp.Any) -> str:
-    """``OperationMetadata.options["load_balance"]`` (default ``"contiguous"``), or a ValueError."""
+def load_balance_option(metadata: tp.Any, impl: str = "ring", lengths: tuple[int, int, int] | None = None) -> str:
+    """``OperationMetadata.options["load_balance"]`` (default ``"contiguous"``), or a ValueError; with
+    ``lengths=(T, S, sp)`` also checks that zig-zag's ``2 sp`` chunks divide both lengths."""
     value = metadata.options.get("load_balance", CONTIGUOUS)
     if value not in LOAD_BALANCES:
-        raise ValueError(f"ring: option load_balance must be one of {LOAD_BALANCES}; got {value!r}")
+        raise ValueError(f"{impl}: option load_balance must be one of {LOAD_BALANCES}; got {value!r}")
+    if lengths is not None and value == ZIGZAG:
+        t, s, sp = lengths
+        if t % (2 * sp) or s % (2 * sp):
+            raise ValueError(f"{impl}: load_balance='zigzag' cuts the sequence into 2 * sp = {2 * sp} chunks, so "
+                             f"T={t} and S={s} must both be divisible by {2 * sp}; pad the sequences or use "
+                             f"load_balance='contiguous'")
     return value
 
 
@@ -222,12 +230,7 @@ class RingAttention(SequenceParallelAttention):
         return "ring"
 
     def kernel_options(self, t: int, s: int, sp: int, axis: str) -> tuple[tuple[str, tp.Any], ...]:
-        load_balance = load_balance_option(self.metadata)
-        if load_balance == ZIGZAG and (t % (2 * sp) or s % (2 * sp)):
-            raise ValueError(f"ring: load_balance='zigzag' cuts the sequence into 2 * sp = {2 * sp} chunks, so T={t} "
-                             f"and S={s} must both be divisible by {2 * sp}; pad the sequences or use "
-                             f"load_balance='contiguous'")
-        return (("load_balance", load_balance),)
+        return (("load_balance", load_balance_option(self.metadata, "ring", (t, s, sp))),)
 
 
 # -- work per device --------------------------------------------------------------------------
