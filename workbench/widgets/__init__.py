@@ -16,6 +16,7 @@ _LAZY = {
     "AttentionLab": "workbench.widgets.attention_lab",
     "ModuleTree": "workbench.widgets.module_tree",
     "GenerationView": "workbench.widgets.generation_view",
+    "PipelineView": "workbench.widgets.pipeline_view",
 }
 
 __all__ = sorted(_LAZY)
