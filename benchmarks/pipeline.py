@@ -51,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     print(header("pipeline parallelism: schedules vs the unpipelined step (8 simulated devices)"))
     model = tiny("llama", num_hidden_layers=args.layers, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                 num_attention_heads=8, num_key_value_heads=4, head_dim=args.hidden // 8)
+                 num_attention_heads=8, num_key_value_heads=4)
     batch = {"input_ids": jnp.zeros((args.batch, args.seq), jnp.int32)}
 
     plain_mesh = make_mesh(dp=8, fsdp=1)

@@ -1,7 +1,9 @@
 """Pipeline parallelism: a model's stacked layers cut into stages over the ``pp`` mesh axis, run by a schedule.
 
-The step is one ``jax.shard_map`` that is manual over ``pp`` only (dp / fsdp / tp / ep stay automatic inside, so
-pipelining combines with the other parallelisms). Each device holds its stages' slice of the stacked layers
+The step is one ``jax.shard_map`` that is manual over ``pp`` and ``dp`` (each data-parallel replica runs its
+own rows and its gradients are summed over dp once, after the loop); fsdp / tp / ep stay automatic inside, so
+pipelining combines with the other parallelisms (not fsdp with tp / ep / sp at once: XLA 0.10 aborts there,
+so that raises). Each device holds its stages' slice of the stacked layers
 (``PartitionAxis(layer_axis="pp")``) and plays its column of :func:`pipeline_schedule`'s table in a
 ``lax.scan`` over ticks: a forward of one microbatch through one stage, or a backward (the stage recomputed
 from its saved input and differentiated with ``jax.vjp``), or nothing. After every tick two ``ppermute`` s move
@@ -36,10 +38,11 @@ from workbench.core.pipeline_schedule import (BACKWARD, FORWARD, IDLE, SCHEDULES
 
 __all__ = ["SCHEDULES", "PipelineConfig", "PipelineSchedule", "pipeline_schedule", "pipeline_partition_axis",
            "pipeline_forward", "pipeline_value_and_grad", "make_pipeline_train_step", "executor_tables",
-           "activation_stash_bytes"]
+           "activation_stash_bytes", "pipeline_loss_and_grads"]
 
 Array = jax.Array
 PP = "pp"
+DP_AXIS = "dp"
 # executor actions: a forward through a stage that is not the last, one through the last (head and loss too), a backward
 _IDLE, _FWD, _FWD_LAST, _BWD = 0, 1, 2, 3
 
@@ -176,14 +179,15 @@ def _run_pipeline(parts: _Parts, schedule: PipelineSchedule, mesh: jax.sharding.
     act_spec = (model0.partition_axis or PartitionAxis()).resolve(ACTIVATION_AXES, shape=x_mBTD.shape[1:], mesh=mesh)
     act_spec = _drop_unit_axes(act_spec, mesh)
 
-    # The buffers of stage inputs and gradients keep the batch split over the data axes like the microbatches
-    # themselves: made here, outside the shard_map, with the same sharding (made inside, XLA would replicate
-    # them). Known limit: with tp / ep / sp > 1 as well, XLA 0.10's SPMD partitioner aborts on this loop
-    # when its activations are split over the data axes (a failed check on replica groups), so there the
-    # microbatches and buffers are replicated over dp / fsdp: every data-parallel replica runs the whole
-    # microbatch (results exact, the data axes then save no compute). pp x dp and pp x fsdp split the batch.
+    # dp is manual too (when it has more than one device): each data-parallel replica runs its own rows and
+    # accumulates its own gradients, summed over dp once after the loop, as data parallelism does (left
+    # automatic, XLA all-reduces each tick's gradient over dp). The buffers of stage inputs and gradients
+    # are made here, outside the shard_map, split like the microbatches (made inside, XLA would replicate
+    # them over the automatic axes).
+    manual = (PP, DP_AXIS) if mesh.shape.get(DP_AXIS, 1) > 1 else (PP,)
+    rows_spec = P(None, DP_AXIS) if DP_AXIS in manual else P()
     mb_shape = x_mBTD.shape[1:]
-    split = NamedSharding(mesh, P(None, *act_spec) if _splits_batch(mesh) else P())
+    split = NamedSharding(mesh, P(None, *act_spec))
     x_mBTD = jax.lax.with_sharding_constraint(x_mBTD, split)
     rows = NamedSharding(mesh, P(*split.spec[:3]))
     mask_mBT, labels_mBT = (None if a is None else jax.lax.with_sharding_constraint(a, rows)
@@ -195,13 +199,12 @@ def _run_pipeline(parts: _Parts, schedule: PipelineSchedule, mesh: jax.sharding.
 
     def body(rest, staged_local, x_mBTD, mask_mBT, labels_mBT, num_tokens, buffers):
         d = jax.lax.axis_index(PP)
-        vary = lambda tree: jax.tree.map(
-            lambda a: a if PP in jax.typeof(a).manual_axis_type.varying else jax.lax.pcast(a, (PP,), to="varying"), tree)
+        vary = lambda tree: jax.tree.map(lambda a: _vary(a, manual), tree)
         # every device differentiates its own copy of the replicated parameters (no implicit psum inside a
-        # branch only some devices take); the psum after the loop adds them up
+        # branch only some devices take); the psums after the loop add them up
         rest = vary(rest)
         model = _model(parts, rest, jax.tree.map(lambda a: a[0, 0], staged_local))
-        layers_v = jax.tree.map(lambda a: a[:, 0], staged_local)  # (v, L/V, ...)
+        layers_v = vary(jax.tree.map(lambda a: a[:, 0], staged_local))  # (v, L/V, ...)
         mb_shape = x_mBTD.shape[1:]
 
         def stage(layers_j, x_BTD, i, k):
@@ -281,21 +284,22 @@ def _run_pipeline(parts: _Parts, schedule: PipelineSchedule, mesh: jax.sharding.
         out = jax.lax.psum(carry["out"][:-1], PP)
         if not train:
             return out
-        g_layers = jax.tree.map(lambda a: a[:, None], carry["g_layers"])
-        return jax.lax.psum(carry["loss"], PP), jax.lax.psum(carry["g_rest"], PP), g_layers, out
+        data = tuple(a for a in manual if a != PP)
+        g_layers = jax.tree.map(lambda a: (jax.lax.psum(a, data) if data else a)[:, None], carry["g_layers"])
+        return jax.lax.psum(carry["loss"], manual), jax.lax.psum(carry["g_rest"], manual), g_layers, out
 
     layer_spec = jax.tree.map(lambda _: P(None, PP), staged)
     rest_spec = jax.tree.map(lambda _: P(), parts.rest)
-    in_specs = (rest_spec, layer_spec, P(), P(), P(), P(), jax.tree.map(lambda _: P(), buffers))
-    out_specs = (P(), rest_spec, layer_spec, P()) if train else P()
-    run = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names={PP})
+    in_specs = (rest_spec, layer_spec, rows_spec, rows_spec, rows_spec, P(), jax.tree.map(lambda _: rows_spec, buffers))
+    out_specs = (P(), rest_spec, layer_spec, rows_spec) if train else rows_spec
+    run = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=set(manual))
     return run(parts.rest, staged, x_mBTD, mask_mBT, labels_mBT, num_tokens, buffers)
 
 
-def _splits_batch(mesh: jax.sharding.Mesh) -> bool:
-    """Whether the pipeline keeps microbatches split over the data axes (not with tp / ep / sp > 1, where
-    XLA 0.10's partitioner aborts on the loop: see ``_run_pipeline``)."""
-    return all(mesh.shape.get(a, 1) == 1 for a in ("tp", "ep", "sp"))
+def _vary(a: Array, axes: tuple[str, ...]) -> Array:
+    """``a`` typed as varying over every manual axis in ``axes`` (a no-op for those it already varies over)."""
+    missing = tuple(x for x in axes if x not in jax.typeof(a).manual_axis_type.varying)
+    return jax.lax.pcast(a, missing, to="varying") if missing else a
 
 
 def _drop_unit_axes(spec: P, mesh: jax.sharding.Mesh) -> P:
@@ -317,6 +321,14 @@ def _pipeline_mesh(mesh: jax.sharding.Mesh | None, params: tp.Any, config: Pipel
     if mesh is None or PP not in mesh.axis_names:
         raise ValueError("pipeline parallelism needs the model on a mesh with a 'pp' axis: "
                          "model.shard_model(make_mesh(pp=..., ...), pipeline_partition_axis())")
+    model_axes = [a for a in ("tp", "ep", "sp") if mesh.shape.get(a, 1) > 1]
+    if mesh.shape.get("fsdp", 1) > 1 and model_axes:
+        # XLA 0.10's SPMD partitioner aborts the process (a failed check on replica groups) on the pipeline's
+        # loop when its microbatches are split over an automatic data axis and a model axis splits the layers
+        raise ValueError(f"a pipeline with fsdp={mesh.shape['fsdp']} and {model_axes[0]}={mesh.shape[model_axes[0]]} "
+                         f"together does not compile on this XLA (its partitioner aborts); put the data-parallel "
+                         f"devices on dp instead (make_mesh(pp=..., dp=..., fsdp=1, {model_axes[0]}=...)), or drop "
+                         f"{model_axes[0]}")
     if mesh.shape[PP] != config.num_stages:
         raise ValueError(f"PipelineConfig(num_stages={config.num_stages}) but the mesh's pp axis has "
                          f"{mesh.shape[PP]} devices; make them equal")
@@ -463,8 +475,6 @@ def make_pipeline_train_step(config: PipelineConfig, optimizer: tp.Any = None, *
         _check_model(nnx.merge(state.graphdef, state.params, state.other), config)
         mesh = _pipeline_mesh(None, state.params, config)
         batch = _place(batch, state, partition_axis)
-        if not _splits_batch(mesh):  # see _run_pipeline: the batch stays whole on every device
-            batch = jax.device_put(batch, NamedSharding(mesh, P()))
         _check_batch(batch["input_ids"], config, mesh)
         key = ("pipeline_train_step", config, signature((state, batch)))
 
