@@ -29,6 +29,13 @@ Parts, per device (every device holds the same; specs divide their dimensions):
   otherwise; XLA:CPU (which compiles GPU and CPU clusters in the worker) holds a ``"none"`` set, half as much
   again with ``remat="full"``;
 - ``kv_cache``: keys and values of every layer (:func:`workbench.core.explore.memory_per_device`);
+- with a ``pipeline`` (a :class:`workbench.core.pipeline.PipelineConfig` on a ``pp`` mesh axis): the stacked
+  layers' parameters, gradients and optimizer state divide by the stage count (the layout must split
+  ``LAYERS`` over ``pp``: ``pipeline_partition_axis()``); ``activations`` are what the schedule keeps alive,
+  the stage inputs and incoming gradients of its buffers (:func:`~workbench.core.pipeline.activation_stash_bytes`:
+  ``m`` microbatches with GPipe, at most ``p`` with 1F1B) plus the executor's whole-batch input and output
+  (the embeddings and their gradient); ``temporaries`` are one stage's backward for one microbatch (its
+  recomputed activations under the remat policy and one layer's working set) and that microbatch's logits;
 - ``inputs``: the token ids.
 
 :func:`ledger` returns a :class:`Ledger`; with a cluster it is held against the HBM of one device.
@@ -207,13 +214,14 @@ def logits_bytes(layout: Layout, batch: tuple[int, int]) -> int:
 # -- the ledger ------------------------------------------------------------------------------------------
 def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[int, int] = (8, 128),
            optimizer: str = "adamw", remat: str | None = None, kv_length: int | None = None,
-           cluster: tp.Any = None, partition_axis: PartitionAxis | None = None) -> Ledger:
+           cluster: tp.Any = None, partition_axis: PartitionAxis | None = None, pipeline: tp.Any = None) -> Ledger:
     """Bytes per device of one ``kind`` step of ``model`` laid out by ``layout`` (see the module doc).
 
     ``batch = (B, T)``: rows and positions of a train step or a prefill (a decode step takes ``(B, 1)``);
     ``remat`` defaults to the model's policy; ``kv_length`` sizes the KV cache of a prefill or decode step
     (default ``T``); ``cluster`` adds its HBM per device and picks the compiler whose temporaries to estimate
-    (XLA:TPU for a TPU cluster, else XLA:CPU, which compiles GPU and CPU clusters here).
+    (XLA:TPU for a TPU cluster, else XLA:CPU, which compiles GPU and CPU clusters here). ``pipeline`` (a
+    ``PipelineConfig``, train steps only) counts a pipelined step (see the module doc).
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}; got {kind!r}")
@@ -222,6 +230,12 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
     hbm = None if cluster is None else cluster.hbm_per_device
     compiler = "tpu" if cluster is None or cluster.platform == "tpu" else "cpu"
     ids = int(np.prod(batch)) * 4 // max(1, _tokens_per_device(layout, batch, layout.mode)[2])
+    if pipeline is not None:
+        if kind != "train":
+            raise ValueError("the pipeline ledger counts train steps; pass kind='train' or pipeline=None")
+        kept, temporaries = pipeline_activation_bytes(layout, pipeline, batch, remat, dtype, compiler)
+        return Ledger(kind, remat, layout.param_bytes, layout.param_bytes, optimizer_bytes(layout, optimizer),
+                      kept, temporaries, 0, ids, hbm)
     if kind == "train":
         kept, working = activation_bytes(layout, batch, remat, dtype, compiler)
         return Ledger(kind, remat, layout.param_bytes, layout.param_bytes, optimizer_bytes(layout, optimizer),
@@ -235,3 +249,32 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
     _, working = activation_bytes(layout, step_batch, "full", dtype, compiler)
     return Ledger(kind, "none", layout.param_bytes, kv_cache=kv,
                   temporaries=working // 2 + logits_bytes(layout, step_batch), inputs=ids, hbm_per_device=hbm)
+
+
+def pipeline_activation_bytes(layout: Layout, pipeline: tp.Any, batch: tuple[int, int], remat: str, dtype: tp.Any,
+                              compiler: str = "tpu") -> tuple[int, int]:
+    """``(kept, temporaries)`` bytes per device of a pipelined train step (see the module doc)."""
+    from workbench.core.pipeline import activation_stash_bytes
+
+    sizes = _axis_sizes(layout)
+    if sizes.get("pp", 1) != pipeline.num_stages:
+        raise ValueError(f"PipelineConfig(num_stages={pipeline.num_stages}) but the layout's mesh has pp="
+                         f"{sizes.get('pp', 1)}; make them equal")
+    layers = next((p for p in layout.params if p.path.startswith("layers/")), None)
+    if pipeline.num_stages > 1 and (layers is None or "pp" not in layers.decisions[0].chosen):
+        raise ValueError("a pipelined layout stores each stage's layers on its own devices: resolve it with "
+                         "pipeline_partition_axis() (LAYERS over pp)")
+    c = layout.config
+    big, t = batch
+    data_ways = _tokens_per_device(layout, batch, layout.mode)[2]
+    pipeline.check_batch(big, data_ways)
+    item = np.dtype(dtype).itemsize
+    stash = activation_stash_bytes(pipeline, batch_size=big, seq_len=t, hidden_size=c.hidden_size, dtype=dtype,
+                                   data_ways=data_ways)
+    b = big // data_ways
+    whole = 2 * b * t * c.hidden_size * item  # the embeddings in, their gradient out
+    micro = (big // pipeline.num_microbatches, t)
+    kept_all, working = activation_bytes(layout, micro, remat, dtype, compiler)
+    per_stage = pipeline.check_layers(c.num_hidden_layers - c.first_dense_layers)
+    stage_kept = kept_all * per_stage // c.num_hidden_layers
+    return stash + whole, stage_kept + working + LOGITS_COPIES * logits_bytes(layout, micro)
