@@ -305,3 +305,16 @@ def test_the_lab_compares_mla_shaped_inputs():
     refused = lab.compare("sdpa", q, k, v, runs=1)
     assert refused.impl.unsupported.startswith("unsupported: value_head_dim; supported by:")
     assert "flash" in refused.impl.unsupported and "vanilla" in refused.impl.unsupported
+
+
+@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 simulated devices")
+@pytest.mark.parametrize("impl, kind", [("ring", "collective-permute over sp"), ("ulysses", "all-to-all over sp"),
+                                        ("allgather_kv", "all-gather over sp")])
+def test_sequence_parallel_runs_show_their_collectives(impl, kind):
+    from workbench.core.attention_lab import compare, make_inputs
+
+    q, k, v = make_inputs(seq_len=128, heads=8, kv_heads=8, head_dim=16)  # ulysses splits heads over sp=8
+    result = compare(impl, q, k, v, runs=1)
+    assert result.max_abs_diff is not None and result.max_abs_diff < 1e-4
+    assert any(c.startswith(kind) for c in result.impl.collectives), result.impl.collectives
+    assert result.reference.collectives == ()  # vanilla on one device moves nothing

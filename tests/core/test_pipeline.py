@@ -156,6 +156,8 @@ def test_errors_say_what_to_change():
         pipeline_value_and_grad(sharded, {"input_ids": ids}, PipelineConfig(2, 4, "interleaved", virtual_stages=4))
     with pytest.raises(ValueError, match=r"a batch of 16 rows does not split into 3 microbatches x 4 data-parallel"):
         pipeline_value_and_grad(sharded, {"input_ids": ids}, PipelineConfig(2, 3))
+    with pytest.raises(ValueError, match="'ring' is sequence-parallel attention"):
+        pipeline_value_and_grad(sharded.with_attention("ring"), {"input_ids": ids}, PipelineConfig(2, 4))
     fsdp_tp = model.shard_model(make_mesh(pp=2, fsdp=2, tp=2), pipeline_partition_axis())
     with pytest.raises(ValueError, match=r"fsdp=2 and tp=2 together does not compile.*put the data-parallel devices "
                                          r"on dp instead"):

@@ -244,6 +244,7 @@ class Run:
     cached: bool = False  # compiled by an earlier call (compile_ms is from then)
     unsupported: str | None = None  # "unsupported: <feature>; supported by: ..."
     error: str | None = None  # what the implementation raised
+    collectives: tuple[str, ...] = ()  # the compiled call's, e.g. "collective-permute over sp x 7 runs"
 
     @property
     def ok(self) -> bool:
@@ -284,7 +285,7 @@ class Comparison:
             out.append({"implementation": run.name, "role": "reference" if run is self.reference else "compared",
                         "kernel_path": run.kernel_path, "max_abs_diff": diff if run.ok else None,
                         "median_ms": run.median_ms, "compile_ms": run.compile_ms, "temp_bytes": run.temp_bytes,
-                        "cached": run.cached, "note": run.note})
+                        "cached": run.cached, "collectives": run.collectives, "note": run.note})
         return out
 
 
@@ -303,7 +304,20 @@ def _prepare(name: str, options: LabOptions, args: tuple[Array, ...], metadata: 
     except Exception as e:  # an implementation's own refusal (shapes, mesh, ...) is a result, not a crash
         return Run(canonical, error=f"{type(e).__name__}: {e}"), None
     return Run(canonical, kernel_path=getattr(out, "kernel_path", None), output=out.attention_outputs,
-               compile_ms=compile_ms, temp_bytes=temp, cached=cached), executable
+               compile_ms=compile_ms, temp_bytes=temp, cached=cached,
+               collectives=collectives_summary(executable, md.mesh)), executable
+
+
+def collectives_summary(executable: tp.Any, mesh: tp.Any) -> tuple[str, ...]:
+    """``"<kind> over <mesh axes> x <runs>"`` for each kind of collective in a compiled call (from its HLO),
+    so a sequence-parallel implementation shows what it moves (ring: permutes over sp; ulysses: all-to-alls)."""
+    from workbench.core.inspect import collectives_in
+
+    runs: dict[str, int] = {}
+    for c in collectives_in(executable.as_text(), mesh if mesh is not None and mesh.size > 1 else None):
+        key = f"{c.kind} over {'×'.join(c.mesh_axes or ()) or 'devices'}"
+        runs[key] = runs.get(key, 0) + c.trips
+    return tuple(f"{k} × {n}" for k, n in sorted(runs.items()))
 
 
 def _time_round_robin(executables: dict[str, tp.Any], args: tuple, runs: int) -> dict[str, float]:

@@ -145,7 +145,7 @@ def _check_model(model: nnx.Module, config: PipelineConfig) -> int:
         raise TypeError("pipeline parallelism trains causal LMs; a SequenceClassifier's head reads one token")
     from workbench.core.operations import OperationRegistry
 
-    if model.attn_mechanism in OperationRegistry.supporting("sequence_parallel"):
+    if OperationRegistry.capabilities(model.attn_mechanism).mesh_axes:
         raise ValueError(f"{model.attn_mechanism!r} is sequence-parallel attention, which runs its own shard_map "
                          f"over sp; inside a pipeline use a local attention (vanilla, flash)")
     n = model.config.num_hidden_layers - model.config.first_dense_layers

@@ -57,9 +57,10 @@ def comparison_html(c: Comparison) -> str:
         compile_ms = _fmt(r["compile_ms"], "{:.0f}") + (" (cached)" if r["cached"] and r["compile_ms"] else "")
         rows.append([r["implementation"], r["role"], r["kernel_path"] or "–", _fmt(r["max_abs_diff"], "{:.2e}"),
                      _fmt(r["median_ms"], "{:.2f}"), compile_ms,
-                     "–" if r["temp_bytes"] is None else format_bytes(r["temp_bytes"]), r["note"] or ""])
+                     "–" if r["temp_bytes"] is None else format_bytes(r["temp_bytes"]),
+                     "; ".join(r["collectives"]) or "none", r["note"] or ""])
     return html_table(rows, ["implementation", "role", "kernel path", "max |Δ| vs reference", "median ms",
-                             "compile ms", "temp memory", "note"], css_class="wb-attention-results")
+                             "compile ms", "temp memory", "collectives (runs)", "note"], css_class="wb-attention-results")
 
 
 def model_comparison_html(m: ModelComparison) -> str:

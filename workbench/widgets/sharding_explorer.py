@@ -201,7 +201,11 @@ class ShardingExplorer:
         try:
             step = explore.step_collectives if self.cluster is None else functools.partial(
                 explore.cluster_step_collectives, cluster=self.cluster)
-            sc = step(self.model, self.layout, kind=self._kind.value, batch=(self._batch_b.value, self._batch_t.value))
+            model = self.model
+            attention = self._attention.value
+            if attention and attention != getattr(model, "attn_mechanism", attention):
+                model = model.with_attention(attention)
+            sc = step(model, self.layout, kind=self._kind.value, batch=(self._batch_b.value, self._batch_t.value))
         except (ValueError, TypeError) as e:
             self._collectives_out.value = error_html(f"collectives: {e}")
             return False
@@ -262,6 +266,10 @@ class ShardingExplorer:
                                          style={"description_width": "15px"})
         self._batch_t = w.BoundedIntText(batch[1], min=1, max=1 << 20, description="T", layout=w.Layout(width="110px"),
                                          style={"description_width": "15px"})
+        self._attention = w.Dropdown(options=_attention_options(self.model), description="attention",
+                                     layout=w.Layout(width="210px"), style={"description_width": "60px"},
+                                     tooltip="the attention the compiled step runs: ring, ulysses and allgather_kv "
+                                             "split the sequence over sp")
         self._collectives_button = go = w.Button(description="collectives", icon="exchange", button_style="info")
         go.add_class("wb-collectives-button")
         go.on_click(lambda _: self.compute_collectives())
@@ -284,9 +292,13 @@ class ShardingExplorer:
             w.HBox([self.editor.widget, w.VBox([memory_controls, self._chart])]),
             section("change from the previous layout"), self._diff,
             section("parameters"), w.HBox([self._filter, self._filter_error]), self._table,
-            section("collectives of one step"), w.HBox([self._kind, self._batch_b, self._batch_t, go]),
+            section("collectives of one step"), w.HBox([self._kind, self._batch_b, self._batch_t, self._attention, go]),
             self._collectives_out, *experts, w.HBox([apply, self._apply_status])])
         self.widget.add_class("wb-sharding-explorer")
+
+    def set_attention(self, name: str) -> None:
+        """The attention implementation "collectives" compiles the step with (the dropdown follows)."""
+        self._attention.value = name
 
     def _render(self, first: bool = False) -> None:
         name = getattr(self.layout.config, "model_type", type(self.model).__name__)
@@ -393,3 +405,14 @@ def memory_figure(memory: explore.MemoryBreakdown, mesh: tp.Any) -> dict[str, tp
               "legend": {"orientation": "h", "y": -0.25, "traceorder": "normal"}, "plot_bgcolor": "white",
               "paper_bgcolor": "white"}
     return {"data": data, "layout": layout, "config": {"displayModeBar": False}}
+
+
+def _attention_options(model: tp.Any) -> list[str]:
+    """The model's own attention, then the sequence-parallel ones (they need an sp axis of size > 1)."""
+    from workbench.core.operations import OperationRegistry
+
+    own = getattr(model, "attn_mechanism", None)
+    if own is None:
+        return [""]
+    parallel = [n for n in OperationRegistry.list_implementations() if "sp" in OperationRegistry.capabilities(n).mesh_axes]
+    return [own, *(n for n in parallel if n != own)]
