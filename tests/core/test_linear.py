@@ -217,7 +217,7 @@ def test_input_errors():
 def test_config_errors():
     mesh = mesh_of("tp4")
     with pytest.raises(ValueError, match=re.escape("axis_name='model' is not an axis of the mesh, whose axes are "
-                                                   "('dp', 'fsdp', 'ep', 'tp', 'sp')")):
+                                                   "('pp', 'dp', 'fsdp', 'ep', 'tp', 'sp')")):
         TensorParallelConfig(mesh, axis_name="model")
     with pytest.raises(ValueError, match=re.escape("use one of ('gspmd', 'shard_map', 'collective_matmul')")):
         TensorParallelConfig(mesh, matmul_method="ring")

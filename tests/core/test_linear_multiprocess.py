@@ -48,7 +48,7 @@ def test_column_row_mlp_across_two_processes(tmp_path):
     expected = numpy_mlp(mlp_params())
     for i, result in enumerate(results):
         assert (result["process_index"], result["process_count"], result["device_count"]) == (i, 2, 8)
-        assert result["mesh_shape"] == dict(dp=2, fsdp=1, ep=1, tp=4, sp=1)
+        assert result["mesh_shape"] == dict(pp=1, dp=2, fsdp=1, ep=1, tp=4, sp=1)
         # The two meshes put the process boundary across dp, then across tp.
         assert result["tp_group_processes"] == {"dp2_tp4": [[0], [1]], "tp_across": [[0, 1], [0, 1]]}
         for mesh_name in MESHES:

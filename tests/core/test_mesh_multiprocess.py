@@ -32,7 +32,7 @@ def test_two_processes_share_a_dp2_tp4_mesh(tmp_path):
         assert result["process_count"] == 2
         assert result["local_device_count"] == 4
         assert result["device_count"] == 8
-        assert result["mesh_shape"] == dict(dp=2, fsdp=1, ep=1, tp=4, sp=1)
+        assert result["mesh_shape"] == dict(pp=1, dp=2, fsdp=1, ep=1, tp=4, sp=1)
         assert result["dp_row_processes"] == [[0], [1]]  # so the dp psum crosses processes
         np.testing.assert_array_equal(np.array(result["psum_tp"]), expected_psum_tp,
                                       err_msg=f"psum over tp, process {i}")

@@ -33,3 +33,17 @@ def test_ring_on_an_sp_axis_of_one_device_moves_nothing():
     explorer.set_attention("ring")
     assert explorer.compute_collectives()
     assert not [c for c in explorer.collectives.records if "sp" in (c.mesh_axes or ())]
+
+
+def test_a_pp_mesh_splits_the_layers_and_compiles_the_pipeline():
+    model = tiny("llama", num_hidden_layers=4)
+    flat = ShardingExplorer(model, make_mesh(dp=4, fsdp=1, tp=2))
+    explorer = ShardingExplorer(model, make_mesh(pp=2, dp=2, fsdp=1, tp=2))
+    assert explorer.partition_axis.layer_axis == "pp"
+    layers = [p for p in explorer.layout.params if p.path.startswith("layers/")]
+    assert all(p.decisions[0].chosen == ("pp",) for p in layers)
+    assert explorer.memory().params < flat.memory().params
+    for kind in ("forward", "train"):
+        explorer._kind.value = kind
+        assert explorer.compute_collectives(), explorer._collectives_out.value
+        assert ("collective-permute", ("pp",)) in {(c.kind, c.mesh_axes) for c in explorer.collectives.records}

@@ -24,7 +24,7 @@ def test_picture_has_every_device_and_facets():
     assert html.count('class="wb-mesh-facet"') == 2 and "dp=0" in html and "dp=1" in html
     assert describe_mesh(mesh) in html and "rows: fsdp · columns: tp · facets: dp" in html
     assert view._repr_html_() == mesh_html(mesh) == html  # static, deterministic
-    assert repr(view) == "MeshView(dp=2, fsdp=2, ep=1, tp=2, sp=1)"
+    assert repr(view) == "MeshView(pp=1, dp=2, fsdp=2, ep=1, tp=2, sp=1)"
     assert "wb-mesh-view" in view._dom_classes
 
 
@@ -45,8 +45,8 @@ def test_edit_then_apply_notifies_followers():
     view.on_change(seen.append)
     view.observe(lambda change: observed.append(change["new"]), names="mesh")
     view._dropdowns["tp"].value = 2  # what a browser edit does
-    assert view.pending == {"dp": 2, "fsdp": 2, "ep": 1, "tp": 2, "sp": 1}
-    assert view._dropdowns["fsdp"].value == 2 and "pending: dp=2, fsdp=2" in view._status.value
+    assert view.pending == {"pp": 1, "dp": 2, "fsdp": 2, "ep": 1, "tp": 2, "sp": 1}
+    assert view._dropdowns["fsdp"].value == 2 and "pending: pp=1, dp=2, fsdp=2" in view._status.value
     assert view.mesh == mesh and seen == []  # nothing applied yet
     view._apply_button.click()
     assert dict(view.mesh.shape) == view.pending and view.mesh == make_mesh(dp=2, fsdp=2, tp=2)
@@ -61,7 +61,7 @@ def test_rest_axis_switch():
     assert view._dropdowns["dp"].disabled and not view._dropdowns["fsdp"].disabled
     assert [v for _, v in view._dropdowns["tp"].options] == [1, 2, 4, 8]  # fsdp=1 fixed, dp takes the rest
     view._dropdowns["tp"].value = 8
-    assert view.pending == {"dp": 1, "fsdp": 1, "ep": 1, "tp": 8, "sp": 1}
+    assert view.pending == {"pp": 1, "dp": 1, "fsdp": 1, "ep": 1, "tp": 8, "sp": 1}
     assert view.apply() and view.mesh == make_mesh(fsdp=1, tp=8)
 
 
@@ -76,7 +76,7 @@ def test_invalid_shape_shows_inline_error_and_keeps_state():
     assert not view.set_sizes(fsdp=2) and "fsdp takes the rest" in view.error
     assert not view.set_sizes(model=2) and "unknown axes ['model']" in view.error
     assert view.set_sizes(tp=2, sp=2) and view.error == ""
-    assert view.pending == {"dp": 1, "fsdp": 2, "ep": 1, "tp": 2, "sp": 2}
+    assert view.pending == {"pp": 1, "dp": 1, "fsdp": 2, "ep": 1, "tp": 2, "sp": 2}
     assert view._dropdowns["sp"].value == 2
 
 

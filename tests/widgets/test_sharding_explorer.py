@@ -43,7 +43,7 @@ def test_table_shows_every_parameter_and_the_chart_is_plotly(explorer):
     figure = explorer._chart.outputs[0]["data"]["application/vnd.plotly.v1+json"]
     assert [t["name"] for t in figure["data"]] == ["parameters", "optimizer state (AdamW)", "KV cache"]
     assert figure["layout"]["barmode"] == "stack" and figure["data"][0]["x"] == [str(i) for i in range(8)]
-    assert explorer.editor.fields["tensor_parallel_axis"].options == ("dp", "fsdp", "ep", "tp", "sp")
+    assert explorer.editor.fields["tensor_parallel_axis"].options == ("pp", "dp", "fsdp", "ep", "tp", "sp")
     assert "wb-sharding-explorer" in explorer.widget._dom_classes
 
 
@@ -146,7 +146,7 @@ def test_static_html_and_display(explorer):
     assert layout_html(explorer.layout) in static
     bundle = explorer._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
-    assert bundle["text/plain"] == ("ShardingExplorer(llama, 12 parameters, mesh dp=2, fsdp=2, ep=1, tp=2, sp=1, "
+    assert bundle["text/plain"] == ("ShardingExplorer(llama, 12 parameters, mesh pp=1, dp=2, fsdp=2, ep=1, tp=2, sp=1, "
                                     "MODE_TRAIN)")
     assert jax.tree.leaves(nnx.state(explorer.model, nnx.Param))[0].__class__ is jax.ShapeDtypeStruct
 

@@ -437,7 +437,8 @@ def step_collectives(model: nnx.Module, layout: Layout, *, kind: str = "forward"
 
     ``kind="forward"``: logits of a ``batch = (B, T)`` of token ids. ``kind="train"``: the causal LM
     loss and its gradient, the gradients placed like their parameters (as a train step feeds them to
-    the optimizer). The ids are placed by resolving ``(BATCH, LENGTH)`` in the layout's mode.
+    the optimizer). On a mesh with ``pp > 1`` the step is the pipeline's (1F1B, up to ``2 pp``
+    microbatches: :func:`workbench.core.pipeline.default_config`). The ids are placed by resolving ``(BATCH, LENGTH)`` in the layout's mode.
     Nothing is allocated: ``jax.jit(...).lower(ShapeDtypeStructs).compile()``.
     """
     from workbench.core.inspect import collectives_in, matmul_flops
@@ -456,6 +457,19 @@ def step_collectives(model: nnx.Module, layout: Layout, *, kind: str = "forward"
     def loss_and_grad(params, other, ids):
         loss = lambda p: causal_lm_loss(forward(p, other, ids), labels_from(ids))[0]
         return jax.value_and_grad(loss)(params)
+
+    sizes = dict(zip(layout.mesh.axis_names, layout.mesh.axis_sizes, strict=True))
+    if sizes.get("pp", 1) > 1:  # a pp axis: the step runs as a pipeline (1F1B), its ppermutes over pp
+        from workbench.core import pipeline
+
+        config = pipeline.default_config(layout.mesh, b)
+        forward = lambda params, other, ids: pipeline.pipeline_logits(graphdef, params, other, ids, None, config,
+                                                                      layout.mesh)
+
+        def loss_and_grad(params, other, ids):
+            loss, _, grads = pipeline.pipeline_loss_and_grads(graphdef, params, other, {"input_ids": ids}, config,
+                                                              layout.mesh)
+            return loss, grads
 
     if kind == "forward":
         fn = jax.jit(forward)

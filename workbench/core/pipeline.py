@@ -38,7 +38,7 @@ from workbench.core.pipeline_schedule import (BACKWARD, FORWARD, IDLE, SCHEDULES
 
 __all__ = ["SCHEDULES", "PipelineConfig", "PipelineSchedule", "pipeline_schedule", "pipeline_partition_axis",
            "pipeline_forward", "pipeline_value_and_grad", "make_pipeline_train_step", "executor_tables",
-           "activation_stash_bytes", "pipeline_loss_and_grads"]
+           "activation_stash_bytes", "pipeline_loss_and_grads", "pipeline_logits", "default_config"]
 
 Array = jax.Array
 PP = "pp"
@@ -420,20 +420,33 @@ def pipeline_forward(model: nnx.Module, input_ids: tp.Any, attention_mask: tp.An
     input_ids = jnp.asarray(input_ids, jnp.int32)
     _check_batch(input_ids, config, mesh)
     mask = None if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
+
+    run = jax.jit(lambda params, other, ids, mask: pipeline_logits(graphdef, params, other, ids, mask, config, mesh))
+    return run(params, other, input_ids, mask)
+
+
+def pipeline_logits(graphdef: nnx.GraphDef, params: nnx.State, other: nnx.State, input_ids: Array,
+                    attention_mask: Array | None, config: PipelineConfig, mesh: jax.sharding.Mesh) -> Array:
+    """Traceable: logits ``(B, T, V)`` through the pipeline's forward ticks (GPipe's fill and drain, or the
+    interleaved forwards)."""
     forward_only = PipelineConfig(config.num_stages, config.num_microbatches,
                                   "interleaved" if config.virtual_stages > 1 else "gpipe", config.virtual_stages)
+    x_BTD = _embed_all(graphdef, params, other, input_ids, attention_mask)
+    split = functools.partial(_split_microbatches, m=config.num_microbatches)
+    y_mBTD = _run_pipeline(_parts(graphdef, params, other), _forward_ticks(forward_only), mesh, split(x_BTD),
+                           None if attention_mask is None else split(attention_mask), None, jnp.ones(()), train=False)
+    model = nnx.merge(graphdef, params, other)
+    y_BTD = jnp.swapaxes(y_mBTD, 0, 1).reshape(x_BTD.shape)
+    return model.head(model.norm(y_BTD)).astype(model.logits_dtype)
 
-    @jax.jit
-    def run(params, other, input_ids, mask):
-        x_BTD = _embed_all(graphdef, params, other, input_ids, mask)
-        split = functools.partial(_split_microbatches, m=config.num_microbatches)
-        y_mBTD = _run_pipeline(_parts(graphdef, params, other), _forward_ticks(forward_only), mesh, split(x_BTD),
-                               None if mask is None else split(mask), None, jnp.ones(()), train=False)
-        m = nnx.merge(graphdef, params, other)
-        y_BTD = jnp.swapaxes(y_mBTD, 0, 1).reshape(x_BTD.shape)
-        return m.head(m.norm(y_BTD)).astype(m.logits_dtype)
 
-    return run(params, other, input_ids, mask)
+def default_config(mesh: tp.Any, batch_size: int, schedule: str = "1f1b") -> PipelineConfig:
+    """A pipeline over the mesh's pp axis with as many microbatches as divide the batch, up to ``2 p``."""
+    p = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True)).get(PP, 1)
+    data_ways = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True)).get(DP_AXIS, 1)
+    data_ways *= dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True)).get("fsdp", 1)
+    m = max((k for k in range(1, 2 * p + 1) if batch_size % (k * data_ways) == 0), default=1)
+    return PipelineConfig(p, m, schedule)
 
 
 def _forward_ticks(config: PipelineConfig) -> PipelineSchedule:

@@ -147,7 +147,7 @@ class ShardingExplorer:
                  batch: tuple[int, int] = (8, 64), cluster: tp.Any = None):
         self.model = model
         self.cluster = cluster  # a virtual Cluster: "collectives" and "experts" compile for its devices
-        self.layout = explore.Layout.of(model, mesh, partition_axis, rules, mode)  # raises on a bad start
+        self.layout = explore.Layout.of(model, mesh, _pipelined(partition_axis, mesh), rules, mode)  # raises on a bad start
         self.error = ""
         self.collectives: explore.StepCollectives | None = None
         self.experts: tp.Any = None  # moe_view.ExpertParallelSummary after "experts"
@@ -193,7 +193,9 @@ class ShardingExplorer:
 
     def set_mesh(self, mesh: Mesh | jax.sharding.AbstractMesh) -> bool:
         """Resolve the same rules on another mesh (``mesh_view.on_change(explorer.set_mesh)``)."""
-        return self._try(lambda: self.layout.replace(self.model, mesh=mesh), what="mesh")
+        return self._try(lambda: self.layout.replace(self.model, mesh=mesh,
+                                                     partition_axis=_pipelined(self.partition_axis, mesh)),
+                         what="mesh")
 
     def compute_collectives(self) -> bool:
         """Compile one step for the current layout (forward or train, as the toggle says) and show its collectives."""
@@ -416,3 +418,13 @@ def _attention_options(model: tp.Any) -> list[str]:
         return [""]
     parallel = [n for n in OperationRegistry.list_implementations() if "sp" in OperationRegistry.capabilities(n).mesh_axes]
     return [own, *(n for n in parallel if n != own)]
+
+
+def _pipelined(partition_axis: PartitionAxis | None, mesh: tp.Any) -> PartitionAxis | None:
+    """On a mesh with pp > 1 the stacked layers are the pipeline's stages: LAYERS over pp unless a rule says
+    otherwise (each device then holds its stages' parameters and optimizer state)."""
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+    pa = partition_axis or PartitionAxis()
+    if sizes.get("pp", 1) > 1 and pa.layer_axis is None:
+        return pa.replace(layer_axis="pp")
+    return partition_axis
