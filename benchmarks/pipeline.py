@@ -37,8 +37,13 @@ from jax.sharding import PartitionSpec as P
 from workbench.core.mesh import make_mesh
 from workbench.core.models.loss import causal_lm_loss
 from workbench.core.models.presets import tiny
-from workbench.core.pipeline import (PipelineConfig, activation_stash_bytes, pipeline_loss_and_grads,
-                                     pipeline_partition_axis, pipeline_schedule)
+from workbench.core.pipeline import (
+    PipelineConfig,
+    activation_stash_bytes,
+    pipeline_loss_and_grads,
+    pipeline_partition_axis,
+    pipeline_schedule,
+)
 
 
 def main() -> None:
@@ -80,8 +85,9 @@ def main() -> None:
                     continue
                 config = PipelineConfig(p, m, schedule)
                 t0 = time.perf_counter()
-                fn = jax.jit(lambda pr, o, b, config=config: pipeline_loss_and_grads(graphdef, pr, o, b, config, mesh)
-                             ).lower(params, other, pp_batch).compile()
+                step = lambda pr, o, b, config=config, graphdef=graphdef, mesh=mesh: pipeline_loss_and_grads(
+                    graphdef, pr, o, b, config, mesh)
+                fn = jax.jit(step).lower(params, other, pp_batch).compile()
                 compile_s = time.perf_counter() - t0
                 temps[schedule] = fn.memory_analysis().temp_size_in_bytes
                 times = time_round_robin({"pipeline": (fn, (params, other, pp_batch)),
@@ -92,7 +98,7 @@ def main() -> None:
                 results[schedule] = (config, compile_s, statistics.median(times["pipeline"]),
                                      statistics.median(times["plain"]), table, predicted)
             base = results["1f1b"][5], temps["1f1b"]
-            for schedule, (config, compile_s, t_pipe, t_plain, table, predicted) in results.items():
+            for schedule, (_, compile_s, t_pipe, t_plain, table, predicted) in results.items():
                 extra = temps[schedule] - base[1]
                 # interleaved cuts the layers into 2p stages, so its temporaries differ in more than the buffers
                 versus = ("n/a (stages of half the layers)" if schedule == "interleaved" else

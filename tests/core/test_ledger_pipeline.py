@@ -60,5 +60,5 @@ def test_pipeline_ledger_errors():
     mesh = make_mesh(pp=4, dp=2, fsdp=1)
     with pytest.raises(ValueError, match=r"pipeline_partition_axis\(\)"):
         ledger(model, Layout.of(model, mesh), batch=(B, T), pipeline=PipelineConfig(4, 8))
-    with pytest.raises(ValueError, match="num_stages=2.*pp=4"):
+    with pytest.raises(ValueError, match=r"num_stages=2.*pp=4"):
         ledger(model, Layout.of(model, mesh, pipeline_partition_axis()), batch=(B, T), pipeline=PipelineConfig(2, 8))

@@ -16,9 +16,15 @@ from workbench.core.mesh import make_mesh
 from workbench.core.models.loss import causal_lm_loss
 from workbench.core.models.presets import tiny
 from workbench.core.models.training import make_train_step, to_state
-from workbench.core.pipeline import (PipelineConfig, activation_stash_bytes, make_pipeline_train_step,
-                                     pipeline_forward, pipeline_loss_and_grads, pipeline_partition_axis,
-                                     pipeline_value_and_grad)
+from workbench.core.pipeline import (
+    PipelineConfig,
+    activation_stash_bytes,
+    make_pipeline_train_step,
+    pipeline_forward,
+    pipeline_loss_and_grads,
+    pipeline_partition_axis,
+    pipeline_value_and_grad,
+)
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 simulated devices")
 
@@ -150,7 +156,7 @@ def test_errors_say_what_to_change():
         pipeline_value_and_grad(model, {"input_ids": ids}, PipelineConfig(2, 4))
     mesh = make_mesh(pp=2, fsdp=-1)
     sharded = model.shard_model(mesh, pipeline_partition_axis())
-    with pytest.raises(ValueError, match="num_stages=4.*pp axis has 2 devices"):
+    with pytest.raises(ValueError, match=r"num_stages=4.*pp axis has 2 devices"):
         pipeline_value_and_grad(sharded, {"input_ids": ids}, PipelineConfig(4, 4))
     with pytest.raises(ValueError, match=r"4 layers do not split into 8 equal stages"):
         pipeline_value_and_grad(sharded, {"input_ids": ids}, PipelineConfig(2, 4, "interleaved", virtual_stages=4))

@@ -438,7 +438,8 @@ def step_collectives(model: nnx.Module, layout: Layout, *, kind: str = "forward"
     ``kind="forward"``: logits of a ``batch = (B, T)`` of token ids. ``kind="train"``: the causal LM
     loss and its gradient, the gradients placed like their parameters (as a train step feeds them to
     the optimizer). On a mesh with ``pp > 1`` the step is the pipeline's (1F1B, up to ``2 pp``
-    microbatches: :func:`workbench.core.pipeline.default_config`). The ids are placed by resolving ``(BATCH, LENGTH)`` in the layout's mode.
+    microbatches: :func:`workbench.core.pipeline.default_config`). The ids are placed by resolving
+    ``(BATCH, LENGTH)`` in the layout's mode.
     Nothing is allocated: ``jax.jit(...).lower(ShapeDtypeStructs).compile()``.
     """
     from workbench.core.inspect import collectives_in, matmul_flops

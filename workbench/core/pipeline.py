@@ -33,12 +33,30 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from workbench.core.axes import BATCH, LENGTH, PartitionAxis
-from workbench.core.pipeline_schedule import (BACKWARD, FORWARD, IDLE, SCHEDULES, PipelineConfig, PipelineSchedule,
-                                              pipeline_schedule)
+from workbench.core.pipeline_schedule import (
+    FORWARD,
+    IDLE,
+    SCHEDULES,
+    PipelineConfig,
+    PipelineSchedule,
+    pipeline_schedule,
+)
 
-__all__ = ["SCHEDULES", "PipelineConfig", "PipelineSchedule", "pipeline_schedule", "pipeline_partition_axis",
-           "pipeline_forward", "pipeline_value_and_grad", "make_pipeline_train_step", "executor_tables",
-           "activation_stash_bytes", "pipeline_loss_and_grads", "pipeline_logits", "default_config"]
+__all__ = [
+    "SCHEDULES",
+    "PipelineConfig",
+    "PipelineSchedule",
+    "activation_stash_bytes",
+    "default_config",
+    "executor_tables",
+    "make_pipeline_train_step",
+    "pipeline_forward",
+    "pipeline_logits",
+    "pipeline_loss_and_grads",
+    "pipeline_partition_axis",
+    "pipeline_schedule",
+    "pipeline_value_and_grad",
+]
 
 Array = jax.Array
 PP = "pp"
@@ -157,7 +175,7 @@ def _run_pipeline(parts: _Parts, schedule: PipelineSchedule, mesh: jax.sharding.
     """The shard_map: ``(loss, grads of rest, grads of the staged layers, grads of x)`` when ``train``,
     else the last stage's hidden states ``(m, mb, T, D)``."""
     config = schedule.config
-    p, v, last = config.num_stages, config.virtual_stages, config.total_stages - 1
+    p = config.num_stages
     tables, n_f, n_b = executor_tables(schedule)
     model0 = _model(parts, parts.rest, parts.layers)
     c = model0.config

@@ -60,7 +60,8 @@ def comparison_html(c: Comparison) -> str:
                      "–" if r["temp_bytes"] is None else format_bytes(r["temp_bytes"]),
                      "; ".join(r["collectives"]) or "none", r["note"] or ""])
     return html_table(rows, ["implementation", "role", "kernel path", "max |Δ| vs reference", "median ms",
-                             "compile ms", "temp memory", "collectives (runs)", "note"], css_class="wb-attention-results")
+                             "compile ms", "temp memory", "collectives (runs)", "note"],
+                      css_class="wb-attention-results")
 
 
 def model_comparison_html(m: ModelComparison) -> str:

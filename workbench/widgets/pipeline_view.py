@@ -66,7 +66,7 @@ class PipelineView:
         try:
             self.schedule = pipeline_schedule(self.config)
             self.timeline.value = schedule_html(self.schedule, microbatch_bytes=self._microbatch_bytes())
-        except Exception as e:  # noqa: BLE001 - shown inline, the widget stays usable
+        except Exception as e:
             self.schedule = None
             self.timeline.value = error_html(f"{type(e).__name__}: {e}")
             return False
@@ -77,7 +77,7 @@ class PipelineView:
         self.collectives.value = '<div style="font-size:12px;color:#555">compiling…</div>'
         try:
             self.collectives.value = collectives_html(self.model, self.config, self.batch_shape)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             self.collectives.value = error_html(f"{type(e).__name__}: {e}")
             return False
         return True

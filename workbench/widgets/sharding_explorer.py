@@ -147,7 +147,8 @@ class ShardingExplorer:
                  batch: tuple[int, int] = (8, 64), cluster: tp.Any = None):
         self.model = model
         self.cluster = cluster  # a virtual Cluster: "collectives" and "experts" compile for its devices
-        self.layout = explore.Layout.of(model, mesh, _pipelined(partition_axis, mesh), rules, mode)  # raises on a bad start
+        # raises on a bad start
+        self.layout = explore.Layout.of(model, mesh, _pipelined(partition_axis, mesh), rules, mode)
         self.error = ""
         self.collectives: explore.StepCollectives | None = None
         self.experts: tp.Any = None  # moe_view.ExpertParallelSummary after "experts"
@@ -416,7 +417,8 @@ def _attention_options(model: tp.Any) -> list[str]:
     own = getattr(model, "attn_mechanism", None)
     if own is None:
         return [""]
-    parallel = [n for n in OperationRegistry.list_implementations() if "sp" in OperationRegistry.capabilities(n).mesh_axes]
+    parallel = [n for n in OperationRegistry.list_implementations()
+                if "sp" in OperationRegistry.capabilities(n).mesh_axes]
     return [own, *(n for n in parallel if n != own)]
 
 

@@ -151,7 +151,8 @@ def run_layers(stack: nnx.Module, x_BTD: Array, ropes: tp.Mapping[str, tuple[Arr
 
 def run_stack(graphdef: nnx.GraphDef, state: nnx.State, x_BTD: Array,
               ropes: tp.Mapping[str, tuple[Array, Array]] | None, mask_B1TS: Array | None, *,
-              kinds: tp.Sequence[tuple[int | None, str]], kind_L: Array | np.ndarray, layer_L: Array | np.ndarray, step: tp.Any = None,
+              kinds: tp.Sequence[tuple[int | None, str]], kind_L: Array | np.ndarray, layer_L: Array | np.ndarray,
+              step: tp.Any = None,
               kv: tp.Any = None, scan: bool = True, remat: str = "none",
               constrain: tp.Callable[[Array], Array] | None = None) -> tuple[Array, tp.Any, Array | None]:
     """:func:`run_layers` on a stack given as its graphdef and stacked state (any number of layers, e.g. one
