@@ -82,3 +82,33 @@ def test_text_needs_a_tokenizer_and_takes_a_local_directory(smollm2_dir, hf):
     stream = TokenStream(tokenizer=smollm2_dir)  # anything as_tokenizer takes
     ids = hf.encode("Hello 🙂", add_special_tokens=False)
     assert "".join(p[0] for p in stream_ids(stream, [ids])) == "Hello 🙂"
+
+
+def test_a_background_listener_never_holds_up_put():
+    """``background=True``: the listener runs on its own thread; a slow one neither delays ``put`` nor misses
+    the end (it sees every token once the stream ends)."""
+    import threading
+    import time
+
+    seen, threads = [], set()
+
+    def slow(stream):
+        threads.add(threading.get_ident())
+        time.sleep(0.05)
+        seen.append((stream.num_steps, stream.finished))
+
+    stream = TokenStream(slow, min_interval_s=0, background=True)
+    start = time.perf_counter()
+    stream.put(np.array([[1, 2]]))
+    for token in range(40):
+        stream.put(np.array([token]))
+    put_seconds = time.perf_counter() - start
+    stream.end()
+    assert stream.join(timeout=5)
+    assert put_seconds < 0.05 * 40 / 4  # a synchronous listener would take 41 x 50 ms
+    assert threading.get_ident() not in threads and len(threads) == 1
+    assert seen[-1] == (40, True) and len(seen) < 41  # the newest state, skipping what it had no time for
+    broken = TokenStream(lambda s: 1 / 0, background=True)
+    broken.put(np.array([[1]]))
+    broken.end()
+    assert broken.join(timeout=5) and isinstance(broken.callback_error, ZeroDivisionError)

@@ -73,12 +73,13 @@ def test_streamed_tokens_equal_generate_and_the_cache_fills(model):
     np.testing.assert_array_equal(np.asarray(view.output.sequences)[:, 16:], expected)
     assert view.text == [ByteTokenizer().decode(expected[0])]
     assert html.escape(view.text[0]) in view._text.value and ">Hello</span>" in view._text.value
-    assert len(texts) >= 9  # the prompt, then every token (refresh_s=0), then the final text
+    # rendered on the stream's own thread, newest state first: some steps may be skipped, none goes back
+    assert len(texts) >= 2  # streamed pictures, then the final text
     assert "compiling the prefill and the decode loop" in statuses[0]
-    assert any(">generating… 1 token<" in s for s in statuses)
+    assert any("generating…" in s for s in statuses)
     assert "done: 8 new tokens per row" in statuses[-1]
     live = [index_of(c) for c in caches if "live, from streamed tokens" in c]
-    assert live == list(range(16, 24))  # one slot more per streamed token
+    assert live == sorted(set(live)) and set(live) <= set(range(16, 24))  # one slot more per streamed token
     assert "after the run: output.cache" in caches[-1] and index_of(caches[-1]) == 23 == live[-1]
     assert caches[-1] == cache_html(cache_fill(view.output.cache), prompt_len=16, source="after the run: output.cache",
                                     nbytes=view.output.cache.nbytes)
@@ -112,16 +113,21 @@ def test_compiling_flag_follows_the_core_cache_after_switching_the_model(model):
     assert "generating…" in first and "compiling" not in first and "no compile (program reused)" in last
 
 
-def test_stop_button_while_the_loop_runs_then_generate_again(model):
+def test_stop_button_while_the_loop_runs_then_generate_again(model, monkeypatch):
+    from workbench.core.token_stream import TokenStream
+    from workbench.widgets import generation_view
+
     view = make_view(model)
     at_step_three, release = threading.Event(), threading.Event()
 
-    def hold(_change):  # runs on generate's callback thread: hold the loop at step 3
-        if view._stream.num_steps == 3 and not release.is_set():
-            at_step_three.set()
-            release.wait(TIMEOUT_S)
+    class Held(TokenStream):  # hold the decode loop (its host callback) right after step 3
+        def put(self, tokens):
+            super().put(tokens)
+            if self.num_steps == 3 and not release.is_set():
+                at_step_three.set()
+                release.wait(TIMEOUT_S)
 
-    view._text.observe(hold, names="value")
+    monkeypatch.setattr(generation_view, "TokenStream", Held)
     view._on_generate(None)
     assert at_step_three.wait(TIMEOUT_S)
     # the loop is mid-run in its thread; this (the kernel's) thread is free to handle widget messages
@@ -284,7 +290,7 @@ def test_hf_streamed_text_is_decoded_whole_and_never_garbled(bpe_model, hf):
         shown[steps] = html.unescape(re.search(r'class="wb-gen-new"[^>]*>(.*?)</span>', value, re.S).group(1))
         prompt = html.unescape(re.search(r'class="wb-gen-prompt-text"[^>]*>(.*?)</span>', value, re.S).group(1))
         assert prompt == hf.decode(chat_ids(hf, "Hi"))  # a chat prompt shows its template's markers
-    assert sorted(shown) == list(range(13))
+    assert 12 in shown and set(shown) <= set(range(13))  # skipped states are fine (rendered off the loop)
     for n, text in shown.items():
         expected = hf.decode(new[:n], skip_special_tokens=True)
         assert text == (expected if n == 12 else expected.rstrip("\ufffd")), n

@@ -50,8 +50,10 @@ class TokenStream:
 
     ``on_update(stream)`` runs after the prompt and the first step, then at most every ``min_interval_s``
     seconds as steps arrive, and once at ``end()``; it runs on the thread that calls ``put`` (inside
-    ``generate``, a host-callback thread). An exception it raises is kept in ``callback_error`` (decoding
-    goes on).
+    ``generate``, a host-callback thread), so the compiled loop waits for it. With ``background=True`` it
+    runs on the stream's own thread instead: ``put`` only records the tokens and wakes that thread, which
+    renders the newest state (skipping states it had no time for); ``join()`` waits for its last call,
+    after ``end()``. An exception it raises is kept in ``callback_error`` (decoding goes on).
 
     ``tokenizer`` (anything :func:`~workbench.core.models.tokenizer.as_tokenizer` takes) enables ``text()``
     and ``new_text()``; e.g. print as it generates::
@@ -60,7 +62,7 @@ class TokenStream:
     """
 
     def __init__(self, on_update: tp.Callable[[TokenStream], tp.Any] | None = None, *, min_interval_s: float = 0.1,
-                 tokenizer: tp.Any = None):
+                 tokenizer: tp.Any = None, background: bool = False):
         if min_interval_s < 0:
             raise ValueError(f"min_interval_s must be >= 0; got {min_interval_s}")
         if tokenizer is not None:
@@ -78,6 +80,9 @@ class TokenStream:
         self._last_update = -np.inf
         self.finished = False
         self.callback_error: BaseException | None = None
+        self._background = bool(background) and on_update is not None
+        self._wake = threading.Event()
+        self._renderer: threading.Thread | None = None
 
     # -- the streamer protocol ------------------------------------------------------------------------
     def put(self, tokens: tp.Any) -> None:
@@ -89,11 +94,44 @@ class TokenStream:
             else:
                 self._steps.append(tokens.reshape(-1).copy())
                 force = len(self._steps) == 1  # the first token shows at once (it ends the compile wait)
-        self._notify(force)
+        if self._background:
+            self._wake_renderer()
+        else:
+            self._notify(force)
 
     def end(self) -> None:
         self.finished = True
-        self._notify(True)
+        if self._background:
+            self._wake_renderer()
+        else:
+            self._notify(True)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for a background listener's last call (after ``end()``); True when it is done."""
+        if self._renderer is not None:
+            self._renderer.join(timeout)
+            return not self._renderer.is_alive()
+        return True
+
+    def _wake_renderer(self) -> None:
+        with self._lock:
+            if self._renderer is None:
+                self._renderer = threading.Thread(target=self._render_loop, daemon=True, name="workbench-stream")
+                self._renderer.start()
+        self._wake.set()
+
+    def _render_loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            done = self.finished
+            try:
+                self._on_update(self)
+            except Exception as e:  # a listener's bug must not stop the stream
+                self.callback_error = e
+            if done:
+                return
+            time.sleep(self._min_interval_s)
 
     def should_stop(self) -> bool:
         return self._stop.is_set()

@@ -231,8 +231,9 @@ class GenerationView(widgets.VBox):
         except (ValueError, TypeError) as e:
             self._show_error(str(e))
             return None
+        # rendered on the stream's own thread: the compiled decode loop never waits for the widget
         stream = TokenStream(self._on_stream if streaming else None, min_interval_s=self._refresh_s,
-                             tokenizer=self.tokenizer)
+                             tokenizer=self.tokenizer, background=True)
         self._stream = stream
         self._run_info = {"config": config, "mask": mask, "cache_desc": cache_desc, "chat": self.chat.value}
         what = "the prefill and the decode loop" if streaming else "beam search"
@@ -278,7 +279,8 @@ class GenerationView(widgets.VBox):
         self.stop()
 
     def _on_stream(self, stream: TokenStream) -> None:
-        """Runs on generate's host-callback thread: redraw the text and the predicted cache."""
+        """Runs on the stream's render thread (not inside the decode loop): redraw the text and the predicted
+        cache."""
         if stream.prompt_BP is None:
             return
         info = self._run_info
@@ -302,6 +304,7 @@ class GenerationView(widgets.VBox):
             out = self.model.generate(ids, config, mask, prng_key=jax.random.key(self.seed.value),
                                       streamer=stream if config.num_beams == 1 else None, cache=cache)
             self.output = out
+            stream.join(timeout=10)  # its last live picture first, then the final one below
             new_BN = np.asarray(out.sequences)[:, ids.shape[1]:]
             self._text.value = self._text_html(ids, mask, new_BN)
             fill = cache_fill(out.cache)
