@@ -50,6 +50,10 @@ def stderr_lines() -> tp.Iterator[list[str]]:
 
 
 XLA_LOG = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ [\w./-]+:\d+\] (.*)$")
+# What libtpu prints when it loads on a host that is not a TPU VM (compiling ahead of time for a TPU slice):
+# true and harmless, kept from the terminal with XLA's log.
+LIBTPU_NOISE = re.compile(r"^(=== Source Location Trace: ===\s*|learning/\S+:\d+|WARNING: Logging before InitGoogle\(\) "
+                          r"is written to STDERR|Failed to find host bounds for accelerator type: .*)$")
 
 
 def xla_warnings(lines: tp.Iterable[str]) -> tp.Iterator[str]:
@@ -58,13 +62,6 @@ def xla_warnings(lines: tp.Iterable[str]) -> tp.Iterator[str]:
         match = XLA_LOG.match(line)
         if match and match.group(1) in "WE":
             yield match.group(2)
-
-
-def give_back(lines: tp.Iterable[str]) -> None:
-    """Write the captured lines that are not XLA's log back to stderr (a user's prints, Python warnings)."""
-    other = [line for line in lines if not XLA_LOG.match(line)]
-    if other:
-        os.write(2, ("\n".join(other) + "\n").encode())
 
 
 _XLA_HEAD = re.compile(r"[IWEF](\d{0,4}( [\d:.]*( +\d*( [\w./-]*(:\d*)?)?)?)?)?")
@@ -129,7 +126,7 @@ class _Router:
                 event.set()
             return
         text = line.decode(errors="replace")
-        if XLA_LOG.match(text):
+        if XLA_LOG.match(text) or LIBTPU_NOISE.match(text):
             with self._lock:
                 for sink in self._sinks:
                     sink.append(text)

@@ -29,7 +29,7 @@ import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from workbench.core import _compile_worker as worker_protocol
-from workbench.core._xla_log import give_back, stderr_lines, xla_warnings
+from workbench.core._xla_log import xla_log_lines, xla_warnings
 from workbench.core.cluster import MAX_SIMULATED_DEVICES, Cluster
 from workbench.core.inspect import Collective, summarize
 
@@ -125,11 +125,9 @@ def tpu_devices(topology: str, slices: int = 1) -> tuple[jax.Device, ...]:
     # Compiling touches no chip, so several processes (a notebook and a test worker, pytest -n 2) may load
     # libtpu at once; without this the second fails on libtpu's /tmp/libtpu_lockfile.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    with stderr_lines() as log:  # libtpu complains that this host is not a TPU VM: true, and fine
+    with xla_log_lines():  # libtpu complains that this host is not a TPU VM: true, and fine (kept, not shown)
         kwargs = {"num_slices": slices} if slices > 1 else {}
         topology_desc = topologies.get_topology_desc(topology_name=topology, platform="tpu", **kwargs)
-    give_back(line for line in log if "TPU" not in line and "InitGoogle" not in line and "libtpu" not in line
-              and "===" not in line and not line.startswith("learning/"))
     # libtpu lists each TensorCore of a v4 chip; JAX runs v4 as one device per chip (megacore), and so do we
     return tuple(d for d in topology_desc.devices if getattr(d, "core_on_chip", 0) == 0)
 
@@ -185,10 +183,9 @@ def compile_on(cluster: Cluster, fn: tp.Callable, *args: tp.Any, donate_argnums:
         if not isinstance(mesh, Mesh) or mesh.devices.flat[0].platform != "tpu":
             raise ValueError(f"{cluster.name}: place the arguments on cluster_mesh(cluster, ...) (TPU devices)")
         start = time.perf_counter()
-        with stderr_lines() as log:
+        with xla_log_lines() as log:  # XLA's log kept; other threads' stderr goes on meanwhile
             compiled = jax.jit(fn, **jit_kwargs).lower(*args).compile()
         seconds = time.perf_counter() - start
-        give_back(log)
         return _analysis(cluster, mesh, worker_protocol.analyse(compiled, mesh, seconds, tuple(xla_warnings(log))))
     if not isinstance(mesh, AbstractMesh) or mesh.size != cluster.num_devices:
         raise ValueError(f"{cluster.name}: place the arguments on cluster_mesh(cluster, ...) (an AbstractMesh of "
@@ -246,9 +243,8 @@ class Worker:
             jit_kwargs["out_shardings"] = jax.tree.leaves(
                 jit_kwargs["out_shardings"], is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
 
-        with stderr_lines() as log:
+        with xla_log_lines():
             exported = jax.export.export(jax.jit(flat, **jit_kwargs), platforms=["cpu"])(*leaves)
-        give_back(log)
         request = {"exported": exported.serialize(), "mesh_shape": tuple(mesh.axis_sizes),
                    "axis_names": tuple(mesh.axis_names), "in_specs": specs, "donate_argnums": donate,
                    # never run, only read: on CPU, LLVM's -O0 compiles 3-4x faster after the same HLO passes
