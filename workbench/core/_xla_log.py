@@ -52,8 +52,9 @@ def stderr_lines() -> tp.Iterator[list[str]]:
 XLA_LOG = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ [\w./-]+:\d+\] (.*)$")
 # What libtpu prints when it loads on a host that is not a TPU VM (compiling ahead of time for a TPU slice):
 # true and harmless, kept from the terminal with XLA's log.
-LIBTPU_NOISE = re.compile(r"^(=== Source Location Trace: ===\s*|learning/\S+:\d+|WARNING: Logging before InitGoogle\(\) "
-                          r"is written to STDERR|Failed to find host bounds for accelerator type: .*)$")
+LIBTPU_NOISE = re.compile(r"^(=== Source Location Trace: ===\s*|learning/\S+:\d+"
+                          r"|WARNING: Logging before InitGoogle\(\) is written to STDERR"
+                          r"|Failed to find host bounds for accelerator type: .*)$")
 
 
 def xla_warnings(lines: tp.Iterable[str]) -> tp.Iterator[str]:
