@@ -57,10 +57,19 @@ class _StreamSlot:
 
     def __init__(self):
         self.streamer = None
+        self.error: BaseException | None = None
         self.lock = threading.Lock()
 
     def __call__(self, tokens_B) -> np.bool_:
-        return np.bool_(_stream(self.streamer, np.asarray(tokens_B)))
+        if self.error is not None:
+            return np.bool_(True)
+        try:
+            return np.bool_(_stream(self.streamer, np.asarray(tokens_B)))
+        except BaseException as e:  # noqa: BLE001 - a kernel interrupt or a streamer's bug, raised after the loop
+            # raised here it would surface as XLA's "CpuCallback error"; instead the loop ends after this step
+            # (the cache consistent) and generate raises it as it was
+            self.error = e
+            return np.bool_(True)
 
 
 def _stream(streamer, tokens) -> bool:
@@ -183,11 +192,13 @@ def generate(model: nnx.Module, input_ids, generation_config: GenerationConfig |
         s, cache = jax.block_until_ready(run_decode(state, s, cache))
     else:
         with slot.lock:  # two threads streaming through one program take turns
-            slot.streamer = streamer
+            slot.streamer, slot.error = streamer, None
             try:
                 s, cache = jax.block_until_ready(run_decode(state, s, cache))
             finally:
-                slot.streamer = None
+                slot.streamer, error, slot.error = None, slot.error, None
+        if error is not None:
+            raise error
         if hasattr(streamer, "end"):
             streamer.end()
     timings["decode"] = time.perf_counter() - t0
