@@ -65,7 +65,7 @@ class _StreamSlot:
             return np.bool_(True)
         try:
             return np.bool_(_stream(self.streamer, np.asarray(tokens_B)))
-        except BaseException as e:  # noqa: BLE001 - a kernel interrupt or a streamer's bug, raised after the loop
+        except BaseException as e:
             # raised here it would surface as XLA's "CpuCallback error"; instead the loop ends after this step
             # (the cache consistent) and generate raises it as it was
             self.error = e
