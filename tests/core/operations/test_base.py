@@ -139,6 +139,14 @@ def test_override_removes_the_old_owners_aliases(registry):
         registry.get("orig_alias")
 
 
+def test_override_of_a_class_registered_under_two_taken_names(registry):
+    """Re-running a notebook cell that registers ``("streaming", "sink")`` again: both names are taken by the
+    same old class, which is dropped once (it raised KeyError on the second name)."""
+    registry.register(make_impl(("streaming", "sink")))
+    newer = registry.register(make_impl(("streaming", "sink")), override=True)
+    assert registry.get("streaming") is newer and registry.get("sink") is newer
+
+
 def test_unknown_name_lists_registered_and_closest(registry):
     registry.register(make_impl("flashy"))
     with pytest.raises(ValueError, match=r"named 'flashi'\. Did you mean 'flashy'\? Registered: \[.*'flashy'"):

@@ -306,8 +306,8 @@ class OperationRegistry:
                 raise ValueError(f"cannot register {impl.__name__}: {owners} already registered. Pass "
                                  f"override=True to replace it (e.g. when re-running a notebook cell), "
                                  f"or choose another name")
-            for n in taken:  # replacing: drop the old owner's other names too
-                cls._unregister(cls._registry[n])
+            for owner in {cls._registry[n] for n in taken}:  # replacing: drop each old owner's other names too
+                cls._unregister(owner)
             for n in names:
                 cls._registry[n] = impl
                 cls._canonical[n] = names[0]
