@@ -47,6 +47,7 @@ from workbench.core.axes import (
     PartitionAxis,
 )
 from workbench.core.inspect import Collective, summarize
+from workbench.core.layout import typed_notation
 from workbench.core.models.cache import kv_layout
 from workbench.core.models.sharding import explain_params, path_str, shard_model, with_mesh
 
@@ -133,6 +134,11 @@ class ParamLayout:
     def bytes(self) -> int:
         """Unsharded size."""
         return math.prod(self.shape) * self.dtype.itemsize
+
+    @property
+    def typed(self) -> str:
+        """Its type on Explicit axes: ``float32[264@tp,64@(fsdp,sp)]`` (see :func:`.layout.typed_notation`)."""
+        return typed_notation(self.shape, self.dtype, self.spec)
 
 
 def _reason(decisions: tp.Sequence[DimDecision]) -> str:
@@ -253,12 +259,12 @@ class Layout:
                 "inputs": by_names(INPUT_AXES, self.mode), "kv_cache": by_names(KV_CACHE_AXES, KV_CACHE_MODE)}
 
     def table(self) -> str:
-        """Plain text: one line per parameter."""
-        rows = [("path", "shape", "axes", "spec", "shard", "bytes/device", "reason")]
-        rows += [(p.path, str(p.shape), ", ".join(p.axes), str(p.spec), str(p.shard_shape),
+        """Plain text: one line per parameter (its type as on Explicit axes, ``float32[264@tp,64@(fsdp,sp)]``)."""
+        rows = [("path", "shape", "axes", "spec", "type", "shard", "bytes/device", "reason")]
+        rows += [(p.path, str(p.shape), ", ".join(p.axes), str(p.spec), p.typed, str(p.shard_shape),
                   f"{p.bytes_per_device:,}", p.reason) for p in self.params]
-        widths = [max(len(r[i]) for r in rows) for i in range(6)]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:6], widths, strict=True)) + "  " + r[6]
+        widths = [max(len(r[i]) for r in rows) for i in range(7)]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:7], widths, strict=True)) + "  " + r[7]
                          for r in rows)
 
 

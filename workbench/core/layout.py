@@ -9,12 +9,16 @@
   other axes as facets), and :func:`mesh_factorizations` / :func:`axis_size_choices` /
   :func:`set_axis_size` / :func:`reshape_mesh` say which mesh shapes a device count allows.
 - :func:`parse_spec` / :func:`format_spec` read and write a spec as text (``"(fsdp, sp), tp"``).
+- :func:`typed_notation` writes the same array as JAX types it on Explicit axes: ``float32[8@fsdp,16@tp]``,
+  what ``str(jax.typeof(x))`` prints (tests compare the two).
 
 >>> import jax
 >>> mesh = jax.sharding.AbstractMesh((2, 4), ("fsdp", "tp"))
 >>> lay = sharding_layout((8, 16), "float32", parse_spec("fsdp, tp"), mesh)
 >>> lay.notation(), lay.shard_shape, lay.bytes_per_device
 ('A[I_fsdp, J_tp]', (4, 4), 64)
+>>> lay.typed_notation()  # an Explicit mesh types it so; this one is Auto, so jax.typeof would show float32[8,16]
+'float32[8@fsdp,16@tp]'
 >>> sharding_layout((8, 16), "float32", jax.P("tp"), mesh).replica_groups[0]  # block 0 of dim I: 2 copies
 (0, 4)
 """
@@ -31,11 +35,11 @@ import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from workbench.core.axes import fit_spec
-from workbench.core.mesh import MESH_AXES, make_mesh
+from workbench.core.mesh import MESH_AXES, explicit_spec, make_mesh
 
 __all__ = ["BlockCell", "MeshCell", "MeshFacet", "MeshGrid", "ShardingLayout", "ShardingPanel", "axis_size_choices",
            "divisors", "format_spec", "mesh_factorizations", "mesh_grid", "parse_spec", "reshape_mesh",
-           "set_axis_size", "sharding_layout"]
+           "set_axis_size", "sharding_layout", "typed_notation"]
 
 MeshLike = Mesh | AbstractMesh
 Entry = str | tuple[str, ...] | None
@@ -270,6 +274,15 @@ class ShardingLayout:
             out.append((_dim_letter(dim), sub))
         return out
 
+    def typed_notation(self, *, on_mesh: bool = False, short_dtypes: bool = False) -> str:
+        """The type JAX gives this array on Explicit axes: ``float32[8@fsdp,16@tp]`` (:func:`typed_notation`).
+
+        ``on_mesh=True``: as ``jax.typeof`` prints it on this very mesh, where Auto axes stay out of the
+        type (an all-Auto mesh gives ``float32[8,16]``).
+        """
+        return typed_notation(self.shape, self.dtype, self.spec, self.mesh if on_mesh else None,
+                              short_dtypes=short_dtypes)
+
     def panels(self) -> list[ShardingPanel]:
         """2-D pictures: the last two dimensions as a grid of blocks, one panel per leading block.
 
@@ -404,6 +417,62 @@ def sharding_layout(shape: tp.Any, dtype: tp.Any = None, spec: tp.Any = None, me
         device_blocks[int(ids[coords])] = tuple(block)
     shard_shape = tuple(n // w for n, w in zip(shape, ways, strict=True))
     return ShardingLayout(shape, dtype, PartitionSpec(*entries), mesh, tuple(ways), shard_shape, device_blocks)
+
+
+def typed_notation(shape: tp.Sequence[int], dtype: tp.Any, spec: tp.Any = None, mesh: MeshLike | None = None, *,
+                   short_dtypes: bool = False) -> str:
+    """An array's type with its sharding, as ``str(jax.typeof(x))`` prints it on a mesh of Explicit axes.
+
+    A dimension split over a mesh axis reads ``size@axis``, over several ``size@(a,b)`` (major axis
+    first), an unsplit one its size alone; sizes are global, not per shard. ``spec`` is a
+    PartitionSpec, spec text (``"fsdp, tp"``) or None (unsharded).
+
+    Without ``mesh`` every axis the spec names shows: the type on Explicit axes. With ``mesh``, as JAX
+    types it there: only Explicit axes enter a type, Auto and Manual ones are left out (an all-Auto mesh
+    gives ``float32[8,4]``), and the names and divisibility are checked. ``P.UNCONSTRAINED`` (Auto axes
+    only) leaves its dimension out of the type. ``short_dtypes=True`` writes jaxpr's names (``f32``, ``bf16``).
+
+    >>> typed_notation((8, 4), "float32", PartitionSpec("dp", "tp"))
+    'float32[8@dp,4@tp]'
+    >>> typed_notation((8, 4, 2), "bfloat16", PartitionSpec(("fsdp", "dp"), None), short_dtypes=True)
+    'bf16[8@(fsdp,dp),4,2]'
+    """
+    shape = tuple(int(n) for n in shape)
+    name = np.dtype(_jnp_dtype(dtype)).name
+    if short_dtypes:  # jax's short_dtype_name
+        name = name.replace("float", "f").replace("uint", "u").replace("int", "i").replace("complex", "c")
+    spec = parse_spec(spec) if isinstance(spec, str) else PartitionSpec() if spec is None else spec
+    if not isinstance(spec, PartitionSpec):
+        raise TypeError(f"typed_notation takes a PartitionSpec, spec text like 'fsdp, tp' or None; got "
+                        f"{type(spec).__name__}")
+    if getattr(spec, "unreduced", None) or getattr(spec, "reduced", None):
+        raise ValueError(f"{spec} has unreduced/reduced axes; typed_notation writes split dimensions only")
+    if len(spec) > len(shape):
+        raise ValueError(f"{spec} has {len(spec)} entries but the array has {len(shape)} dimension(s) {shape}; "
+                         f"give at most one entry per dimension")
+    decided = PartitionSpec(*(None if e is PartitionSpec.UNCONSTRAINED else e for e in spec))  # XLA's choice
+    for dim, entry in enumerate(decided):
+        if not (entry is None or isinstance(entry, str)
+                or (isinstance(entry, tuple | list) and all(isinstance(a, str) for a in entry))):
+            raise TypeError(f"dim {dim}: spec entry {entry!r} must be a mesh axis name, a tuple of names, or None")
+    if mesh is not None:
+        if not isinstance(mesh, Mesh | AbstractMesh):
+            raise TypeError(f"mesh must be a jax.sharding.Mesh or AbstractMesh; got {type(mesh).__name__}")
+        _check_spec(decided, shape, _sizes(mesh))
+        if PartitionSpec.UNCONSTRAINED in tuple(spec) and not mesh.auto_axes:
+            raise ValueError(f"{spec}: P.UNCONSTRAINED lets XLA choose, which only Auto axes allow; this mesh has "
+                             f"none, so name mesh axes or None")
+        decided = explicit_spec(decided, mesh)
+        for dim, (n, entry) in enumerate(zip(shape, decided, strict=False)):
+            ways = math.prod(_sizes(mesh)[a] for a in _axes(entry))
+            if n % ways:
+                raise ValueError(f"dim {dim} has size {n}, not divisible by {'×'.join(_axes(entry))} = {ways}; JAX "
+                                 f"refuses such a type (change the shape, the spec or the mesh)")
+    parts = []
+    for dim, n in enumerate(shape):
+        axes = _axes(decided[dim]) if dim < len(decided) else ()
+        parts.append(f"{n}@{axes[0]}" if len(axes) == 1 else f"{n}@({','.join(axes)})" if axes else str(n))
+    return f"{name}[{','.join(parts)}]"
 
 
 def _jnp_dtype(dtype: tp.Any) -> tp.Any:

@@ -10,6 +10,10 @@ XLA's GSPMD propagation chooses the rest and inserts the collectives: that is wh
 workbench shows and teaches (``inspect.collectives``), and what parameter annotations
 through ``PartitionAxis`` rely on. Pass ``axis_types=AxisType.Explicit`` to study
 sharding-in-types, where JAX refuses ambiguous shardings instead of choosing.
+
+The models are written for Auto axes (annotations, GSPMD chooses). On Explicit-typed arrays they run
+through :func:`call_on_auto_axes`, JAX's ``auto_axes`` bridge: inputs keep their layout but lose the
+sharding from their types, the body runs as on Auto axes, and the outputs get types back.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import re
 import typing as tp
 
 import jax
-from jax.sharding import AxisType, Mesh
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("pp", "dp", "fsdp", "ep", "tp", "sp")
 
@@ -127,3 +131,59 @@ def describe_mesh(mesh: Mesh | jax.sharding.AbstractMesh) -> str:
     types = "/".join(sorted({t.name for t in mesh.axis_types}))
     return (f"Mesh({axes}): {mesh.size} {'/'.join(platforms)} device(s), {len(processes)} process(es), "
             f"{types} axes")
+
+
+# -- Explicit axes ------------------------------------------------------------------------------------
+def explicit_mesh_of(tree: tp.Any) -> Mesh | AbstractMesh | None:
+    """The mesh of the first leaf of ``tree`` whose type carries Explicit axes (``jax.typeof(x)`` shows
+    ``8@dp``), or None when no leaf has any (Auto meshes, unsharded values). A placed array gives its
+    concrete Mesh, a tracer or a ``ShapeDtypeStruct`` the AbstractMesh of its type."""
+    for leaf in jax.tree.leaves(tree):
+        mesh = None
+        if isinstance(leaf, jax.ShapeDtypeStruct | jax.Array) and not isinstance(leaf, jax.core.Tracer):
+            sharding = getattr(leaf, "sharding", None)
+            mesh = sharding.mesh if isinstance(sharding, NamedSharding) else None
+        else:
+            try:
+                mesh = jax.typeof(leaf).sharding.mesh
+            except (TypeError, AttributeError):  # not an array (a Python scalar, ...)
+                mesh = None
+        if mesh is not None and not mesh.empty and mesh.explicit_axes:
+            return mesh
+    return None
+
+
+def as_auto(mesh: Mesh | AbstractMesh) -> Mesh | AbstractMesh:
+    """``mesh`` (same devices, names and sizes) with its Explicit axes made Auto; Manual axes stay."""
+    return mesh.update(axis_types=tuple(AxisType.Auto if t == AxisType.Explicit else t for t in mesh.axis_types))
+
+
+def explicit_spec(spec: PartitionSpec, mesh: Mesh | AbstractMesh) -> PartitionSpec:
+    """``spec`` keeping only ``mesh``'s Explicit axes, as JAX keeps them in a type."""
+    keep = set(mesh.explicit_axes)
+    entries = []
+    for entry in spec:
+        axes = tuple(a for a in ((entry,) if isinstance(entry, str) else entry or ()) if a in keep)
+        entries.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(*entries)
+
+
+def call_on_auto_axes(fn: tp.Callable[..., tp.Any], args: tuple, mesh: Mesh | AbstractMesh,
+                      out_specs: tp.Callable[[tp.Any], tp.Any]) -> tp.Any:
+    """``fn(*args)`` run as on Auto axes, for code written for GSPMD called on Explicit-typed ``args``.
+
+    What ``jax.sharding.auto_axes`` does, with the output specs computed from the outputs:
+    ``out_specs(out)`` gives a PartitionSpec per output leaf (a pytree like ``out``), laid out on
+    ``mesh``'s Explicit axes (other axes are dropped, as JAX drops them from types). ``mesh`` is the
+    Explicit mesh (concrete or abstract); inside ``fn`` the context mesh is :func:`as_auto` of it, so
+    ``fn`` must place and constrain on ``as_auto(mesh)``.
+    """
+    abstract = mesh.abstract_mesh
+    auto = as_auto(abstract)
+    unsharded = lambda x: PartitionSpec(*(None,) * jax.typeof(x).ndim)
+    with jax.sharding.use_abstract_mesh(auto):
+        args = jax.sharding.reshard(args, jax.tree.map(unsharded, args))
+        out = fn(*args)
+    specs = out_specs(out)
+    return jax.tree.map(lambda x, spec: jax.sharding.reshard(x, NamedSharding(mesh, explicit_spec(spec, mesh))),
+                        out, specs)

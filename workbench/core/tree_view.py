@@ -1,4 +1,4 @@
-"""A model's parameters as rows (path, shape, dtype, count, semantic axes, spec, bytes) and totals per subtree.
+"""A model's parameters as rows (path, shape, dtype, count, semantic axes, spec, type, bytes) and totals per subtree.
 
 What :class:`~workbench.widgets.module_tree.ModuleTree` shows, computed without a widget. A spec
 comes from where the parameter sits (an array or ``ShapeDtypeStruct`` carrying a ``NamedSharding``),
@@ -27,6 +27,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from workbench.core.axes import MODE_TRAIN, PartitionAxis, label
+from workbench.core.layout import typed_notation
 from workbench.core.models.sharding import Rules, explain_params, path_str
 
 __all__ = ["ParamRow", "SubtreeTotal", "format_count", "param_rows", "subtree_totals"]
@@ -55,6 +56,13 @@ class ParamRow:
     def name(self) -> str:
         """The last path component (``kernel``, ``weight``)."""
         return self.path.rsplit("/", 1)[-1]
+
+    def typed(self, *, on_mesh: bool = False) -> str | None:
+        """Its type on Explicit axes, ``float32[264@tp,64@(fsdp,sp)]`` (None without a spec); ``on_mesh=True``:
+        as ``jax.typeof`` prints it on its own mesh, Auto axes left out (:func:`.layout.typed_notation`)."""
+        if self.spec is None:
+            return None
+        return typed_notation(self.shape, self.dtype, self.spec, self.sharding.mesh if on_mesh else None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ import html
 import typing as tp
 
 __all__ = ["device_background", "device_color", "device_colors", "error_html", "escape", "format_bytes",
-           "html_table", "ids_text"]
+           "html_table", "ids_text", "typed_html"]
 
 _GOLDEN = 0.618033988749895
 TEXT_COLOR = "#1b1b1b"
@@ -95,3 +95,18 @@ def error_html(message: str) -> str:
         return ""
     return (f'<div class="wb-error" style="color:#b00020;background:#fdecee;border-left:3px solid #b00020;'
             f'padding:4px 8px;margin:4px 0;font-size:12px;white-space:pre-wrap">⚠ {escape(message)}</div>')
+
+
+def typed_html(typed: str, on_mesh: str | None = None) -> str:
+    """An array's type on Explicit axes (``float32[8@dp,4@tp]``, :func:`~workbench.core.layout.typed_notation`)
+    in code font, class ``wb-typed``, the text in ``data-typed``.
+
+    ``on_mesh``: what ``jax.typeof`` prints on the array's own mesh. Where Auto axes keep the sharding
+    out of it, the type is marked "if Explicit" and the tooltip gives what ``jax.typeof`` shows there.
+    """
+    same = on_mesh is None or on_mesh == typed
+    tip = ("str(jax.typeof(x)) on this mesh" if same else
+           f"the type on Explicit axes; on this mesh's Auto axes jax.typeof(x) shows {on_mesh}")
+    note = "" if same else '<span class="wb-typed-note" style="color:#777;font-size:11px"> if Explicit</span>'
+    return (f'<code class="wb-typed" data-typed="{escape(typed)}" title="{escape(tip)}" '
+            f'style="font-size:12px;white-space:nowrap">{escape(typed)}</code>{note}')

@@ -15,7 +15,7 @@ import ipywidgets as widgets
 from workbench.core.axes import MODE_TRAIN, PartitionAxis
 from workbench.core.layout import format_spec
 from workbench.core.tree_view import ParamRow, SubtreeTotal, format_count, param_rows, subtree_totals
-from workbench.widgets._html import error_html, escape, format_bytes
+from workbench.widgets._html import error_html, escape, format_bytes, typed_html
 
 __all__ = ["ModuleTree", "param_summary_html", "tree_totals_html"]
 
@@ -80,7 +80,8 @@ def tree_totals_html(rows: tp.Sequence[ParamRow], open_depth: int = 1) -> str:
 
 
 def param_summary_html(row: ParamRow) -> str:
-    """One parameter in words: shape, semantic axes, spec and where it came from, and why per dimension."""
+    """One parameter in words: shape, semantic axes, spec and where it came from, its type on Explicit axes,
+    and why per dimension."""
     where = {"placed": "as placed (the array's NamedSharding)",
              "resolved": "resolved from its semantic axes on the mesh given"}.get(row.source or "", "")
     lines = [f"<b>{escape(row.path)}</b> {escape(tuple(row.shape))} {escape(row.dtype.name)} · "
@@ -88,6 +89,8 @@ def param_summary_html(row: ParamRow) -> str:
     if row.axes is not None:
         lines.append(f"semantic axes: ({escape(', '.join(row.axes))})")
     lines.append(f"spec: {escape(_spec_text(row))} {escape(where)}")
+    if row.spec is not None:
+        lines.append(f"type: {typed_html(row.typed(), row.typed(on_mesh=True))}")
     lines.extend(f"&nbsp;&nbsp;{escape(r)}" for r in row.reasons)
     return f'<div class="wb-param-summary" style="{_MONO}">' + "<br>".join(lines) + "</div>"
 

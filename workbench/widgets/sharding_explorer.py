@@ -36,23 +36,33 @@ def _spec_text(spec: tp.Any) -> str:
     return str(spec).replace("PartitionSpec", "P")
 
 
+def _names(entry: tp.Any) -> tuple[str, ...]:
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
 def layout_html(layout: explore.Layout, *, pattern: str = "", changed: tp.Collection[str] = ()) -> str:
     """The parameter table; rows whose path matches ``pattern`` (regex search), ``changed`` ones marked."""
     regex = re.compile(pattern) if pattern else None
-    head = ("path", "shape", "dtype", "semantic axes", "PartitionSpec", "shard", "bytes/device", "why")
+    head = ("path", "shape", "dtype", "semantic axes", "PartitionSpec", "type", "shard", "bytes/device", "why")
+    explicit = set(layout.mesh.explicit_axes)
     rows = []
     for p in layout.params:
         if regex is not None and not regex.search(p.path):
             continue
         mark = ";background:#fff3c4" if p.path in changed else ""
-        cells = (p.path, "×".join(map(str, p.shape)), p.dtype.name, ", ".join(p.axes), _spec_text(p.spec),
+        cells = (p.path, "×".join(map(str, p.shape)), p.dtype.name, ", ".join(p.axes), _spec_text(p.spec), p.typed,
                  "×".join(map(str, p.shard_shape)), f"{p.bytes_per_device:,}", p.reason)
-        classes = ("wb-path", "", "", "", "wb-spec", "wb-shard", "wb-bytes", "wb-reason")
+        classes = ("wb-path", "", "", "", "wb-spec", "wb-type", "wb-shard", "wb-bytes", "wb-reason")
         rows.append(f'<tr class="wb-param-row" data-path="{escape(p.path)}" style="{mark}">'
                     + "".join(f'<td class="{c}" style="{_CELL}{"" if c == "wb-reason" else ";white-space:nowrap"}">'
                               f"{escape(v)}</td>" for c, v in zip(classes, cells, strict=True))
                     + "</tr>")
-    header = "".join(f'<th style="{_CELL};font-weight:600">{h}</th>' for h in head)
+    on_auto = any(a not in explicit for p in layout.params for entry in p.spec for a in _names(entry))
+    typed_head = (f'<th style="{_CELL};font-weight:600" title="str(jax.typeof(x)) on this mesh">type</th>'
+                  if not on_auto else
+                  f'<th style="{_CELL};font-weight:600" title="the type on Explicit axes; jax.typeof leaves '
+                  f'Auto axes out of types">type if Explicit</th>')
+    header = "".join(typed_head if h == "type" else f'<th style="{_CELL};font-weight:600">{h}</th>' for h in head)
     shown = f"{len(rows)} of {len(layout.params)}" if regex is not None else str(len(rows))
     total = (f"{shown} parameters · {format_bytes(layout.param_bytes)} of parameters per device, "
              f"{format_bytes(sum(p.bytes for p in layout.params))} unsharded · {label(layout.mode)}")

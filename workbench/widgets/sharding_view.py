@@ -1,10 +1,11 @@
 """ShardingView: which block of an array each device holds, for any rank, with a spec editor.
 
-The layout comes from :func:`workbench.core.layout.sharding_layout` (no allocation): the last two
-dimensions are drawn as a grid of blocks, one panel per block of the leading dimensions
-(``jax.debug.visualize_sharding`` stops at 2-D). Blocks take their device's colour (the same as
-in :class:`~workbench.widgets.mesh_view.MeshView`); a block held by several devices is striped
-with their colours and carries a ``×n`` badge.
+The layout comes from :func:`workbench.core.layout.sharding_layout` (no allocation); beside the scaling
+book's notation ``A[I_fsdp, J_tp]`` stands the type JAX gives the array on Explicit axes,
+``float32[8@fsdp,16@tp]``. The last two dimensions are drawn as a grid of blocks, one panel per block
+of the leading dimensions (``jax.debug.visualize_sharding`` stops at 2-D). Blocks take their device's
+colour (the same as in :class:`~workbench.widgets.mesh_view.MeshView`); a block held by several devices
+is striped with their colours and carries a ``×n`` badge.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ import ipywidgets as widgets
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from workbench.core.layout import ShardingLayout, format_spec, sharding_layout
-from workbench.widgets._html import TEXT_COLOR, device_background, error_html, escape, format_bytes, ids_text
+from workbench.widgets._html import (
+    TEXT_COLOR,
+    device_background,
+    error_html,
+    escape,
+    format_bytes,
+    ids_text,
+    typed_html,
+)
 
 __all__ = ["ShardingView", "notation_html", "sharding_html"]
 
@@ -71,7 +80,9 @@ def sharding_html(layout: ShardingLayout, name: str = "A") -> str:
         where = [f"columns {_axis_caption(layout, 0)}"]
     if rank > 2:
         where.append("one panel per block of " + ", ".join(_axis_caption(layout, d) for d in range(rank - 2)))
+    typed = typed_html(layout.typed_notation(), layout.typed_notation(on_mesh=True))
     header = (f'<div class="wb-sharding-header" style="margin-bottom:4px">{notation_html(layout, name)}'
+              f'<span style="margin-left:12px">{typed}</span>'
               f'<div class="wb-summary" style="font-size:12px">{escape(_summary(layout))}</div>'
               f'<div style="font-size:11px;color:#666">{escape(" · ".join(where))}</div></div>')
     panels = []
@@ -169,6 +180,10 @@ class ShardingView(widgets.VBox):
 
     def notation(self) -> str:
         return self._layout.notation(self._name)
+
+    def typed_notation(self) -> str:
+        """The type shown beside the notation: JAX's on Explicit axes, ``float32[8@fsdp,16@tp]``."""
+        return self._layout.typed_notation()
 
     def on_change(self, fn: tp.Callable[[ShardingLayout], tp.Any]) -> tp.Callable[[ShardingLayout], tp.Any]:
         """Call ``fn(layout)`` after each accepted edit; returns ``fn``."""

@@ -13,7 +13,16 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from workbench.core.axes import BATCH, EMPTY, MODE_TRAIN, QUERY_LENGTH, DynamicShardingAxes, PartitionAxis, RowWise
+from workbench.core.axes import (
+    BATCH,
+    EMPTY,
+    MODE_TRAIN,
+    QUERY_LENGTH,
+    VOCAB,
+    DynamicShardingAxes,
+    PartitionAxis,
+    RowWise,
+)
 from workbench.core.linear import ColumnParallelLinear
 from workbench.core.models.block import Attention, DecoderBlock, make_norm
 from workbench.core.models.cache import KVCache, PagedKVCache, kv_layout
@@ -32,6 +41,8 @@ AUTO_ATTENTION = {"cpu": "vanilla", "gpu": "sdpa", "tpu": "flash"}
 # features whole (tensor-parallel layers all-reduce back to replicated features, Megatron style).
 KEEP = object()  # with_options: leave this option as it is
 ACTIVATION_AXES = DynamicShardingAxes((BATCH, QUERY_LENGTH, EMPTY), 1)
+# Logits as a forward on Explicit axes types them (on Auto axes XLA chooses): rows as the hidden states, vocab over tp.
+LOGITS_AXES = DynamicShardingAxes((BATCH, QUERY_LENGTH, VOCAB), 1)
 
 
 def needed_attention_features(config: ModelConfig) -> tuple[str, ...]:
@@ -181,8 +192,21 @@ class CausalLM(ModelMethods, nnx.Module):
         """An empty contiguous cache for ``batch_size`` rows of up to ``max_length`` tokens (MLA: latents and
         rope keys, see ``cache.kv_layout``)."""
         layout = kv_layout(self.config)
-        return KVCache.create(self.config.num_hidden_layers, batch_size, max_length, layout.kv_heads, layout.key_dim,
-                              dtype or self.dtype, value_dim=layout.value_dim)
+        return self._typed(KVCache.create(self.config.num_hidden_layers, batch_size, max_length, layout.kv_heads,
+                                          layout.key_dim, dtype or self.dtype, value_dim=layout.value_dim))
+
+    def _typed(self, cache: tp.Any) -> tp.Any:
+        """``cache`` replicated on the model's mesh when its parameters carry Explicit axes, else as it is.
+
+        On Explicit axes every array needs a type: an unplaced cache would be laid out by XLA on its way
+        into a step but typed replicated on its way out, and donating it would then fail.
+        """
+        from workbench.core.mesh import explicit_mesh_of
+
+        mesh = explicit_mesh_of(nnx.state(self, nnx.Param))
+        if mesh is None:
+            return cache
+        return jax.sharding.reshard(cache, NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
     def init_ragged_pages(self, *, batch_size: int, page_size: int = 16, num_pages: int | None = None,
                           hbm_utilization: float | None = None, max_model_length: int | None = None,
@@ -207,8 +231,9 @@ class CausalLM(ModelMethods, nnx.Module):
             num_pages = int(free // page_bytes)
             if num_pages < 1:
                 raise ValueError(f"hbm_utilization={hbm_utilization} leaves no room for one page of {page_bytes} B")
-        return PagedKVCache.create(c.num_hidden_layers, batch_size, num_pages, page_size, max_model_length,
-                                   layout.kv_heads, layout.key_dim, dtype, value_dim=layout.value_dim)
+        return self._typed(PagedKVCache.create(c.num_hidden_layers, batch_size, num_pages, page_size,
+                                               max_model_length, layout.kv_heads, layout.key_dim, dtype,
+                                               value_dim=layout.value_dim))
 
     def __call__(self, input_ids: Array, attention_mask: Array | None = None, *,
                  cache: KVCache | PagedKVCache | None = None) -> CausalLMOutput:
@@ -325,7 +350,58 @@ def _traced(*trees: tp.Any) -> bool:
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _compiled(graphdef, method: str, state, input_ids, attention_mask, cache):
-    return getattr(nnx.merge(graphdef, state), method)(input_ids, attention_mask, cache=cache)
+    return _call(nnx.merge(graphdef, state), method, input_ids, attention_mask, cache)
+
+
+def _call(model: CausalLM, method: str, input_ids, attention_mask, cache):
+    """``model.<method>(...)``; on arrays typed with Explicit mesh axes, run as on Auto axes.
+
+    The model's code is written for Auto axes (GSPMD chooses what annotations leave open); Explicit
+    types would make JAX refuse its gathers and contractions as ambiguous. So the body runs through
+    :func:`workbench.core.mesh.call_on_auto_axes` on the model's mesh made Auto, and the outputs are
+    typed back: logits as ``LOGITS_AXES`` resolve, a cache as it came in, router logits replicated.
+    """
+    from workbench.core.mesh import as_auto, call_on_auto_axes, explicit_mesh_of
+    from workbench.core.models.sharding import with_mesh
+
+    args = (input_ids, attention_mask, cache)
+    own = getattr(model, "mesh", None)
+    typed = {m.abstract_mesh: m for m in map(explicit_mesh_of, jax.tree.leaves((nnx.state(model, nnx.Param), args)))
+             if m is not None}
+    if not typed:
+        if own is not None and own.explicit_axes:  # already inside an Auto region (e.g. generate's programs)
+            model = with_mesh(model, as_auto(own), model.partition_axis)
+        return getattr(model, method)(input_ids, attention_mask, cache=cache)
+    if len(typed) > 1 or (own is not None and own.abstract_mesh not in typed):
+        meshes = [*typed, *([own.abstract_mesh] if own is not None and own.abstract_mesh not in typed else [])]
+        raise ValueError("the model's mesh, its parameters and its inputs are typed on different meshes ("
+                         + " and ".join(f"{dict(m.shape)} {'/'.join(sorted({t.name for t in m.axis_types}))}"
+                                        for m in meshes)
+                         + "); place them on one: model.shard_model(mesh), jax.device_put(ids, NamedSharding(mesh, "
+                           "spec))")
+    mesh = own if own is not None else next(iter(typed.values()))
+    inner = model if own is None else with_mesh(model, as_auto(own), model.partition_axis)
+    graphdef, state = nnx.split(inner)
+    pa = getattr(model, "partition_axis", None) or PartitionAxis()
+    cache_specs = [jax.typeof(x).sharding.spec if explicit_mesh_of(x) is not None else jax.sharding.PartitionSpec()
+                   for x in jax.tree.leaves(cache)]
+
+    def out_specs(out: CausalLMOutput) -> CausalLMOutput:
+        logits = out.logits.shape
+        axes = LOGITS_AXES if len(logits) == 3 else DynamicShardingAxes((BATCH, EMPTY), MODE_TRAIN)
+        new_cache = out.cache
+        if out.cache is not None:
+            leaves, tree = jax.tree.flatten(out.cache)
+            same = len(leaves) == len(cache_specs) and all(
+                len(s) <= x.ndim for s, x in zip(cache_specs, leaves, strict=True))
+            new_cache = tree.unflatten(cache_specs if same else [jax.sharding.PartitionSpec()] * len(leaves))
+        return CausalLMOutput(pa.resolve(axes, shape=logits, mesh=mesh), new_cache,
+                              None if out.router_logits is None else jax.sharding.PartitionSpec())
+
+    def body(state, input_ids, attention_mask, cache):
+        return getattr(nnx.merge(graphdef, state), method)(input_ids, attention_mask, cache=cache)
+
+    return call_on_auto_axes(body, (state, *args), mesh, out_specs)
 
 
 def compiled_call(model: CausalLM, method: str, input_ids, attention_mask, cache):
@@ -336,7 +412,7 @@ def compiled_call(model: CausalLM, method: str, input_ids, attention_mask, cache
     """
     state = nnx.state(model)
     if _traced(state, input_ids, attention_mask, cache):
-        return getattr(model, method)(input_ids, attention_mask, cache=cache)
+        return _call(model, method, input_ids, attention_mask, cache)
     input_ids = jnp.asarray(input_ids)
     attention_mask = None if attention_mask is None else jnp.asarray(attention_mask)
     if cache is not None and input_ids.ndim == 2:

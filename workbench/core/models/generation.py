@@ -10,7 +10,8 @@ Two programs run per call, each compiled once per (graphdef, config, input shape
 cached in the shared :data:`~workbench.core.compile_cache.PROGRAMS` (thread-safe, bounded), so a second
 call with the same shapes does not recompile: the prefill (the prompt's logits) and a ``lax.while_loop``
 that picks every new token and runs the decode steps; the cache is donated to both. Greedy / sampling
-live in :mod:`.sampling`, beam search in :mod:`.beam_search`.
+live in :mod:`.sampling`, beam search in :mod:`.beam_search`. On a mesh with Explicit axes both programs run
+as on Auto axes (:func:`~workbench.core.mesh.call_on_auto_axes`), their outputs typed replicated.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from workbench.core.compile_cache import PROGRAMS, signature
+from workbench.core.mesh import call_on_auto_axes, explicit_mesh_of
 from workbench.core.models.beam_search import beam_programs, best_sequences
 from workbench.core.models.cache import PagedKVCache
 from workbench.core.models.generation_config import GenerationConfig
@@ -227,6 +230,10 @@ def _plan(model, input_ids, config, attention_mask, prng_key, streamer, cache):
 
 
 def _compile(fn: tp.Callable, args: tuple, donate: tuple[int, ...]):
+    mesh = explicit_mesh_of(args)
+    if mesh is not None:  # written for Auto axes: on Explicit ones run as on Auto axes, outputs typed replicated
+        program = fn
+        fn = lambda *a: call_on_auto_axes(program, a, mesh, lambda out: jax.tree.map(lambda _: P(), out))
     return jax.jit(fn, donate_argnums=donate).lower(*args).compile()
 
 

@@ -29,7 +29,14 @@ def causal_lm_loss(logits_BTV: Array, labels_BT: Array, *, ignore_index: int = -
     accumulation, as in Hugging Face). Labels outside ``[0, V)`` other than ``ignore_index``
     are not checked under jit (their loss is meaningless); Hugging Face raises.
     """
+    from workbench.core.mesh import call_on_auto_axes, explicit_mesh_of
+
     logits_BTV, labels_BT = jnp.asarray(logits_BTV), jnp.asarray(labels_BT)
+    mesh = explicit_mesh_of((logits_BTV, labels_BT, num_items_in_batch))
+    if mesh is not None:  # the target lookup is a gather Explicit axes call ambiguous: run it as on Auto axes
+        fn = lambda lg, lb, n: causal_lm_loss(lg, lb, ignore_index=ignore_index, num_items_in_batch=n)
+        return call_on_auto_axes(fn, (logits_BTV, labels_BT, num_items_in_batch), mesh,
+                                 lambda out: (jax.sharding.PartitionSpec(),) * 2)
     if logits_BTV.ndim != 3 or labels_BT.shape != logits_BTV.shape[:2]:
         raise ValueError(f"logits must be (B, T, V) and labels (B, T) with the same B, T; got logits "
                          f"{logits_BTV.shape} and labels {labels_BT.shape}")
