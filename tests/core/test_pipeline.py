@@ -164,6 +164,11 @@ def test_errors_say_what_to_change():
         pipeline_value_and_grad(sharded, {"input_ids": ids}, PipelineConfig(2, 3))
     with pytest.raises(ValueError, match="'ring' is sequence-parallel attention"):
         pipeline_value_and_grad(sharded.with_attention("ring"), {"input_ids": ids}, PipelineConfig(2, 4))
+    from jax.sharding import AxisType
+
+    explicit = model.shard_model(make_mesh(pp=2, fsdp=-1, axis_types=AxisType.Explicit), pipeline_partition_axis())
+    with pytest.raises(ValueError, match="the pipeline runs on Auto mesh axes"):
+        pipeline_value_and_grad(explicit, {"input_ids": ids}, PipelineConfig(2, 4))
     fsdp_tp = model.shard_model(make_mesh(pp=2, fsdp=2, tp=2), pipeline_partition_axis())
     with pytest.raises(ValueError, match=r"fsdp=2 and tp=2 together does not compile.*put the data-parallel devices "
                                          r"on dp instead"):

@@ -339,6 +339,9 @@ def _pipeline_mesh(mesh: jax.sharding.Mesh | None, params: tp.Any, config: Pipel
     if mesh is None or PP not in mesh.axis_names:
         raise ValueError("pipeline parallelism needs the model on a mesh with a 'pp' axis: "
                          "model.shard_model(make_mesh(pp=..., ...), pipeline_partition_axis())")
+    if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
+        raise ValueError("the pipeline runs on Auto mesh axes (its stages' shardings are left to XLA); build the "
+                         "mesh with make_mesh(..., axis_types=AxisType.Auto), the default")
     model_axes = [a for a in ("tp", "ep", "sp") if mesh.shape.get(a, 1) > 1]
     if mesh.shape.get("fsdp", 1) > 1 and model_axes:
         # XLA 0.10's SPMD partitioner aborts the process (a failed check on replica groups) on the pipeline's
