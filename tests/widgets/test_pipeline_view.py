@@ -39,7 +39,9 @@ def test_a_bad_combination_shows_inline_and_the_view_keeps_working():
 
 
 def test_schedule_renders_statically():
-    html = pipeline_schedule(PipelineConfig(2, 4, "1f1b"))._repr_html_()
+    from workbench.widgets.pipeline_view import schedule_html
+
+    html = schedule_html(pipeline_schedule(PipelineConfig(2, 4, "1f1b")))
     assert "bubble 20.0%" in html and "<svg" in html
 
 

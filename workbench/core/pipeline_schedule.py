@@ -150,11 +150,6 @@ class PipelineSchedule:
         """The table as records (time step, device, stage, microbatch, forward|backward), for pandas."""
         return [a._asdict() for a in self.actions]
 
-    def _repr_html_(self) -> str:
-        from workbench.widgets._pipeline_html import schedule_html
-
-        return schedule_html(self)
-
 
 def device_program(config: PipelineConfig, device: int) -> list[tuple[int, int, int]]:
     """The ordered actions ``(FORWARD | BACKWARD, microbatch, stage)`` device ``device`` runs."""

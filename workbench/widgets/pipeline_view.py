@@ -11,6 +11,8 @@ from workbench.core.pipeline_schedule import SCHEDULES, PipelineConfig, pipeline
 from workbench.widgets._html import error_html, escape, format_bytes, html_table
 from workbench.widgets._pipeline_html import schedule_html
 
+__all__ = ["PipelineView", "schedule_html", "collectives_html"]
+
 
 class PipelineView:
     """Controls (stages, microbatches, schedule, stages per device) over :func:`pipeline_schedule`'s table.
