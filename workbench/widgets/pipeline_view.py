@@ -11,7 +11,7 @@ from workbench.core.pipeline_schedule import SCHEDULES, PipelineConfig, pipeline
 from workbench.widgets._html import error_html, escape, format_bytes, html_table
 from workbench.widgets._pipeline_html import schedule_html
 
-__all__ = ["PipelineView", "schedule_html", "collectives_html"]
+__all__ = ["PipelineView", "collectives_html", "schedule_html"]
 
 
 class PipelineView:
