@@ -6,7 +6,7 @@ families, widgets, torch and transformers are never imported until asked for.
 >>> import workbench as wb
 >>> wb.simulate_devices(8)          # before any JAX computation
 >>> dict(wb.make_mesh(dp=2, tp=4).shape)
-{'dp': 2, 'fsdp': 1, 'ep': 1, 'tp': 4, 'sp': 1}
+{'pp': 1, 'dp': 2, 'fsdp': 1, 'ep': 1, 'tp': 4, 'sp': 1}
 """
 
 from __future__ import annotations

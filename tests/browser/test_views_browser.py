@@ -73,7 +73,7 @@ def test_mesh_and_sharding_views_in_jupyterlab(lab_page, lab_server):
                              "&& s.sharding.every((v) => v.blocks > 0)", "the widgets of notebook 01")
     first_mesh = state["mesh"][0]
     assert sorted(first_mesh["cells"]) == list(range(8)) and first_mesh["facets"] == 2
-    assert "Mesh(dp=2, fsdp=2, ep=1, tp=2, sp=1)" in first_mesh["header"]
+    assert "Mesh(pp=1, dp=2, fsdp=2, ep=1, tp=2, sp=1)" in first_mesh["header"]
     view3 = state["sharding"][0]
     assert view3["notation"] == "A[I_dp, J, K_tp]"
     assert (view3["panels"], view3["blocks"], view3["replicas"]) == (2, 4, ["×2"] * 4)

@@ -61,9 +61,14 @@ def test_sigint_during_the_loop_then_the_next_call_works(model_and_reference):
 
     long = GenerationConfig(max_new_tokens=200, do_sample=False)
     model.generate(IDS, long, streamer=Slow())  # compiled first, so the signal lands inside the loop
+    # a kernel's SIGINT handler raises KeyboardInterrupt; a pytest-xdist worker ignores SIGINT, so install it
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        model.generate(IDS, long, streamer=Slow())
-    timer.join()
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            model.generate(IDS, long, streamer=Slow())
+    finally:
+        timer.join()
+        signal.signal(signal.SIGINT, previous)
     np.testing.assert_array_equal(np.asarray(model.generate(IDS, CONFIG).sequences), reference)
