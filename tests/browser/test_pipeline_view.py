@@ -58,7 +58,7 @@ _STATE_JS = """() => {
   return {
     bubble: bubble ? bubble[1] : null,
     closed_form: closed ? closed[1] : null,
-    rects: timeline ? timeline.querySelectorAll('svg rect').length : 0,
+    rects: timeline ? timeline.querySelectorAll('td.wb-pp-cell').length : 0,
     error: error ? error.textContent : '',
     schedule: active ? active.textContent.trim() : null,
     dropdowns,

@@ -19,7 +19,7 @@ def _bubble(html: str) -> float:
 def test_controls_redraw_the_timeline_and_bubble():
     view = PipelineView(4, 8, "gpipe")
     assert _bubble(view.timeline.value) == pytest.approx(3 / 11, abs=1e-3)
-    assert view.timeline.value.count("<rect") == view.schedule.ticks * 4
+    assert view.timeline.value.count("wb-pp-cell") == view.schedule.ticks * 4 and "<svg" not in view.timeline.value
     view.schedule_control.value = "interleaved"  # v = 2: (p-1)/(vm+p-1) = 3/19
     assert _bubble(view.timeline.value) == pytest.approx(3 / 19, abs=1e-3)
     assert view.schedule.config.virtual_stages == 2
@@ -42,7 +42,7 @@ def test_schedule_renders_statically():
     from workbench.widgets.pipeline_view import schedule_html
 
     html = schedule_html(pipeline_schedule(PipelineConfig(2, 4, "1f1b")))
-    assert "bubble 20.0%" in html and "<svg" in html
+    assert "bubble 20.0%" in html and html.count("wb-pp-cell") == 10 * 2
 
 
 @pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 simulated devices")

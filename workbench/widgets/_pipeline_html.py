@@ -1,5 +1,6 @@
 """A pipeline schedule drawn as a timeline: devices down, ticks across, forward / backward / idle coloured,
-each busy cell labelled with its microbatch (and stage when a device holds several)."""
+each busy cell labelled with its microbatch (and stage when a device holds several). Plain HTML table cells,
+so a saved notebook shows it untrusted too."""
 
 from __future__ import annotations
 
@@ -18,28 +19,29 @@ def schedule_html(schedule: tp.Any, *, microbatch_bytes: int | None = None, cell
     c = schedule.config
     ticks, p = schedule.grid.shape
     cell = max(10, min(cell, 900 // max(ticks, 1)))
-    label_w = 70
-    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + ticks * cell + 2}" '
-           f'height="{p * cell + 18}" style="font-family:monospace;font-size:{max(7, cell // 2 - 1)}px">']
+    # an HTML table with styled cells, not SVG: JupyterLab's sanitiser keeps it in a saved, untrusted notebook
+    box = (f"width:{cell - 1}px;min-width:{cell - 1}px;height:{cell - 1}px;padding:0;border:1px solid #fff;"
+           f"text-align:center;font-size:{max(7, cell // 2 - 1)}px;line-height:{cell - 1}px")
+    rows = []
     for d in range(p):
-        y = d * cell
-        svg.append(f'<text x="0" y="{y + cell * 0.7:.1f}">device {d}</text>')
+        tds = [f'<td style="padding:0 6px 0 0;white-space:nowrap;font-size:11px">device {d}</td>']
         for t in range(ticks):
             kind = int(schedule.grid[t, d])
             color = {FORWARD: FORWARD_COLOR, BACKWARD: BACKWARD_COLOR}.get(kind, IDLE_COLOR)
-            x = label_w + t * cell
-            svg.append(f'<rect x="{x}" y="{y}" width="{cell - 1}" height="{cell - 1}" fill="{color}">'
-                       f'<title>tick {t}, device {d}: ' + (
-                           "idle" if kind not in (FORWARD, BACKWARD) else
-                           f'{"forward" if kind == FORWARD else "backward"} of microbatch '
-                           f'{schedule.microbatch[t, d]} through stage {schedule.stage[t, d]}') + "</title></rect>")
             if kind in (FORWARD, BACKWARD):
+                what = "forward" if kind == FORWARD else "backward"
+                title = (f"tick {t}, device {d}: {what} of microbatch {schedule.microbatch[t, d]} through stage "
+                         f"{schedule.stage[t, d]}")
                 text = str(schedule.microbatch[t, d])
-                if c.virtual_stages > 1:
-                    text += "abcdefgh"[int(schedule.stage[t, d]) // p] if schedule.stage[t, d] // p < 8 else ""
-                svg.append(f'<text x="{x + cell / 2 - 0.5:.1f}" y="{y + cell * 0.68:.1f}" '
-                           f'text-anchor="middle">{escape(text)}</text>')
-    svg.append(f'<text x="{label_w}" y="{p * cell + 13}">time (ticks) →</text></svg>')
+                if c.virtual_stages > 1 and schedule.stage[t, d] // p < 8:
+                    text += "abcdefgh"[int(schedule.stage[t, d]) // p]
+            else:
+                title, text = f"tick {t}, device {d}: idle", ""
+            tds.append(f'<td class="wb-pp-cell" title="{escape(title)}" style="{box};background:{color}">'
+                       f"{escape(text)}</td>")
+        rows.append("<tr>" + "".join(tds) + "</tr>")
+    grid = (f'<table class="wb-pp-timeline" style="border-collapse:collapse;font-family:monospace">'
+            f'{"".join(rows)}</table><div style="font-size:11px;color:#555">time (ticks) →</div>')
     in_flight = schedule.in_flight()
     held = ", ".join(str(int(n)) for n in in_flight)
     memory = ""
@@ -54,4 +56,4 @@ def schedule_html(schedule: tp.Any, *, microbatch_bytes: int | None = None, cell
                f"(closed form (p-1)/(vm+p-1) = {schedule.formula_bubble:.1%})</div>"
                f"<div>stage inputs alive per device (peak, for the backward): {held}{memory}</div>")
     return (f'<div class="wb-pipeline" style="font-size:12px">{summary}<div>{legend}</div>'
-            f'<div style="overflow-x:auto">{"".join(svg)}</div></div>')
+            f'<div style="overflow-x:auto">{grid}</div></div>')
