@@ -32,7 +32,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from workbench.core.axes import BATCH, LENGTH, PartitionAxis
+from workbench.core.axes import PartitionAxis
 from workbench.core.pipeline_schedule import (
     FORWARD,
     IDLE,
@@ -356,7 +356,7 @@ def _pipeline_mesh(mesh: jax.sharding.Mesh | None, params: tp.Any, config: Pipel
     return mesh
 
 
-def _embed_all(graphdef, params, other, input_ids, attention_mask, layers_off: bool = True):
+def _embed_all(graphdef, params, other, input_ids, attention_mask):
     """The embedding (and leading dense layers) of the whole batch: ``x (B, T, D)``."""
     model = nnx.merge(graphdef, params, other)
     positions_BT, mask_B1TS = model.positions(input_ids, attention_mask)
@@ -463,9 +463,8 @@ def pipeline_logits(graphdef: nnx.GraphDef, params: nnx.State, other: nnx.State,
 
 def default_config(mesh: tp.Any, batch_size: int, schedule: str = "1f1b") -> PipelineConfig:
     """A pipeline over the mesh's pp axis with as many microbatches as divide the batch, up to ``2 p``."""
-    p = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True)).get(PP, 1)
-    data_ways = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True)).get(DP_AXIS, 1)
-    data_ways *= dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True)).get("fsdp", 1)
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+    p, data_ways = sizes.get(PP, 1), sizes.get(DP_AXIS, 1) * sizes.get("fsdp", 1)
     m = max((k for k in range(1, 2 * p + 1) if batch_size % (k * data_ways) == 0), default=1)
     return PipelineConfig(p, m, schedule)
 
@@ -506,13 +505,13 @@ def make_pipeline_train_step(config: PipelineConfig, optimizer: tp.Any = None, *
             raise TypeError(f"train_step takes a TrainState (to_state(model, optimizer)); got {type(state).__name__}")
         if optimizer is not None and state.tx is not optimizer:
             state = state.replace(tx=optimizer)
-        _check_model(nnx.merge(state.graphdef, state.params, state.other), config)
         mesh = _pipeline_mesh(None, state.params, config)
         batch = _place(batch, state, partition_axis)
         _check_batch(batch["input_ids"], config, mesh)
         key = ("pipeline_train_step", config, signature((state, batch)))
 
-        def compile_():
+        def compile_():  # the model is checked once per compiled program, not on every step
+            _check_model(nnx.merge(state.graphdef, state.params, state.other), config)
             shardings = jax.tree.map(lambda x: x.sharding, (state, batch))
             return jax.jit(functools.partial(step, mesh=mesh), in_shardings=shardings,
                            out_shardings=(shardings[0], None), donate_argnums=0).lower(state, batch).compile()
@@ -520,11 +519,6 @@ def make_pipeline_train_step(config: PipelineConfig, optimizer: tp.Any = None, *
         return PROGRAMS.get(key, compile_).value(state, batch)
 
     return train_step
-
-
-def batch_spec(partition_axis: PartitionAxis, shape: tuple[int, int], mesh: jax.sharding.Mesh) -> NamedSharding:
-    """Where a pipelined batch ``(B, T)`` lives: rows over the data axes (every pp stage sees all of them)."""
-    return NamedSharding(mesh, partition_axis.resolve((BATCH, LENGTH), shape=shape, mesh=mesh))
 
 
 def activation_stash_bytes(config: PipelineConfig, *, batch_size: int, seq_len: int, hidden_size: int,
