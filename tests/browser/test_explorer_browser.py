@@ -115,3 +115,47 @@ def test_the_experts_panel_compiles_in_the_kernel_and_shows_the_all_to_alls(lab_
     page.locator(".wb-experts").scroll_into_view_if_needed()
     EXPERTS_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(EXPERTS_SCREENSHOT))
+
+
+CLUSTER_SCREENSHOT = screenshot_path("sharding_explorer_cluster.png")
+_CLUSTER_CELLS = [
+    _CELLS[0],
+    "import jax.numpy as jnp\n"
+    "from workbench.core.cluster import Cluster\n"
+    "from workbench.core.models.presets import full_config\n"
+    "big = CausalLM.lazy_init(full_config('llama-3-70b'), dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)\n"
+    "cluster_explorer = ShardingExplorer(big.with_options(remat='none'), {'fsdp': 8, 'tp': 8},\n"
+    "                                    cluster=Cluster.h100(nodes=8), batch=(16, 2048))\n"
+    "cluster_explorer",
+]
+
+
+@pytest.fixture
+def cluster_notebook() -> tp.Iterator[str]:
+    with temp_notebook("sharding_explorer_cluster.ipynb", _CLUSTER_CELLS) as path:
+        yield path
+
+
+_VERDICT_JS = "() => (document.querySelector('.wb-ledger-verdict') || {}).textContent || ''"
+
+
+def test_on_a_virtual_cluster_the_ledger_answers_the_browsers_mesh_and_remat(lab_page, lab_server, cluster_notebook):
+    """Llama-3-70B on 8 x 8 H100: without remat it does not fit; remat 'full' chosen in the browser fits; a mesh
+    typed into the cluster's shape box (fsdp=64) re-resolves every parameter and re-draws the ledger (a batch of
+    16 rows over 64 devices: the logits are no longer split, and it does not fit)."""
+    cells = run_notebook_in_lab(lab_page, lab_server, cluster_notebook, timeout_s=180)
+    assert notebook_errors(lab_page) == [] and model_errors(cells) == []
+    page = lab_page
+    page.wait_for_selector(".wb-ledger .wb-hbm-line", timeout=60_000)
+    assert page.evaluate(_VERDICT_JS).startswith("does not fit")
+    remat = page.locator(".wb-sharding-explorer .widget-dropdown", has_text="remat").locator("select")
+    remat.select_option("full")
+    page.wait_for_function(f"() => ({_VERDICT_JS})().startsWith('fits')", timeout=30_000)
+    box = page.locator(".wb-mesh-choice input")
+    box.fill("fsdp=64")
+    box.press("Tab")  # the box sends its value when it loses focus
+    # 16 rows cannot split over 64 devices: every device computes the whole batch's logits, it no longer fits
+    page.wait_for_function(f"() => ({_VERDICT_JS})().startsWith('does not fit')", timeout=30_000)
+    assert "fsdp=64, ep=1, tp=1" in page.locator(".wb-sharding-explorer").inner_text()  # the title's mesh
+    page.set_viewport_size({"width": 1440, "height": 1200})
+    lab_screenshot(page, CLUSTER_SCREENSHOT, scroll_to=1)

@@ -325,15 +325,16 @@ class StepTime:
     def _head(self) -> list[tuple[str, str, str]]:
         r = self.roofline
         mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items() if v > 1) or "one device"
-        levels = ", ".join(f"{k} {_s(v)}" for k, v in self.by_level().items() if k != "none")
-        head = [("step", _s(self.time_s), f"{self.bound}-bound on {self.cluster.name}, {mesh}; parts "
+        levels = ", ".join(f"{k} {format_seconds(v)}" for k, v in self.by_level().items() if k != "none")
+        fs = format_seconds
+        head = [("step", fs(self.time_s), f"{self.bound}-bound on {self.cluster.name}, {mesh}; parts "
                  + ("overlapped (the longest)" if self.overlap else "one after another") + f"; MFU {self.mfu:.0%}"),
-                ("compute", _s(r.compute_s), f"{r.flops:.3g} FLOP per device at {self.mfu_assumed:.0%} of peak"),
-                ("memory", _s(r.memory_s), f"{r.hbm_bytes:.3g} B per device (intensity {r.intensity:.0f} FLOP/B, "
+                ("compute", fs(r.compute_s), f"{r.flops:.3g} FLOP per device at {self.mfu_assumed:.0%} of peak"),
+                ("memory", fs(r.memory_s), f"{r.hbm_bytes:.3g} B per device (intensity {r.intensity:.0f} FLOP/B, "
                                            f"critical {r.critical_intensity:.0f})"),
-                ("communication", _s(self.comm_s), levels or "no collectives")]
+                ("communication", fs(self.comm_s), levels or "no collectives")]
         if self.xla_seconds is not None:
-            head.append(("XLA's estimate", _s(self.xla_seconds), "cost_analysis()['optimal_seconds'] (XLA:TPU): "
+            head.append(("XLA's estimate", fs(self.xla_seconds), "cost_analysis()['optimal_seconds'] (XLA:TPU): "
                          "a loop body counted once, so about one layer of a scanned model"))
         return head
 
@@ -345,7 +346,7 @@ class StepTime:
                          f"{'bytes/device':>14}{'time':>11}")
             for kind, axes, level, bound, runs, nbytes, total in self.rows()[:top]:
                 lines.append(f"{kind:<20}{','.join(axes) or '-':<18}{level:<12}{bound:<11}{runs:>6}"
-                             f"{_b(nbytes):>14}{_s(total):>11}")
+                             f"{_b(nbytes):>14}{format_seconds(total):>11}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -356,14 +357,15 @@ class StepTime:
         head = "".join(f"<tr><th style='text-align:left'>{esc(n)}</th><td>{esc(v)}</td><td style='text-align:left'>"
                        f"{esc(note)}</td></tr>" for n, v, note in self._head())
         body = "".join(f"<tr><td>{esc(k)}</td><td>{esc(','.join(a) or '-')}</td><td>{esc(lv)}</td><td>{esc(b)}</td>"
-                       f"<td>{runs}</td><td>{esc(_b(nb))}</td><td>{esc(_s(t))}</td></tr>"
+                       f"<td>{runs}</td><td>{esc(_b(nb))}</td><td>{esc(format_seconds(t))}</td></tr>"
                        for k, a, lv, b, runs, nb, t in self.rows())
         table = ("<table><tr><th>collective</th><th>axes</th><th>level</th><th>bound</th><th>runs</th>"
                  f"<th>bytes/device</th><th>time</th></tr>{body}</table>") if body else ""
         return f"<div><table>{head}</table>{table}</div>"
 
 
-def _s(seconds: float) -> str:
+def format_seconds(seconds: float) -> str:
+    """``0.0123`` -> ``"12.3 ms"`` (three significant digits, s / ms / us / ns)."""
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
         if seconds >= scale:
             return f"{seconds / scale:.3g} {unit}"
@@ -445,5 +447,6 @@ def step_time(analysis: tp.Any = None, cluster: Cluster | None = None, mesh_shap
     return StepTime(cluster, mesh, roofline(flops, hbm_bytes, cluster, dtype, mfu), tuple(timed), mfu, overlap, xla)
 
 
-__all__ = ["KINDS", "CollectiveTime", "Roofline", "Span", "StepTime", "Transfer", "collective_time", "matmul_time",
+__all__ = ["KINDS", "CollectiveTime", "Roofline", "Span", "StepTime", "Transfer", "collective_time", "format_seconds",
+           "matmul_time",
            "rate_dtype", "roofline", "span", "step_time", "torus_assignment", "transfer"]

@@ -391,6 +391,7 @@ class StepCollectives:
     compile_seconds: float
     warnings: tuple[str, ...] = ()
     matmul_flops: float = 0.0
+    analysis: tp.Any = dataclasses.field(default=None, repr=False, compare=False)  # on a virtual cluster
 
     @property
     def summary(self) -> dict[str, dict[str, int]]:
@@ -496,10 +497,11 @@ def step_collectives(model: nnx.Module, layout: Layout, *, kind: str = "forward"
 
 
 def cluster_step_collectives(model: nnx.Module, layout: Layout, cluster: tp.Any, *, kind: str = "forward",
-                             batch: tuple[int, int] = (8, 64)) -> StepCollectives:
+                             batch: tuple[int, int] = (8, 64), optimizer: str = "adamw") -> StepCollectives:
     """:func:`step_collectives` for a virtual ``cluster`` (``workbench.core.cluster``): the step compiled for
     the cluster's devices on ``layout``'s mesh shape (TPU ahead of time, others in a worker process), so the
-    layout may sit on an ``AbstractMesh`` of any size the cluster has."""
+    layout may sit on an ``AbstractMesh`` of any size the cluster has. A train step updates with ``optimizer``;
+    ``.analysis`` keeps the whole :class:`~workbench.core.virtual.CompiledAnalysis` (memory, cost, HLO)."""
     from workbench.core.virtual import compile_step
 
     if kind not in STEP_KINDS:
@@ -507,11 +509,11 @@ def cluster_step_collectives(model: nnx.Module, layout: Layout, cluster: tp.Any,
     if layout.mesh.size != cluster.num_devices:
         raise ValueError(f"the layout's mesh has {layout.mesh.size} devices but {cluster.name} has "
                          f"{cluster.num_devices}; resolve the layout on cluster_mesh(cluster, ...)")
-    analysis = compile_step(model, cluster, dict(layout.mesh.shape), kind=kind, batch=batch,
+    analysis = compile_step(model, cluster, dict(layout.mesh.shape), kind=kind, batch=batch, optimizer=optimizer,
                             partition_axis=layout.partition_axis, rules=layout.rules or None)
     spec = layout.partition_axis.resolve(INPUT_AXES, layout.mode, shape=batch, mesh=layout.mesh)
     return StepCollectives(kind, tuple(batch), spec, tuple(analysis.collectives), analysis.compile_seconds,
-                           tuple(analysis.warnings), analysis.matmul_flops)
+                           tuple(analysis.warnings), analysis.matmul_flops, analysis)
 
 
 # -- placing -----------------------------------------------------------------------------------------

@@ -18,8 +18,18 @@ import numpy as np
 from jax.sharding import Mesh
 
 from workbench.core import explore
+from workbench.core import ledger as ledgers
 from workbench.core.axes import MODE_TRAIN, PartitionAxis, label
-from workbench.core.mesh import describe_mesh
+from workbench.core.mesh import MESH_AXES, describe_mesh
+from workbench.core.steps import OPTIMIZERS
+from workbench.widgets._cluster_html import (
+    collective_seconds,
+    ledger_html,
+    mesh_label,
+    mesh_options,
+    parse_mesh_label,
+    step_time_html,
+)
 from workbench.widgets._experts import ExpertsPanel, experts_html
 from workbench.widgets._explorer_rules import RulesEditor
 from workbench.widgets._html import error_html, escape, format_bytes
@@ -113,11 +123,19 @@ def diff_html(d: explore.LayoutDiff | None) -> str:
             f'{escape(memory)}</div><table style="border-collapse:collapse">{rows}</table></div>')
 
 
-def collectives_html(sc: explore.StepCollectives, *, stale: bool = False) -> str:
-    """The collectives of one step per kind and mesh axes, with XLA's warnings condensed."""
+def collectives_html(sc: explore.StepCollectives, *, stale: bool = False,
+                     seconds: tp.Mapping[tuple[str, tuple[str, ...]], float] | None = None) -> str:
+    """The collectives of one step per kind and mesh axes, with XLA's warnings condensed; with ``seconds``
+    (``(kind, axes) -> predicted seconds per step`` on a cluster's network) a column of predicted time."""
+    from workbench.core.cost import format_seconds
+
+    timed = seconds is not None
     rows = "".join(f'<tr class="wb-collective-row"><td style="{_CELL}">{escape(kind)}</td><td style="{_CELL}">'
                    f'{escape(", ".join(axes) or "-")}</td><td style="{_CELL}">{n}</td><td style="{_CELL}">'
-                   f"{escape(format_bytes(b))}</td></tr>" for kind, axes, n, b in sc.by_axes())
+                   f"{escape(format_bytes(b))}</td>"
+                   + (f'<td class="wb-collective-time" style="{_CELL}">'
+                      f"{escape(format_seconds(seconds.get((kind, tuple(axes)), 0.0)))}</td>" if timed else "")
+                   + "</tr>" for kind, axes, n, b in sc.by_axes())
     what = (f"{sc.kind} step, batch {sc.batch[0]}×{sc.batch[1]} tokens placed {_spec_text(sc.input_spec)}: "
             f"{sc.runs} collectives run ({len(sc.records)} in the program, those in the layer scan once per layer), "
             f"{format_bytes(sc.bytes_per_device)} per device"
@@ -125,7 +143,8 @@ def collectives_html(sc: explore.StepCollectives, *, stale: bool = False) -> str
             + f" (compiled in {sc.compile_seconds:.2f} s)")
     table = (f'<table style="border-collapse:collapse"><thead><tr><th style="{_CELL}">kind</th>'
              f'<th style="{_CELL}">mesh axes</th><th style="{_CELL}">runs</th><th style="{_CELL}">bytes/device</th>'
-             f"</tr></thead><tbody>{rows}</tbody></table>") if rows else "<div>no collective: every device "\
+             + (f'<th style="{_CELL}" title="predicted on the cluster\'s network, all runs">time</th>' if timed else "")
+             + f"</tr></thead><tbody>{rows}</tbody></table>") if rows else "<div>no collective: every device "\
         "computes its part alone</div>"
     warned: dict[str, int] = {}
     for w in sc.warnings:
@@ -145,20 +164,29 @@ class ShardingExplorer:
     ``model`` is a live model or an abstract one (``CausalLM.lazy_init(config)``); only shapes are
     read until "apply". ``explorer.layout``, ``.partition_axis``, ``.rules`` and ``.mode`` are always
     the last valid ones; ``.error`` is the inline error ('' when none); ``.model`` is the model,
-    re-sharded after :meth:`apply`. With ``cluster`` (a virtual :class:`~workbench.core.cluster.Cluster`,
-    ``mesh`` then ``cluster_mesh(cluster, ...)``) the collectives and experts panels compile for the cluster's
-    devices instead of the notebook's. ``explorer.widget`` is the ipywidgets tree (displayed by
+    re-sharded after :meth:`apply`. ``explorer.widget`` is the ipywidgets tree (displayed by
     ``display(explorer)``); ``_repr_html_`` is a static table and memory picture.
+
+    With ``cluster`` (a virtual :class:`~workbench.core.cluster.Cluster`) ``mesh`` may be the axis sizes
+    (``{"fsdp": 16, "tp": 4}``; default every device on ``fsdp``) or ``cluster_mesh(cluster, ...)``; a control
+    offers the cluster's valid mesh shapes; the memory chart is the ledger (:func:`workbench.core.ledger.ledger`:
+    parameters, gradients, optimizer state, activations under the remat policy, temporaries, per device)
+    against the device's HBM, re-computed on every edit; "collectives" compiles the step for the cluster's
+    devices and adds the predicted step time (:func:`workbench.core.cost.step_time`), each collective's time on
+    the cluster's network and the compiled memory beside the ledger.
     """
 
-    def __init__(self, model: tp.Any, mesh: Mesh | jax.sharding.AbstractMesh,
+    def __init__(self, model: tp.Any, mesh: Mesh | jax.sharding.AbstractMesh | tp.Mapping[str, int] | None = None,
                  partition_axis: PartitionAxis | None = None, rules: tp.Sequence[tuple[str, tp.Any]] | None = None,
                  mode: str = MODE_TRAIN, *, optimizer: bool = True, kv_cache: tuple[int, int] | None = None,
                  batch: tuple[int, int] = (8, 64), cluster: tp.Any = None):
         self.model = model
         self.cluster = cluster  # a virtual Cluster: "collectives" and "experts" compile for its devices
+        mesh = _cluster_mesh(mesh, cluster)
         # raises on a bad start
         self.layout = explore.Layout.of(model, mesh, _pipelined(partition_axis, mesh), rules, mode)
+        self.step_time: tp.Any = None  # cost.StepTime of the last compiled step on the cluster
+        self._compiled_key: tuple | None = None
         self.error = ""
         self.collectives: explore.StepCollectives | None = None
         self.experts: tp.Any = None  # moe_view.ExpertParallelSummary after "experts"
@@ -193,6 +221,19 @@ class ShardingExplorer:
         """Bytes per device of the current layout, with the optimizer and KV cache the controls choose."""
         return explore.memory_per_device(self.layout, **self._memory_options())
 
+    def ledger(self) -> ledgers.Ledger:
+        """The memory ledger of one step as the controls say (task, optimizer, remat, batch), against the
+        cluster's HBM; on a mesh with ``pp > 1`` a 1F1B pipeline (:func:`workbench.core.pipeline.default_config`)."""
+        b, t = self._batch_b.value, self._batch_t.value
+        pipeline = None
+        if self._task.value == "train" and dict(self.mesh.shape).get("pp", 1) > 1:
+            from workbench.core.pipeline import default_config
+
+            pipeline = default_config(self.mesh, b)
+        return ledgers.ledger(self.model, self.layout, kind=self._task.value, batch=(b, t),
+                              optimizer=self._optimizer_name.value, remat=self._remat.value, cluster=self.cluster,
+                              pipeline=pipeline)
+
     # -- actions (the buttons call these; each shows its error inline and returns False) -----------------
     def edit(self, *, partition_axis: PartitionAxis | None = None,
              rules: tp.Sequence[tuple[str, tp.Any]] | None = None, mode: str | None = None) -> bool:
@@ -202,28 +243,53 @@ class ShardingExplorer:
             changes["rules"] = tuple(rules)
         return self._try(lambda: self.layout.replace(self.model, **changes))
 
-    def set_mesh(self, mesh: Mesh | jax.sharding.AbstractMesh) -> bool:
-        """Resolve the same rules on another mesh (``mesh_view.on_change(explorer.set_mesh)``)."""
-        return self._try(lambda: self.layout.replace(self.model, mesh=mesh,
-                                                     partition_axis=_pipelined(self.partition_axis, mesh)),
-                         what="mesh")
+    def set_mesh(self, mesh: Mesh | jax.sharding.AbstractMesh | tp.Mapping[str, int]) -> bool:
+        """Resolve the same rules on another mesh (``mesh_view.on_change(explorer.set_mesh)``); with a cluster,
+        the axis sizes (``{"fsdp": 8, "tp": 8}``) will do."""
+        def build() -> explore.Layout:
+            new = _cluster_mesh(mesh, self.cluster)
+            return self.layout.replace(self.model, mesh=new, partition_axis=_pipelined(self.partition_axis, new))
+
+        ok = self._try(build, what="mesh")
+        if self.cluster is not None:
+            label_ = mesh_label(dict(self.mesh.shape))
+            if self._mesh_choice.value != label_:
+                self._mesh_choice.value = label_
+        return ok
 
     def compute_collectives(self) -> bool:
         """Compile one step for the current layout (forward or train, as the toggle says) and show its collectives."""
         self._collectives_out.value = '<div style="font-size:12px;color:#555">compiling…</div>'
         try:
-            step = explore.step_collectives if self.cluster is None else functools.partial(
-                explore.cluster_step_collectives, cluster=self.cluster)
             model = self.model
             attention = self._attention.value
             if attention and attention != getattr(model, "attn_mechanism", attention):
                 model = model.with_attention(attention)
+            if self.cluster is None:
+                step = explore.step_collectives
+            else:
+                if dict(self.mesh.shape).get("pp", 1) > 1:
+                    raise ValueError("compiling a pipelined step for a virtual cluster is not built yet; the ledger "
+                                     "above counts it; choose a mesh with pp=1 to compile")
+                if self._remat.value != getattr(model, "remat", self._remat.value):
+                    model = model.with_options(remat=self._remat.value)
+                step = functools.partial(explore.cluster_step_collectives, cluster=self.cluster,
+                                         optimizer=self._optimizer_name.value)
             sc = step(model, self.layout, kind=self._kind.value, batch=(self._batch_b.value, self._batch_t.value))
         except (ValueError, TypeError) as e:
             self._collectives_out.value = error_html(f"collectives: {e}")
             return False
         self.collectives, self._collectives_layout = sc, self.layout
-        self._collectives_out.value = collectives_html(sc)
+        self._compiled_key = self._step_key()
+        self.step_time = None
+        if sc.analysis is not None and self.cluster.platform == "cpu":
+            self._step_out.value = ('<div style="font-size:12px;color:#555">simulated CPU devices have no chip or '
+                                    "network numbers: no step time (use Cluster.tpu(...) or Cluster.h100(...))</div>")
+        elif sc.analysis is not None:
+            from workbench.core.cost import step_time
+
+            self.step_time = step_time(sc.analysis)
+        self._render()
         return True
 
     def compute_experts(self) -> bool:
@@ -266,6 +332,25 @@ class ShardingExplorer:
                                       style={"description_width": "45px"})
         for control in (self._optimizer, self._kv_on, self._kv_b, self._kv_s):
             control.observe(lambda _: self._render_memory(), names="value")
+        self._task = w.Dropdown(options=ledgers.KINDS, value="train", description="step", layout=w.Layout(
+            width="150px"), style={"description_width": "35px"})
+        self._optimizer_name = w.Dropdown(options=OPTIMIZERS, value="adamw", description="optimizer",
+                                          layout=w.Layout(width="170px"), style={"description_width": "62px"})
+        remat = getattr(self.model, "remat", "none")
+        self._remat = w.Dropdown(options=ledgers.REMATS, value=remat if remat in ledgers.REMATS else "none",
+                                 description="remat", layout=w.Layout(width="170px"),
+                                 style={"description_width": "40px"})
+        self._ledger_out = w.HTML()
+        self._ledger_out.add_class("wb-ledger-html")
+        self._step_out = w.HTML()
+        self._step_out.add_class("wb-step-time-html")
+        if self.cluster is not None:
+            self._mesh_choice = w.Combobox(options=mesh_options(self.cluster), value=mesh_label(dict(self.mesh.shape)),
+                                           ensure_option=True, continuous_update=False, description="mesh",
+                                           placeholder="type e.g. tp=8", layout=w.Layout(width="330px"),
+                                           style={"description_width": "38px"})
+            self._mesh_choice.add_class("wb-mesh-choice")
+            self._mesh_choice.observe(self._on_mesh_choice, names="value")
         self._chart = w.Output(layout=w.Layout(width="560px", min_height="300px"))
         self._chart.add_class("wb-memory-chart")
         self._diff = w.HTML()
@@ -299,14 +384,26 @@ class ShardingExplorer:
         section = lambda text: w.HTML(f'<div style="font-weight:600;margin-top:6px">{text}</div>')
         moe = getattr(self.layout.config, "num_local_experts", 0) > 0
         experts = [section("expert parallelism (MoE layers)"), self._experts.widget] if moe else []
-        memory_controls = w.HBox([self._optimizer, self._kv_on, self._kv_b, self._kv_s])
+        if self.cluster is None:
+            memory = w.VBox([w.HBox([self._optimizer, self._kv_on, self._kv_b, self._kv_s]), self._chart])
+            step_controls = [self._kind, self._batch_b, self._batch_t, self._attention, go]
+            step_outputs = [self._collectives_out]
+        else:
+            for control in (self._task, self._optimizer_name, self._remat, self._batch_b, self._batch_t, self._kind,
+                            self._attention):
+                control.observe(lambda _: self._render(), names="value")
+            memory = w.VBox([self._mesh_choice, w.HBox([self._task, self._batch_b, self._batch_t]),
+                             w.HBox([self._optimizer_name, self._remat]), self._ledger_out],
+                            layout=w.Layout(width="600px"))
+            step_controls = [self._kind, self._attention, go]
+            step_outputs = [self._collectives_out, section("predicted step time on the cluster"), self._step_out]
         self.widget = w.VBox([
             self._title, self._error,
-            w.HBox([self.editor.widget, w.VBox([memory_controls, self._chart])]),
+            w.HBox([self.editor.widget, memory]),
             section("change from the previous layout"), self._diff,
             section("parameters"), w.HBox([self._filter, self._filter_error]), self._table,
-            section("collectives of one step"), w.HBox([self._kind, self._batch_b, self._batch_t, self._attention, go]),
-            self._collectives_out, *experts, w.HBox([apply, self._apply_status])])
+            section("collectives of one step"), w.HBox(step_controls),
+            *step_outputs, *experts, w.HBox([apply, self._apply_status])])
         self.widget.add_class("wb-sharding-explorer")
 
     def set_attention(self, name: str) -> None:
@@ -322,8 +419,14 @@ class ShardingExplorer:
         self._render_table()
         self._render_memory()
         if self.collectives is not None:
-            stale = self._collectives_layout is not self.layout
-            self._collectives_out.value = collectives_html(self.collectives, stale=stale)
+            stale = self._collectives_layout is not self.layout or (
+                self.step_time is not None and self._compiled_key != self._step_key())
+            seconds = None if self.step_time is None else collective_seconds(self.step_time)
+            self._collectives_out.value = collectives_html(self.collectives, stale=stale, seconds=seconds)
+            if self.step_time is not None:
+                note = ('<div style="color:#b00020;font-size:12px">stale: computed for an earlier layout</div>'
+                        if stale else "")
+                self._step_out.value = note + step_time_html(self.step_time)
         if self.experts is not None:
             self._experts_out.value = experts_html(self.experts, stale=self._experts_layout is not self.layout)
 
@@ -341,6 +444,9 @@ class ShardingExplorer:
         return {"optimizer": "adamw" if self._optimizer.value else None, "kv_cache": kv}
 
     def _render_memory(self) -> None:
+        if self.cluster is not None:
+            self._render_ledger()
+            return
         try:
             memory = self.memory()
         except ValueError as e:
@@ -349,6 +455,46 @@ class ShardingExplorer:
         self._chart.outputs = ({"output_type": "display_data", "metadata": {},
                                 "data": {"application/vnd.plotly.v1+json": memory_figure(memory, self.mesh),
                                          "text/plain": f"memory per device: {memory.total:,} B"}},)
+
+    def _step_key(self) -> tuple:
+        """What a compiled step was compiled for: when any of it changes, its panels are stale."""
+        return (self.layout, self._kind.value, self._attention.value, self._optimizer_name.value, self._remat.value,
+                self._batch_b.value, self._batch_t.value)
+
+    def _render_ledger(self) -> None:
+        try:
+            led = self.ledger()
+        except ValueError as e:
+            self._ledger_out.value = error_html(f"ledger: {e}")
+            return
+        compiled, note = None, ""
+        analysis = getattr(self.collectives, "analysis", None)
+        if analysis is not None and self._compiled_key == self._step_key() and self._task.value == "train" \
+                and self._kind.value == "train":
+            compiled = analysis.memory.total
+            if self.cluster.platform != "tpu":
+                note = ("; XLA:CPU's buffer assignment from the worker, which widens bfloat16 math to float32"
+                        if np.dtype(getattr(self.model, "dtype", np.float32)) != np.float32 else
+                        "; XLA:CPU's buffer assignment from the worker")
+            else:
+                note = "; XLA:TPU's peak"
+        self._ledger_out.value = ledger_html(led, n_devices=self.mesh.size, compiled_total=compiled,
+                                             compiled_note=note, tokens=self._tokens_text())
+
+    def _tokens_text(self) -> str:
+        """How the step's batch splits over the mesh, with the resolver's reasons (why a split was dropped)."""
+        from workbench.core.axes import BATCH, LENGTH
+
+        b, t = self._batch_b.value, (1 if self._task.value == "decode" else self._batch_t.value)
+        rows, positions = self.layout.partition_axis.explain((BATCH, LENGTH), self.layout.mode, shape=(b, t),
+                                                            mesh=self.mesh)
+        return f"batch {b} × {t} tokens: rows {rows.reason}; positions {positions.reason}"
+
+    def _on_mesh_choice(self, change: dict[str, tp.Any]) -> None:
+        text = change["new"]
+        if text not in self._mesh_choice.options or text == mesh_label(dict(self.mesh.shape)):
+            return
+        self.set_mesh(parse_mesh_label(text))
 
     # -- edits -----------------------------------------------------------------------------------------
     def _on_edit(self) -> None:
@@ -383,9 +529,11 @@ class ShardingExplorer:
         return {**self.widget._repr_mimebundle_(**kwargs), "text/plain": repr(self)}
 
     def _repr_html_(self) -> str:
+        memory = (memory_html(self.memory(), self.mesh.size) if self.cluster is None else
+                  ledger_html(self.ledger(), n_devices=self.mesh.size))
         return (f'<div class="wb-sharding-explorer-static"><div style="font-size:13px"><b>ShardingExplorer</b> · '
                 f"<code>{escape(describe_mesh(self.mesh))}</code></div>"
-                f"{memory_html(self.memory(), self.mesh.size)}{layout_html(self.layout)}</div>")
+                f"{memory}{layout_html(self.layout)}</div>")
 
     def __repr__(self) -> str:
         name = getattr(self.layout.config, "model_type", type(self.model).__name__)
@@ -430,6 +578,29 @@ def _attention_options(model: tp.Any) -> list[str]:
     parallel = [n for n in OperationRegistry.list_implementations()
                 if "sp" in OperationRegistry.capabilities(n).mesh_axes]
     return [own, *(n for n in parallel if n != own)]
+
+
+def _cluster_mesh(mesh: tp.Any, cluster: tp.Any) -> tp.Any:
+    """The explorer's mesh: as given, or with a cluster the mesh of axis sizes (default all on ``fsdp``)."""
+    if cluster is None:
+        if mesh is None or isinstance(mesh, tp.Mapping):
+            raise ValueError("give a mesh (make_mesh(...)), or cluster=Cluster... with the axis sizes "
+                             "({'fsdp': 16, 'tp': 4})")
+        return mesh
+    from workbench.core.steps import full_mesh_shape
+    from workbench.core.virtual import cluster_mesh
+
+    if mesh is None:
+        valid = cluster.valid_mesh_shapes(len(MESH_AXES))
+        full = tuple(cluster.num_devices if a == "fsdp" else 1 for a in MESH_AXES)
+        mesh = dict(zip(MESH_AXES, full if full in valid else valid[0], strict=True))
+    if isinstance(mesh, tp.Mapping):
+        return cluster_mesh(cluster, full_mesh_shape(mesh, cluster), MESH_AXES)
+    if mesh.size != cluster.num_devices or tuple(mesh.axis_names) != MESH_AXES:
+        raise ValueError(f"the mesh has {mesh.size} devices on axes {tuple(mesh.axis_names)}; {cluster.name} has "
+                         f"{cluster.num_devices}: pass the axis sizes ({{'fsdp': ..., 'tp': ...}}) or "
+                         f"cluster_mesh(cluster, ...)")
+    return mesh
 
 
 def _pipelined(partition_axis: PartitionAxis | None, mesh: tp.Any) -> PartitionAxis | None:

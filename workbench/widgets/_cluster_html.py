@@ -1,0 +1,161 @@
+"""The explorer's virtual-cluster panels: mesh shapes the cluster offers, the memory ledger against HBM, the
+predicted step time.
+
+Plain HTML with inline styles (no plotting library), so a saved notebook shows the same picture without a
+kernel, and the browser can read every number.
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+from workbench.core.cost import format_seconds
+from workbench.core.mesh import MESH_AXES
+from workbench.widgets._html import escape, format_bytes
+
+__all__ = ["LEDGER_PARTS", "collective_seconds", "ledger_html", "mesh_label", "mesh_options", "parse_mesh_label",
+           "step_time_html"]
+
+LEDGER_PARTS = (("params", "parameters", "#4c78a8"), ("grads", "gradients", "#9ecae9"),
+                ("optimizer", "optimizer state", "#f58518"), ("activations", "activations kept for the backward",
+                                                               "#e45756"),
+                ("kv_cache", "KV cache", "#54a24b"), ("temporaries", "temporaries", "#b279a2"),
+                ("inputs", "token ids", "#9d755d"))
+_PHASES = (("compute", "#4c78a8"), ("memory", "#72b7b2"))
+_LEVEL_COLORS = ("#f58518", "#e45756", "#b279a2", "#9d755d")
+
+
+# -- mesh shapes ---------------------------------------------------------------------------------------------
+def mesh_label(sizes: tp.Mapping[str, int] | tp.Sequence[int]) -> str:
+    """``{"fsdp": 16, "tp": 4}`` (or the six sizes in ``MESH_AXES`` order) -> ``"fsdp=16 × tp=4"``."""
+    if not isinstance(sizes, tp.Mapping):
+        sizes = dict(zip(MESH_AXES, sizes, strict=True))
+    parts = [f"{a}={int(sizes[a])}" for a in MESH_AXES if int(sizes.get(a, 1)) > 1]
+    return " × ".join(parts) or "one device"
+
+
+def parse_mesh_label(text: str) -> dict[str, int]:
+    """The inverse of :func:`mesh_label`; a ValueError that shows the form when ``text`` is not one."""
+    text = text.strip()
+    if text == "one device":
+        return {}
+    sizes: dict[str, int] = {}
+    for part in text.replace("×", "x").split(" x "):
+        name, _, size = part.strip().partition("=")
+        if name not in MESH_AXES or not size.strip().isdigit() or name in sizes:
+            raise ValueError(f"mesh {text!r}: write axes as 'fsdp=16 × tp=4', each one of {MESH_AXES} once")
+        sizes[name] = int(size)
+    return sizes
+
+
+def mesh_options(cluster: tp.Any) -> list[str]:
+    """Every logical shape of the workbench's six mesh axes that maps onto ``cluster``
+    (:meth:`~workbench.core.cluster.Cluster.valid_mesh_shapes`), as labels: fewest split axes first."""
+    shapes = cluster.valid_mesh_shapes(len(MESH_AXES))
+    ordered = sorted(shapes, key=lambda s: (sum(n > 1 for n in s), [-n for n in s]))
+    return [mesh_label(s) for s in ordered]
+
+
+# -- the ledger --------------------------------------------------------------------------------------------
+def _bar(segments: tp.Sequence[tuple[str, str, float, str]], scale: float, width_px: int, height: int = 18) -> str:
+    """A horizontal stacked bar: ``(css class, colour, value, hover title)`` segments, ``scale`` value per bar."""
+    cells = []
+    for css, color, value, title in segments:
+        w = width_px * value / scale if scale else 0
+        if w > 0:
+            cells.append(f'<div class="{css}" title="{escape(title)}" style="width:{w:.1f}px;height:{height}px;'
+                         f'background:{color};flex:none"></div>')
+    return "".join(cells)
+
+
+def ledger_html(ledger: tp.Any, *, n_devices: int, compiled_total: int | None = None, compiled_note: str = "",
+                tokens: str = "", width_px: int = 520) -> str:
+    """The ledger's parts per device as one stacked bar against the device's HBM (a red line), the verdict
+    (fits, or by how much it does not), ``tokens`` (how the batch splits: a line of text), and, once a step is
+    compiled, XLA's total beside the prediction."""
+    hbm = ledger.hbm_per_device
+    parts = [(name, title, color, getattr(ledger, name)) for name, title, color in LEDGER_PARTS]
+    scale = max(ledger.total, hbm or 0, compiled_total or 0, 1) * 1.05
+    bar = _bar([(f"wb-ledger-part wb-ledger-{name}", color, value, f"{title}: {format_bytes(value)} ({value:,} B)")
+                for name, title, color, value in parts], scale, width_px)
+    rows = [f'<div style="display:flex;align-items:center;gap:6px"><div style="width:78px">predicted</div>'
+            f'<div style="display:flex;position:relative;width:{width_px}px;border-left:1px solid #999">{bar}'
+            + (f'<div class="wb-hbm-line" title="HBM per device {format_bytes(hbm)}" style="position:absolute;'
+               f'left:{width_px * hbm / scale:.1f}px;top:-3px;height:24px;border-left:2px dashed #b00020"></div>'
+               if hbm else "") + "</div></div>"]
+    if compiled_total is not None:
+        compiled = _bar([("wb-ledger-compiled", "#8c8c8c", compiled_total, f"compiled: {compiled_total:,} B")],
+                        scale, width_px, 10)
+        rows.append(f'<div style="display:flex;align-items:center;gap:6px;margin-top:3px"><div style="width:78px">'
+                    f'compiled</div><div style="display:flex;width:{width_px}px;border-left:1px solid #999">'
+                    f"{compiled}</div></div>")
+    if hbm is None:
+        verdict = f"{format_bytes(ledger.total)} per device (no HBM: a CPU cluster)"
+        color = "#1b1b1b"
+    elif ledger.fits:
+        verdict = (f"fits: {format_bytes(ledger.total)} of {format_bytes(hbm)} HBM per device, "
+                   f"{format_bytes(ledger.headroom)} free ({ledger.total / hbm:.0%} used)")
+        color = "#1a7f37"
+    else:
+        verdict = (f"does not fit: {format_bytes(ledger.total)} per device, {format_bytes(-ledger.headroom)} over "
+                   f"the {format_bytes(hbm)} HBM")
+        color = "#b00020"
+    legend = "".join(f'<span style="margin-right:10px;white-space:nowrap"><span style="display:inline-block;'
+                     f'width:10px;height:10px;background:{color_};margin-right:3px"></span>{escape(title)} '
+                     f"{escape(format_bytes(value))}</span>" for _, title, color_, value in parts if value)
+    versus = ""
+    if compiled_total is not None:
+        versus = (f'<div class="wb-ledger-versus">compiled step: {escape(format_bytes(compiled_total))} per device '
+                  f"(ledger {ledger.total / compiled_total - 1:+.1%}){escape(compiled_note)}</div>")
+    what = f"{ledger.kind} step, remat={ledger.remat}, each of {n_devices} devices"
+    return (f'<div class="wb-ledger" style="font-size:12px"><div style="font-weight:600">memory ledger · '
+            f"{escape(what)}</div>"
+            f'<div class="wb-ledger-verdict" style="color:{color};margin:2px 0">{escape(verdict)}</div>'
+            f'{"".join(rows)}<div style="margin-top:4px;line-height:1.7">{legend}</div>'
+            + (f'<div class="wb-ledger-tokens" style="color:#555">{escape(tokens)}</div>' if tokens else "")
+            + f"{versus}</div>")
+
+
+# -- the step time -----------------------------------------------------------------------------------------
+def step_time_html(st: tp.Any, *, width_px: int = 520, top: int = 8) -> str:
+    """A :class:`~workbench.core.cost.StepTime` as bars: compute, HBM traffic and communication per network
+    level (each on the same scale; with overlap the step takes the longest), the bounding resource, MFU, XLA's
+    own estimate where there is one, and the longest collective groups."""
+    levels = [(level, s) for level, s in st.by_level().items() if s > 0]
+    phases = [(name, color, getattr(st, f"{name}_s")) for name, color in _PHASES]
+    phases += [(f"communication ({level})", _LEVEL_COLORS[i % len(_LEVEL_COLORS)], s)
+               for i, (level, s) in enumerate(levels)]
+    scale = max([st.time_s, *(s for _, _, s in phases), 1e-12]) * 1.05
+    rows = "".join(f'<div class="wb-step-phase" data-phase="{escape(name)}" style="display:flex;align-items:center;'
+                   f'gap:6px"><div style="width:150px">{escape(name)}</div>'
+                   f'<div style="display:flex;width:{width_px}px">'
+                   f'{_bar([("wb-step-bar", color, s, f"{name}: {format_seconds(s)}")], scale, width_px, 12)}</div>'
+                   f"<div>{escape(format_seconds(s))}</div></div>" for name, color, s in phases)
+    how = "the parts overlap: the step takes the longest" if st.overlap else "the parts run one after another"
+    xla = (f" · XLA's own estimate {format_seconds(st.xla_seconds)} (counts a loop body once: about one layer)"
+           if st.xla_seconds is not None else "")
+    head = (f'<div class="wb-step-total" style="font-weight:600">predicted step: {escape(format_seconds(st.time_s))}, '
+            f"{escape(st.bound)}-bound · MFU {st.mfu:.0%} (assumed {st.mfu_assumed:.0%} of peak on matmuls)"
+            f"</div><div style='color:#555'>{escape(how)}{escape(xla)}</div>")
+    groups = st.rows()[:top]
+    table = ""
+    if groups:
+        cell = "padding:1px 6px;border-bottom:1px solid #ddd;text-align:left"
+        body = "".join(f"<tr><td style='{cell}'>{escape(k)}</td><td style='{cell}'>{escape(','.join(a) or '-')}</td>"
+                       f"<td style='{cell}'>{escape(lv)}</td><td style='{cell}'>{escape(b)}</td><td style='{cell}'>"
+                       f"{runs}</td><td style='{cell}'>{escape(format_bytes(nb))}</td><td style='{cell}'>"
+                       f"{escape(format_seconds(t))}</td></tr>" for k, a, lv, b, runs, nb, t in groups)
+        heads = "".join(f"<th style='{cell}'>{h}</th>" for h in ("collective", "mesh axes", "network", "bound by",
+                                                                "runs", "bytes/device", "time"))
+        table = (f"<div style='margin-top:4px;color:#555'>longest collectives ({len(groups)} of "
+                 f"{len(st.rows())} groups)</div><table style='border-collapse:collapse'><tr>{heads}</tr>{body}"
+                 f"</table>")
+    return f'<div class="wb-step-time" style="font-size:12px">{head}{rows}{table}</div>'
+
+
+def collective_seconds(st: tp.Any) -> dict[tuple[str, tuple[str, ...]], float]:
+    """Predicted seconds per step of each (kind, mesh axes) group (what the collectives table lists)."""
+    out: dict[tuple[str, tuple[str, ...]], float] = {}
+    for c in st.collectives:
+        out[(c.kind, c.axes)] = out.get((c.kind, c.axes), 0.0) + c.total_s
+    return out
