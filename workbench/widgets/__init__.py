@@ -17,6 +17,7 @@ _LAZY = {
     "ModuleTree": "workbench.widgets.module_tree",
     "GenerationView": "workbench.widgets.generation_view",
     "PipelineView": "workbench.widgets.pipeline_view",
+    "LayoutAdvisor": "workbench.widgets.layout_advisor",
 }
 
 __all__ = sorted(_LAZY)

@@ -1,0 +1,260 @@
+"""``LayoutAdvisor``: the ranked layouts of a model on a cluster (:func:`workbench.core.advisor.advise`), with
+the inputs that re-rank them, a step-time bar per layout, and per chosen row: confirm with the compiler, open in
+the explorer, export as code."""
+
+from __future__ import annotations
+
+import typing as tp
+
+import ipywidgets as widgets
+
+from workbench.core.advisor import Advice, Candidate, Constraints, advise
+from workbench.core.cost import format_seconds
+from workbench.core.ledger import KINDS
+from workbench.core.steps import OPTIMIZERS
+from workbench.widgets._html import error_html, escape, format_bytes
+
+__all__ = ["LayoutAdvisor", "advice_html"]
+
+_CELL = "padding:2px 6px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top"
+_PHASES = (("compute", "#4c78a8"), ("memory", "#72b7b2"), ("communication", "#f58518"), ("bubble", "#bab0ac"))
+
+
+def _phases(c: Candidate) -> list[tuple[str, str, float]]:
+    st = c.step
+    bubble = getattr(st, "bubble_s", 0.0) or 0.0
+    values = {"compute": st.compute_s, "memory": st.memory_s, "communication": st.comm_s, "bubble": bubble}
+    return [(name, color, values[name]) for name, color in _PHASES]
+
+
+def _breakdown_bar(c: Candidate, scale: float, width_px: int = 180) -> str:
+    """Compute, HBM traffic, communication and bubble as stacked segments on one scale (they overlap in the step,
+    which takes the longest plus the bubble: the bar shows what each would take alone)."""
+    segments = "".join(f'<div title="{escape(name)}: {escape(format_seconds(s))}" '
+                       f'style="width:{width_px * s / scale:.1f}px;height:10px;background:{color};flex:none"></div>'
+                       for name, color, s in _phases(c) if s > 0)
+    return f'<div class="wb-advice-bar" style="display:flex;width:{width_px}px">{segments}</div>'
+
+
+def advice_html(advice: Advice, *, top: int = 10, rejected: int = 5, selected: int | None = None) -> str:
+    """The ranked table (with a step-time breakdown bar per row) and the best few that do not fit, with why."""
+    hbm = advice.cluster.hbm_per_device
+    tokens = advice.batch[0] * (1 if advice.task == "decode" else advice.batch[1])
+    shown = advice.ranked[:top]
+    scale = max([sum(s for _, _, s in _phases(c)) for c in shown] + [1e-12])
+    head = ("#", "layout", "memory/device", "step time", "tokens/s", "MFU", "bound by", "breakdown", "why")
+    rows = []
+    for i, c in enumerate(shown, 1):
+        use = "" if hbm is None else f" ({c.ledger.total / hbm:.0%} of HBM)"
+        mark = ";background:#eef5ff" if selected == i else ""
+        cells = (str(i), c.label, f"{format_bytes(c.ledger.total)}{use}", format_seconds(c.time_s),
+                 f"{tokens / c.time_s:,.0f}", f"{c.step.mfu:.0%}", c.step.bound)
+        rows.append(f'<tr class="wb-advice-row" data-rank="{i}" style="{mark}">'
+                    + "".join(f'<td style="{_CELL};white-space:nowrap">{escape(v)}</td>' for v in cells)
+                    + f'<td style="{_CELL}">{_breakdown_bar(c, scale)}</td>'
+                    + f'<td class="wb-advice-reason" style="{_CELL}">{escape(c.reason)}'
+                    + (f'<div class="wb-advice-confirmed" style="color:#1a7f37">{escape(c.confirm_note)}</div>'
+                       if c.confirm_note else "") + "</td></tr>")
+    legend = " ".join(f'<span style="white-space:nowrap"><span style="display:inline-block;width:10px;height:10px;'
+                      f'background:{color}"></span> {name}</span>' for name, color in _PHASES)
+    table = (f'<table class="wb-advice-table" style="border-collapse:collapse">'
+             f'<tr>{"".join(f"<th style={chr(34)}{_CELL}{chr(34)}>{h}</th>" for h in head)}</tr>{"".join(rows)}'
+             f"</table>") if rows else error_html("no layout fits: see below why")
+    misses = "".join(f'<li class="wb-advice-rejected">{escape(c.label)}: {escape(c.reason)}</li>'
+                     for c in advice.rejected[:rejected])
+    missed = (f'<div style="margin-top:4px;font-weight:600">closest that do not fit ({len(advice.rejected)} in all)'
+              f'</div><ul style="margin:2px 0">{misses}</ul>') if misses else ""
+    return (f'<div class="wb-advice" style="font-size:12px"><div class="wb-advice-summary">'
+            f"{escape(advice.summary())}</div><div style='color:#555'>breakdown: {legend} (each alone; with overlap "
+            f"the step takes the longest, plus the bubble)</div>{table}{missed}</div>")
+
+
+class LayoutAdvisor:
+    """Inputs (tokens per step, sequence length, task, optimizer, constraints) that re-rank the layouts of
+    ``model`` on ``cluster`` as they change; pick a row to confirm it with the compiler, open it in a
+    :class:`~workbench.widgets.sharding_explorer.ShardingExplorer`, or export it as code. ``advisor.advice`` is
+    the last :class:`~workbench.core.advisor.Advice`; ``advisor.error`` the inline error ('' when none)."""
+
+    def __init__(self, model: tp.Any, cluster: tp.Any, *, batch_tokens: int = 1 << 20, seq_len: int = 4096,
+                 task: str = "train", optimizer: str = "adamw", constraints: Constraints | None = None,
+                 top: int = 10):
+        self.model, self.cluster, self.top = model, cluster, top
+        self.advice: Advice | None = None
+        self.error = ""
+        self.explorer: tp.Any = None
+        c = constraints or Constraints()
+        w, style = widgets, {"description_width": "initial"}
+        self._tokens = w.BoundedIntText(batch_tokens, min=1, max=1 << 40, description="tokens per step (decode: "
+                                        "sequences)", style=style, layout=w.Layout(width="330px"))
+        self._tokens.add_class("wb-advisor-tokens")
+        self._seq = w.BoundedIntText(seq_len, min=1, max=1 << 24, description="sequence length", style=style,
+                                     layout=w.Layout(width="210px"))
+        self._task = w.Dropdown(options=KINDS, value=task, description="task", layout=w.Layout(width="150px"),
+                                style={"description_width": "35px"})
+        self._optimizer = w.Dropdown(options=OPTIMIZERS, value=optimizer, description="optimizer",
+                                     layout=w.Layout(width="170px"), style={"description_width": "62px"})
+        self._across = w.Checkbox(c.tp_across_nodes, description="tp across GPU nodes", indent=False)
+        self._pipeline = w.Checkbox(c.pipeline, description="pipeline (pp)", indent=False)
+        self._max_axes = w.BoundedIntText(c.max_split_axes, min=1, max=6, description="split axes at most",
+                                          style=style, layout=w.Layout(width="180px"))
+        self._headroom = w.BoundedFloatText(c.headroom, min=0.0, max=0.9, step=0.05, description="HBM headroom",
+                                            style=style, layout=w.Layout(width="170px"))
+        self._fixed = dict(c.fixed)
+        self._status = w.HTML()
+        self._table = w.HTML()
+        self._table.add_class("wb-advisor-table")
+        self._row = w.Dropdown(options=[], description="row", layout=w.Layout(width="420px"),
+                               style={"description_width": "30px"})
+        self._confirm = w.Button(description="confirm with the compiler", icon="cogs", button_style="info",
+                                 layout=w.Layout(width="210px"))
+        self._confirm.add_class("wb-advisor-confirm")
+        self._open = w.Button(description="open in explorer", icon="search", layout=w.Layout(width="150px"))
+        self._open.add_class("wb-advisor-open")
+        self._export = w.Button(description="export", icon="download", layout=w.Layout(width="100px"))
+        self._export.add_class("wb-advisor-export")
+        self._out = w.HTML()
+        self._out.add_class("wb-advisor-out")
+        self._explorer_box = w.VBox()
+        self._confirm.on_click(lambda _: self.confirm())
+        self._open.on_click(lambda _: self.open_in_explorer())
+        self._export.on_click(lambda _: self.export())
+        self._row.observe(lambda _: self._render_table(), names="value")
+        for control in (self._tokens, self._seq, self._task, self._optimizer, self._across, self._pipeline,
+                        self._max_axes, self._headroom):
+            control.observe(lambda _: self.rank(), names="value")
+        self.widget = w.VBox([
+            w.HTML(f'<div style="font-size:13px"><b>LayoutAdvisor</b> · {escape(self._model_name())} · '
+                   f"{escape(str(cluster))}</div>"),
+            w.HBox([self._tokens, self._seq, self._task, self._optimizer]),
+            w.HBox([self._across, self._pipeline, self._max_axes, self._headroom]),
+            self._status, self._table, w.HBox([self._row, self._confirm, self._open, self._export]), self._out,
+            self._explorer_box])
+        self.widget.add_class("wb-layout-advisor")
+        self.rank()
+
+    def _model_name(self) -> str:
+        return getattr(getattr(self.model, "config", None), "model_type", type(self.model).__name__)
+
+    @property
+    def constraints(self) -> Constraints:
+        return Constraints(fixed=self._fixed, tp_across_nodes=self._across.value, max_split_axes=self._max_axes.value,
+                           pipeline=self._pipeline.value, headroom=self._headroom.value)
+
+    # -- actions (each shows its error inline and returns False) -----------------------------------------------
+    def rank(self) -> bool:
+        """Re-rank from the inputs."""
+        self._status.value = '<div style="font-size:12px;color:#555">ranking…</div>'
+        try:
+            advice = advise(self.model, self.cluster, batch_tokens=self._tokens.value, seq_len=self._seq.value,
+                            task=self._task.value, optimizer=self._optimizer.value, constraints=self.constraints)
+        except (ValueError, TypeError) as e:
+            self._show_error(str(e))
+            return False
+        self.advice = advice
+        self._show_error("")
+        options = [(f"{i}: {c.label}", i) for i, c in enumerate(advice.ranked[:self.top], 1)]
+        self._row.options = options
+        self._row.value = options[0][1] if options else None
+        for button in (self._confirm, self._open, self._export):
+            button.disabled = not options
+        self._render_table()
+        return True
+
+    def selected(self) -> Candidate | None:
+        if self.advice is None or not self._row.value:
+            return None
+        return self.advice.ranked[self._row.value - 1]
+
+    def confirm(self) -> bool:
+        """Compile the chosen row on the virtual cluster; its compiled memory and step go beside the prediction."""
+        c = self.selected()
+        if c is None:
+            return False
+        self._out.value = f'<div style="font-size:12px;color:#555">compiling {escape(c.label)}…</div>'
+        try:
+            self.advice.confirm_one(c)
+        except Exception as e:  # a callback must not raise: say why
+            self._out.value = error_html(f"confirm: {type(e).__name__}: {e}")
+            return False
+        self._out.value = _confirmed_html(c)
+        options = [(f"{i}: {x.label}", i) for i, x in enumerate(self.advice.ranked[:self.top], 1)]
+        keep = self.advice.ranked.index(c) + 1 if c in self.advice.ranked else (options[0][1] if options else None)
+        self._row.options = options
+        self._row.value = keep
+        self._render_table()
+        return True
+
+    def open_in_explorer(self) -> bool:
+        """A ShardingExplorer on the cluster, laid out as the chosen row."""
+        from workbench.widgets.sharding_explorer import ShardingExplorer
+
+        c = self.selected()
+        if c is None:
+            return False
+        try:
+            batch = self.advice.batch if self.advice.task != "decode" else (self.advice.batch[0], 1)
+            model = self.model.with_options(remat=c.remat) if hasattr(self.model, "with_options") else self.model
+            self.explorer = ShardingExplorer(model, c.mesh_shape, c.partition_axis, c.rules, cluster=self.cluster,
+                                             batch=batch)
+        except (ValueError, TypeError) as e:
+            self._out.value = error_html(f"open in explorer: {e}")
+            return False
+        self.explorer._task.value = self.advice.task
+        self.explorer._optimizer_name.value = self.advice.optimizer
+        self._explorer_box.children = (self.explorer.widget,)
+        return True
+
+    def export(self) -> tuple[str, str] | None:
+        """The chosen row as a Python snippet and as JSON (``Layout.to_code`` / ``Layout.to_json``), shown below."""
+        c = self.selected()
+        if c is None:
+            return None
+        try:
+            layout = c.layout(self.model)
+            code, text = layout.to_code(cluster=self.cluster), layout.to_json(cluster=self.cluster)
+        except (ValueError, TypeError, AttributeError) as e:
+            self._out.value = error_html(f"export: {e}")
+            return None
+        self._out.value = (f'<div class="wb-export" style="font-size:12px"><div style="font-weight:600">'
+                           f"{escape(c.label)} as code</div><pre>{escape(code)}</pre>"
+                           f'<div style="font-weight:600">as JSON (Layout.from_json)</div>'
+                           f"<pre>{escape(text)}</pre></div>")
+        return code, text
+
+    # -- rendering ---------------------------------------------------------------------------------------------
+    def _render_table(self) -> None:
+        if self.advice is not None:
+            self._status.value = ""
+            self._table.value = advice_html(self.advice, top=self.top, selected=self._row.value)
+
+    def _show_error(self, message: str) -> None:
+        self.error = message
+        self._status.value = error_html(message) if message else ""
+
+    def _repr_mimebundle_(self, **kwargs: tp.Any) -> dict[str, tp.Any]:
+        return {**self.widget._repr_mimebundle_(**kwargs), "text/plain": repr(self)}
+
+    def _repr_html_(self) -> str:
+        return "" if self.advice is None else advice_html(self.advice, top=self.top)
+
+    def __repr__(self) -> str:
+        ranked = "-" if self.advice is None else f"{len(self.advice.ranked)} layouts fit"
+        return f"LayoutAdvisor({self._model_name()}, {self.cluster.name}, {ranked})"
+
+
+def _confirmed_html(c: Candidate) -> str:
+    """Predicted beside compiled, for one confirmed row."""
+    if c.compiled is None:
+        return f'<div class="wb-advisor-confirmed" style="font-size:12px">{escape(c.confirm_note)}</div>'
+    rows = [("memory per device", format_bytes(c.ledger.total), format_bytes(c.compiled.memory.total))]
+    if c.compiled_step is not None:
+        rows += [("step time", format_seconds(c.step.time_s), format_seconds(c.compiled_step.time_s)),
+                 ("compute", format_seconds(c.step.compute_s), format_seconds(c.compiled_step.compute_s)),
+                 ("HBM traffic", format_seconds(c.step.memory_s), format_seconds(c.compiled_step.memory_s)),
+                 ("communication", format_seconds(c.step.comm_s), format_seconds(c.compiled_step.comm_s))]
+    body = "".join(f'<tr><td style="{_CELL}">{escape(a)}</td><td style="{_CELL}">{escape(b)}</td>'
+                   f'<td style="{_CELL}">{escape(d)}</td></tr>' for a, b, d in rows)
+    return (f'<div class="wb-advisor-confirmed" style="font-size:12px"><div style="font-weight:600">'
+            f"{escape(c.label)}: predicted vs compiled</div><table style='border-collapse:collapse'><tr>"
+            f"<th style='{_CELL}'></th><th style='{_CELL}'>predicted</th><th style='{_CELL}'>compiled</th></tr>{body}"
+            f"</table><div>{escape(c.reason)}</div></div>")
