@@ -50,6 +50,7 @@ from workbench.core.inspect import Collective, summarize
 from workbench.core.layout import typed_notation
 from workbench.core.models.cache import kv_layout
 from workbench.core.models.sharding import explain_params, path_str, shard_model, with_mesh
+from workbench.core.pipeline_schedule import PipelineConfig
 
 ROLES = (ax.DP, ax.FSDP, ax.EP, ax.TP, ax.SP)
 ROLE_FIELDS = tuple(PartitionAxis().field_for(role) for role in ROLES)
@@ -153,6 +154,31 @@ def _reason(decisions: tp.Sequence[DimDecision]) -> str:
     return text + suffix
 
 
+def _frozen_axes(axes: tp.Any) -> tp.Any:
+    """A rule's axes with lists turned into tuples (a preset stays a DynamicShardingAxes)."""
+    if isinstance(axes, ax.DynamicShardingAxes):
+        return ax.DynamicShardingAxes(_frozen_axes(axes.axes), axes.mode)
+    if isinstance(axes, list | tuple):
+        return tuple(_frozen_axes(a) if isinstance(a, list | tuple) else a for a in axes)
+    return axes
+
+
+def _check_plan(mesh: tp.Any, remat: str | None, pipeline: PipelineConfig | None) -> None:
+    if remat is not None:
+        from workbench.core.models.stack import check_remat
+
+        check_remat(remat)
+    if pipeline is None:
+        return
+    if not isinstance(pipeline, PipelineConfig):
+        raise TypeError(f"pipeline must be a PipelineConfig or None; got {pipeline!r}")
+    pp = _mesh_sizes(mesh).get("pp", 1)
+    if pipeline.num_stages != pp:
+        raise ValueError(f"the pipeline has num_stages={pipeline.num_stages} but the mesh's pp axis has size {pp}; "
+                         f"use PipelineConfig(num_stages={pp}, ...) or a mesh with pp={pipeline.num_stages} "
+                         f"(or pipeline=None)")
+
+
 def _shard_shape(decisions: tp.Sequence[DimDecision], sizes: dict[str, int]) -> tuple[int, ...]:
     return tuple(d.size // math.prod(sizes[a] for a in d.chosen) for d in decisions)
 
@@ -166,7 +192,10 @@ class Layout:
     """Every parameter of a model resolved on ``mesh`` by ``partition_axis``, ``rules`` and ``mode``.
 
     Build it with :meth:`of`. ``params`` are in the model's parameter order; ``layout[path]`` finds one.
-    ``config`` is the model's config (it sizes a KV cache), or None.
+    ``config`` is the model's config (it sizes a KV cache), or None. ``remat`` (a policy name) and
+    ``pipeline`` (a :class:`PipelineConfig` over the ``pp`` axis) are what a plan carries beyond the specs;
+    they do not change them. :meth:`to_json` / :meth:`from_json` and :meth:`to_code` export a layout
+    (:mod:`workbench.core.layout_export`).
     """
 
     mesh: Mesh | jax.sharding.AbstractMesh
@@ -175,19 +204,24 @@ class Layout:
     rules: tuple[tuple[str, tp.Any], ...]
     params: tuple[ParamLayout, ...]
     config: tp.Any = None
+    remat: str | None = None
+    pipeline: PipelineConfig | None = None
 
     @classmethod
     def of(cls, model: nnx.Module, mesh: Mesh | jax.sharding.AbstractMesh,
            partition_axis: PartitionAxis | None = None, rules: tp.Sequence[tuple[str, tp.Any]] | None = None,
-           mode: str = MODE_TRAIN) -> Layout:
+           mode: str = MODE_TRAIN, *, remat: str | None = None, pipeline: PipelineConfig | None = None) -> Layout:
         """Resolve ``model``'s parameters (arrays or ShapeDtypeStructs: only shapes are read).
 
         Raises ``ValueError`` for what a user can get wrong: a rule that does not compile or names
         the wrong number of dimensions, a field naming a mesh axis the mesh does not have (checked for
-        the parameters, the token batch ``(BATCH, LENGTH)`` and a KV cache, which the explorer shows too).
+        the parameters, the token batch ``(BATCH, LENGTH)`` and a KV cache, which the explorer shows too),
+        an unknown ``remat`` policy, a ``pipeline`` whose stage count is not the mesh's ``pp`` size.
+        Rules are kept with lists turned into tuples (a layout is hashable data).
         """
         pa = PartitionAxis() if partition_axis is None else partition_axis
-        rules = tuple((pattern, axes) for pattern, axes in rules or ())
+        rules = tuple((pattern, _frozen_axes(axes)) for pattern, axes in rules or ())
+        _check_plan(mesh, remat, pipeline)
         decisions = explain_params(model, mesh, pa, mode, rules)
         for what, names, names_mode in (("the token batch", INPUT_AXES, mode), ("a KV cache", KV_CACHE_AXES,
                                                                                 KV_CACHE_MODE)):
@@ -205,11 +239,12 @@ class Layout:
                 path=name, shape=tuple(var.shape), dtype=dtype, axes=tuple(d.semantic for d in dims),
                 spec=PartitionSpec(*(d.spec_entry for d in dims)), shard_shape=shard,
                 bytes_per_device=math.prod(shard) * dtype.itemsize, reason=_reason(dims), decisions=tuple(dims)))
-        return cls(mesh, pa, mode, rules, tuple(params), getattr(model, "config", None))
+        return cls(mesh, pa, mode, rules, tuple(params), getattr(model, "config", None), remat, pipeline)
 
     def replace(self, model: nnx.Module, **changes: tp.Any) -> Layout:
-        """The layout of ``model`` with some of ``mesh, partition_axis, rules, mode`` changed."""
-        settings = dict(mesh=self.mesh, partition_axis=self.partition_axis, rules=self.rules, mode=self.mode)
+        """The layout of ``model`` with some of ``mesh, partition_axis, rules, mode, remat, pipeline`` changed."""
+        settings = dict(mesh=self.mesh, partition_axis=self.partition_axis, rules=self.rules, mode=self.mode,
+                        remat=self.remat, pipeline=self.pipeline)
         unknown = sorted(set(changes) - set(settings))
         if unknown:
             raise ValueError(f"Layout.replace takes {sorted(settings)}; got {unknown}")
@@ -249,6 +284,28 @@ class Layout:
                     if f and f not in ROLE_FIELDS:
                         fields[f] = None
         return tuple(fields)
+
+    # -- export (workbench.core.layout_export) -----------------------------------------------------------
+    def to_json(self, *, cluster: tp.Any = None) -> str:
+        """The layout as JSON that :meth:`from_json` reads back: mesh sizes, the cluster if given, the
+        PartitionAxis fields that differ from the default, rules, mode, remat and pipeline."""
+        from workbench.core import layout_export
+
+        return layout_export.to_json(self, cluster=cluster)
+
+    @classmethod
+    def from_json(cls, text: str, model: nnx.Module, *, mesh: tp.Any = None) -> Layout:
+        """The layout ``text`` (from :meth:`to_json`) describes, resolved on ``model``; ``mesh`` overrides the
+        mesh it would build (same axis sizes)."""
+        from workbench.core import layout_export
+
+        return layout_export.from_json(text, model, mesh=mesh)
+
+    def to_code(self, *, cluster: tp.Any = None, model_expr: str = "model") -> str:
+        """A Python snippet that rebuilds this layout, to paste after ``import workbench as wb``."""
+        from workbench.core import layout_export
+
+        return layout_export.to_code(self, cluster=cluster, model_expr=model_expr)
 
     def editor_fields(self) -> dict[str, tuple[str, ...]]:
         """The PartitionAxis fields that change what this layout shows, grouped: the roles, those the

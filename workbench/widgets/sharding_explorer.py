@@ -3,11 +3,14 @@
 A view over :mod:`workbench.core.explore`: each edit of the rules editor resolves a new
 :class:`~workbench.core.explore.Layout` (shapes only, nothing allocated) and re-renders the table,
 the memory chart and the diff; the collectives panel compiles one step on request; "apply"
-re-shards the live model. A bad edit shows an inline error and leaves the last valid layout.
+re-shards the live model; "export" shows the layout as Python and as JSON, and :meth:`ShardingExplorer.load`
+(or pasting JSON beside it) switches to a given layout. A bad edit shows an inline error and leaves the last
+valid layout.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import typing as tp
@@ -17,7 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from workbench.core import explore
+from workbench.core import explore, layout_export
 from workbench.core import ledger as ledgers
 from workbench.core.axes import MODE_TRAIN, PartitionAxis, label
 from workbench.core.mesh import MESH_AXES, describe_mesh
@@ -34,7 +37,8 @@ from workbench.widgets._experts import ExpertsPanel, experts_html
 from workbench.widgets._explorer_rules import RulesEditor
 from workbench.widgets._html import error_html, escape, format_bytes
 
-__all__ = ["ShardingExplorer", "collectives_html", "diff_html", "layout_html", "memory_figure", "memory_html"]
+__all__ = ["ShardingExplorer", "collectives_html", "diff_html", "export_html", "layout_html", "memory_figure",
+           "memory_html"]
 
 _CELL = "padding:2px 6px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top"
 _PARTS = (("params", "parameters", "#4c78a8"), ("optimizer", "optimizer state (AdamW)", "#f58518"),
@@ -157,6 +161,17 @@ def collectives_html(sc: explore.StepCollectives, *, stale: bool = False,
             f"<div>{escape(what)}</div>{table}{warnings}</div>")
 
 
+def export_html(code: str, json_text: str) -> str:
+    """The exported layout: the Python snippet and the JSON, each in a collapsible ``<pre>``."""
+    pre = "margin:2px 0;padding:6px;background:#f6f8fa;border:1px solid #ddd;font-size:12px;overflow:auto"
+    return (f'<div class="wb-export" style="font-size:12px">'
+            f'<details open><summary>Python: paste after <code>import workbench as wb</code>, with <code>model</code> '
+            f'defined</summary><pre class="wb-export-code" style="{pre}">{escape(code)}</pre></details>'
+            f"<details open><summary>JSON: <code>Layout.from_json(text, model)</code> or "
+            f'<code>explorer.load(text)</code> reads it back</summary><pre class="wb-export-json" style="{pre}">'
+            f"{escape(json_text)}</pre></details></div>")
+
+
 # -- the widget ------------------------------------------------------------------------------------------
 class ShardingExplorer:
     """Every parameter of ``model`` resolved on ``mesh``, with controls that change the rules live.
@@ -174,6 +189,9 @@ class ShardingExplorer:
     against the device's HBM, re-computed on every edit; "collectives" compiles the step for the cluster's
     devices and adds the predicted step time (:func:`workbench.core.cost.step_time`), each collective's time on
     the cluster's network and the compiled memory beside the ledger.
+
+    "export" (:meth:`export`) shows the layout as a Python snippet and as JSON (with the cluster, the remat
+    policy and a pp mesh's pipeline); :meth:`load` switches to a Layout or its JSON (e.g. an advised one).
     """
 
     def __init__(self, model: tp.Any, mesh: Mesh | jax.sharding.AbstractMesh | tp.Mapping[str, int] | None = None,
@@ -223,16 +241,92 @@ class ShardingExplorer:
 
     def ledger(self) -> ledgers.Ledger:
         """The memory ledger of one step as the controls say (task, optimizer, remat, batch), against the
-        cluster's HBM; on a mesh with ``pp > 1`` a 1F1B pipeline (:func:`workbench.core.pipeline.default_config`)."""
+        cluster's HBM; on a mesh with ``pp > 1`` the layout's pipeline, by default 1F1B
+        (:func:`workbench.core.pipeline.default_config`)."""
         b, t = self._batch_b.value, self._batch_t.value
-        pipeline = None
-        if self._task.value == "train" and dict(self.mesh.shape).get("pp", 1) > 1:
-            from workbench.core.pipeline import default_config
-
-            pipeline = default_config(self.mesh, b)
+        pipeline = self._pipeline() if self._task.value == "train" else None
         return ledgers.ledger(self.model, self.layout, kind=self._task.value, batch=(b, t),
                               optimizer=self._optimizer_name.value, remat=self._remat.value, cluster=self.cluster,
                               pipeline=pipeline)
+
+    def _pipeline(self) -> tp.Any:
+        """The layout's pipeline; on a mesh with ``pp > 1`` and none given, 1F1B over the batch
+        (:func:`workbench.core.pipeline.default_config`)."""
+        if self.layout.pipeline is not None or dict(self.mesh.shape).get("pp", 1) == 1:
+            return self.layout.pipeline
+        from workbench.core.pipeline import default_config
+
+        return default_config(self.mesh, self._batch_b.value)
+
+    # -- export and load -------------------------------------------------------------------------------
+    def exported_layout(self) -> explore.Layout:
+        """The current layout with what the controls add to it: the pipeline on a ``pp > 1`` mesh and, on a
+        cluster, the remat policy the ledger counts."""
+        remat = self._remat.value if self.cluster is not None else self.layout.remat
+        return dataclasses.replace(self.layout, remat=remat, pipeline=self._pipeline())
+
+    def export(self) -> tuple[str, str]:
+        """``(code, json)`` of the current layout (:meth:`exported_layout`): a snippet to paste after
+        ``import workbench as wb`` and the JSON that :meth:`load` or ``Layout.from_json`` read back."""
+        layout = self.exported_layout()
+        return layout.to_code(cluster=self.cluster), layout.to_json(cluster=self.cluster)
+
+    def show_export(self) -> bool:
+        """Show :meth:`export` under the "export" button (kept current on every edit); False with the error
+        inline when the layout cannot be exported."""
+        self._export_shown = True
+        try:
+            code, text = self.export()
+        except (ValueError, TypeError) as e:
+            self._export_out.value = error_html(f"export: {e}")
+            return False
+        self._export_out.value = export_html(code, text)
+        return True
+
+    def load(self, layout: explore.Layout | str) -> bool:
+        """Switch to ``layout`` (a Layout of this model, e.g. an advised one, or the JSON of one): its mesh,
+        partition axis, rules and mode, and on a cluster its remat policy. False with an inline error (the
+        last valid layout kept) when it does not fit this model or cluster."""
+        def build() -> explore.Layout:
+            new = self._loaded(layout)
+            if self.cluster is not None and new.remat is not None and new.remat not in ledgers.REMATS:
+                raise ValueError(f"remat {new.remat!r}: the ledger counts {ledgers.REMATS}")
+            return new
+
+        if not self._try(build, what="layout"):
+            return False
+        if self.cluster is not None:
+            if self.layout.remat is not None:
+                self._remat.value = self.layout.remat
+            self._mesh_choice.value = mesh_label(dict(self.mesh.shape))
+        return True
+
+    def _loaded(self, layout: explore.Layout | str) -> explore.Layout:
+        """``layout`` resolved on this explorer's model (and cluster)."""
+        if isinstance(layout, str):
+            doc = layout_export.read(layout)
+            shape, _ = doc["mesh"]
+            spec = None if self.cluster is None else _spec_or_none(self.cluster)
+            if doc["cluster"] is not None and doc["cluster"] != spec:
+                where = (f"an explorer on {self.cluster.name}" if self.cluster is not None else
+                         "an explorer without a cluster")
+                raise ValueError(f"this layout was planned for the cluster {doc['cluster']}, not for {where}; "
+                                 f"open it in ShardingExplorer(model, cluster=...) with that cluster")
+            mesh = (_cluster_mesh(shape, self.cluster) if self.cluster is not None else
+                    self.mesh if dict(self.mesh.shape) == shape else None)
+            return explore.Layout.from_json(layout, self.model, mesh=mesh)
+        if not isinstance(layout, explore.Layout):
+            raise TypeError(f"load takes a Layout or its JSON (Layout.to_json()); got {type(layout).__name__}")
+        if [(p.path, p.shape) for p in layout.params] != [(p.path, p.shape) for p in self.layout.params]:
+            raise ValueError("this layout was resolved for another model (its parameter paths or shapes differ); "
+                             "resolve it on this explorer's model: Layout.of(explorer.model, ...)")
+        mesh = layout.mesh if self.cluster is None else _cluster_mesh(layout.mesh, self.cluster)
+        return explore.Layout.of(self.model, mesh, layout.partition_axis, layout.rules, layout.mode,
+                                 remat=layout.remat, pipeline=layout.pipeline)
+
+    def _load_pasted(self) -> None:
+        if self.load(self._load_text.value):
+            self._load_text.value = ""
 
     # -- actions (the buttons call these; each shows its error inline and returns False) -----------------
     def edit(self, *, partition_axis: PartitionAxis | None = None,
@@ -248,7 +342,11 @@ class ShardingExplorer:
         the axis sizes (``{"fsdp": 8, "tp": 8}``) will do."""
         def build() -> explore.Layout:
             new = _cluster_mesh(mesh, self.cluster)
-            return self.layout.replace(self.model, mesh=new, partition_axis=_pipelined(self.partition_axis, new))
+            pipeline = self.layout.pipeline
+            if pipeline is not None and pipeline.num_stages != dict(new.shape).get("pp", 1):
+                pipeline = None  # planned for another pp size: the default one for the new mesh
+            return self.layout.replace(self.model, mesh=new, partition_axis=_pipelined(self.partition_axis, new),
+                                       pipeline=pipeline)
 
         ok = self._try(build, what="mesh")
         if self.cluster is not None:
@@ -379,6 +477,19 @@ class ShardingExplorer:
         apply.add_class("wb-apply-button")
         apply.on_click(lambda _: self.apply())
         self._apply_status = w.HTML()
+        self._export_shown = False
+        self._export_button = export = w.Button(description="export", icon="code",
+                                                tooltip="the layout as Python to paste into a script, and as JSON")
+        export.add_class("wb-export-button")
+        export.on_click(lambda _: self.show_export())
+        self._export_out = w.HTML()
+        self._export_out.add_class("wb-export-html")
+        self._load_text = w.Textarea(placeholder="paste a layout's JSON (Layout.to_json()) and press load",
+                                     layout=w.Layout(width="420px", height="32px"))
+        self._load_text.add_class("wb-load-json")
+        self._load_button = load = w.Button(description="load", icon="upload", tooltip="switch to the pasted layout")
+        load.add_class("wb-load-button")
+        load.on_click(lambda _: self._load_pasted())
         self._experts = ExpertsPanel(self._expert_summary, self._on_experts)
         self._capacity, self._experts_out = self._experts.capacity, self._experts.out
         section = lambda text: w.HTML(f'<div style="font-weight:600;margin-top:6px">{text}</div>')
@@ -386,6 +497,8 @@ class ShardingExplorer:
         experts = [section("expert parallelism (MoE layers)"), self._experts.widget] if moe else []
         if self.cluster is None:
             memory = w.VBox([w.HBox([self._optimizer, self._kv_on, self._kv_b, self._kv_s]), self._chart])
+            # the batch sizes the default pipeline of a pp mesh: a shown export follows it
+            self._batch_b.observe(lambda _: self._export_shown and self.show_export(), names="value")
             step_controls = [self._kind, self._batch_b, self._batch_t, self._attention, go]
             step_outputs = [self._collectives_out]
         else:
@@ -403,7 +516,8 @@ class ShardingExplorer:
             section("change from the previous layout"), self._diff,
             section("parameters"), w.HBox([self._filter, self._filter_error]), self._table,
             section("collectives of one step"), w.HBox(step_controls),
-            *step_outputs, *experts, w.HBox([apply, self._apply_status])])
+            *step_outputs, *experts, w.HBox([apply, self._apply_status]),
+            section("export"), w.HBox([export, self._load_text, load]), self._export_out])
         self.widget.add_class("wb-sharding-explorer")
 
     def set_attention(self, name: str) -> None:
@@ -429,6 +543,8 @@ class ShardingExplorer:
                 self._step_out.value = note + step_time_html(self.step_time)
         if self.experts is not None:
             self._experts_out.value = experts_html(self.experts, stale=self._experts_layout is not self.layout)
+        if self._export_shown:
+            self.show_export()
 
     def _render_table(self) -> None:
         try:
@@ -601,6 +717,13 @@ def _cluster_mesh(mesh: tp.Any, cluster: tp.Any) -> tp.Any:
                          f"{cluster.num_devices}: pass the axis sizes ({{'fsdp': ..., 'tp': ...}}) or "
                          f"cluster_mesh(cluster, ...)")
     return mesh
+
+
+def _spec_or_none(cluster: tp.Any) -> dict[str, tp.Any] | None:
+    try:
+        return layout_export.cluster_spec(cluster)
+    except (ValueError, TypeError):
+        return None
 
 
 def _pipelined(partition_axis: PartitionAxis | None, mesh: tp.Any) -> PartitionAxis | None:
