@@ -99,10 +99,7 @@ class Candidate:
 
         mesh = _mesh(self.mesh_shape, cluster)
         mode = MODE_DECODE if self.ledger.kind == "decode" else MODE_TRAIN
-        layout = Layout.of(model, mesh, self.partition_axis, self.rules, mode)
-        if "remat" in {f.name for f in dataclasses.fields(layout)}:
-            layout = dataclasses.replace(layout, remat=self.remat, pipeline=self.pipeline)
-        return layout
+        return Layout.of(model, mesh, self.partition_axis, self.rules, mode, remat=self.remat, pipeline=self.pipeline)
 
 
 @dataclasses.dataclass
