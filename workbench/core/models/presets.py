@@ -100,6 +100,22 @@ _FULL_CONFIGS: dict[str, dict[str, tp.Any]] = {
                       "original_max_position_embeddings": 8192},
         tie_word_embeddings=False, attention_bias=False, mlp_bias=False, bos_token_id=128000, eos_token_id=128001,
         torch_dtype="bfloat16"),
+    # meta-llama/Meta-Llama-3-8B config.json.
+    "llama-3-8b": dict(
+        model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128256, hidden_size=4096,
+        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        hidden_act="silu", max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
+        tie_word_embeddings=False, attention_bias=False, mlp_bias=False, bos_token_id=128000, eos_token_id=128001,
+        torch_dtype="bfloat16"),
+    # meta-llama/Llama-3.2-1B config.json: 64-wide heads, tied embeddings.
+    "llama-3.2-1b": dict(
+        model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128256, hidden_size=2048,
+        intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+        hidden_act="silu", max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192},
+        tie_word_embeddings=True, attention_bias=False, mlp_bias=False, bos_token_id=128000, eos_token_id=128001,
+        torch_dtype="bfloat16"),
     "deepseek-v3": dict(
         model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"], vocab_size=129280, hidden_size=7168,
         intermediate_size=18432, moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=128,

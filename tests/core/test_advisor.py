@@ -1,0 +1,132 @@
+"""The layout advisor: every ranked layout resolves and exports; on textbook cases the top choice is the known one
+(each test cites its source); a confirmed layout's compiled memory is within 10 % of the ledger."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from workbench.core.advisor import Constraints, advise
+from workbench.core.cluster import Cluster
+from workbench.core.cost import span
+from workbench.core.explore import Layout
+from workbench.core.models import CausalLM, ModelConfig
+from workbench.core.models.presets import full_config, tiny_config
+
+FAMILIES = ["llama", "qwen3", "gemma3", "gpt2", "mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3"]
+
+
+@pytest.fixture(scope="module")
+def llama_70b():
+    return CausalLM.lazy_init(full_config("llama-3-70b"), dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+
+
+def _tiny(family):
+    return CausalLM.lazy_init(ModelConfig.from_hf(tiny_config(family)), dtype=jnp.bfloat16,
+                              param_dtype=jnp.bfloat16)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_ranked_layout_resolves_and_its_export_rebuilds_the_same_shardings(family):
+    model = _tiny(family)
+    advice = advise(model, Cluster.h100(nodes=1), batch_tokens=16 * 64, seq_len=64)
+    assert advice.ranked, advice.summary()
+    for c in advice.ranked[:6]:
+        layout = c.layout(model)
+        assert Layout.from_json(layout.to_json(), model, mesh=layout.mesh).specs == layout.specs
+        scope = {"model": model}
+        exec(layout.to_code(), scope)  # the snippet a user pastes: it defines `layout`
+        assert scope["layout"].specs == layout.specs, c.label
+        assert scope["layout"].remat == c.remat and scope["layout"].pipeline == c.pipeline
+
+
+def test_the_parameter_counts_of_the_small_presets_are_the_published_ones():
+    """meta-llama/Llama-3.2-1B: 1.24B parameters (tied embeddings); Meta-Llama-3-8B: 8.03B."""
+    for name, count in (("llama-3.2-1b", 1_235_814_400), ("llama-3-8b", 8_030_261_248)):
+        model = CausalLM.lazy_init(full_config(name), dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+        assert sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param))) == count
+
+
+def test_a_small_model_on_many_chips_is_data_parallel():
+    """A model that fits one GPU with room to spare trains fastest data parallel (pure DP or FSDP, no model
+    parallelism): *How to Scale Your Model*, Part 5 "Training", section "Data Parallelism" ("pure data
+    parallelism ... is the simplest and most efficient when the model fits"), and the Ultra-Scale Playbook's
+    "first, data parallelism" rule. Llama-3.2-1B, 1M tokens (256 x 4096) on 4 x 8 H100."""
+    advice = advise(full_config("llama-3.2-1b"), Cluster.h100(nodes=4), batch_tokens=256 * 4096, seq_len=4096)
+    best = advice.best.mesh_shape
+    assert best["tp"] == best["pp"] == best["sp"] == best["ep"] == 1, advice.table(5)
+    assert best["dp"] * best["fsdp"] == 32
+
+
+def test_a_70b_model_at_too_few_tokens_per_chip_for_fsdp_alone_mixes_in_a_little_tensor_parallelism(llama_70b):
+    """*How to Scale Your Model*, Part 6 "Training LLaMA 3 on TPUs", "How to Shard LLaMA 3-70B for Training": on
+    v5p, FSDP is ICI-bound below 2550 / n_axes tokens per chip (850 over 3 axes); with a per-chip batch above
+    2 x 2550^2 / F = 453 mixed FSDP + tensor parallelism stays compute-bound, with model parallelism under
+    F / 2550 = 11 ways. Here 1M tokens (256 x 4096) on a 2048-chip v5p slice (8x16x16): 512 tokens per chip,
+    between the two bounds; tp must be a whole torus axis (8 or 16)."""
+    advice = advise(llama_70b, Cluster.tpu("v5p:8x16x16"), batch_tokens=256 * 4096, seq_len=4096,
+                    remat="full")
+    best = advice.best
+    assert best.mesh_shape["fsdp"] > 1 and 1 < best.mesh_shape["tp"] <= 11, advice.table(5)
+    pure = [c for c in advice.ranked if c.mesh_shape["fsdp"] == 2048]
+    assert pure and pure[0].time_s > best.time_s
+    assert "needed to hide FSDP's all-gathers" in pure[0].reason
+
+
+def test_a_70b_decode_on_one_8_gpu_node_is_tensor_parallel_inside_the_node(llama_70b):
+    """*How to Scale Your Model*, Part 7 "Inference" ("model parallelism for generation": decode is bound by
+    reading the weights, so they are split over the chips, not gathered each step as FSDP would) and Part 12
+    "GPUs" (tensor parallelism inside a node over NVLink). Llama-3-70B in bfloat16 (141 GB) does not fit one
+    80 GB H100; 8 sequences at 4096 tokens of cache on one 8 x H100 node."""
+    advice = advise(llama_70b, Cluster.h100(nodes=1), batch_tokens=8, seq_len=4096, task="decode")
+    assert advice.best.mesh_shape["tp"] == 8, advice.table(5)
+
+
+def test_a_model_too_big_for_one_node_is_never_tensor_parallel_across_nodes(llama_70b):
+    """*How to Scale Your Model*, Part 12 "GPUs" (the inter-node network has a fraction of NVLink's bandwidth:
+    tensor parallelism stays inside a node; across nodes, FSDP or pipelining), and the Ultra-Scale Playbook's
+    "TP within a node, PP/DP across nodes". Llama-3-70B training (AdamW) does not fit one node; on 4 x 8 H100
+    with tp across nodes allowed, the best layout still keeps tp inside a node."""
+    cluster = Cluster.h100(nodes=4)
+    advice = advise(llama_70b, cluster, batch_tokens=64 * 4096, seq_len=4096,
+                    constraints=Constraints(tp_across_nodes=True))
+    best = advice.best
+    assert span(("tp",), best.mesh_shape, cluster).units == 1, advice.table(5)
+    assert best.mesh_shape["fsdp"] * best.mesh_shape["pp"] > 1
+    crossing = [c for c in advice.ranked if span(("tp",), c.mesh_shape, cluster).units > 1]
+    assert crossing and all("crosses nodes" in c.reason for c in crossing)
+
+
+def test_what_does_not_fit_says_by_how_much_and_which_remat_would(llama_70b):
+    advice = advise(llama_70b, Cluster.h100(nodes=8), batch_tokens=16 * 2048, seq_len=2048,
+                    constraints=Constraints(fixed={"fsdp": 8, "tp": 8}))
+    fits = {c.remat for c in advice.ranked}
+    assert "full" in fits and "none" not in fits
+    none = next(c for c in advice.rejected if c.remat == "none")
+    assert none.reason.startswith("does not fit") and "with remat" in none.reason
+
+
+def test_a_confirmed_layout_compiles_within_ten_percent_of_the_ledger():
+    """The top layout of a tiny bfloat16 Llama on 1 x 8 H100, compiled in the worker (XLA:CPU)."""
+    model = CausalLM.lazy_init(ModelConfig.from_hf(tiny_config("llama", hidden_size=256, intermediate_size=512,
+                                                               num_hidden_layers=4)))
+    advice = advise(model, Cluster.h100(nodes=1), batch_tokens=16 * 128, seq_len=128, confirm=1)
+    c = advice.ranked[0] if advice.ranked[0].compiled is not None else advice.rejected[0]
+    assert c.compiled is not None and c.compiled_step is not None
+    assert c.ledger.total == pytest.approx(c.compiled.memory.total, rel=0.10), c.confirm_note
+
+
+def test_bad_requests_say_what_to_change():
+    model = _tiny("llama")
+    with pytest.raises(ValueError, match="task must be one of"):
+        advise(model, Cluster.h100(), batch_tokens=64, seq_len=8, task="serve")
+    with pytest.raises(ValueError, match="not a whole number of sequences"):
+        advise(model, Cluster.h100(), batch_tokens=65, seq_len=8)
+    with pytest.raises(ValueError, match="no chip numbers"):
+        advise(model, Cluster.cpu(8), batch_tokens=64, seq_len=8)
+    with pytest.raises(ValueError, match="Constraints.fixed names"):
+        Constraints(fixed={"model": 2})
+    with pytest.raises(TypeError, match="a model .* or a ModelConfig"):
+        advise("llama", Cluster.h100(), batch_tokens=64, seq_len=8)
