@@ -21,6 +21,7 @@ of time; else a worker process with as many simulated CPU devices).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import re
@@ -239,14 +240,16 @@ class Cluster:
         shape = tuple(mesh_shape)
         if not shape or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape):
             raise ValueError(f"a mesh shape is a tuple of positive ints; got {mesh_shape!r}")
-        valid = self.valid_mesh_shapes(len(shape))
+        if self.platform != "tpu" and math.prod(shape) == self.num_devices:
+            return shape  # any factorisation maps onto one axis of every device
+        valid = _valid_mesh_shapes(self, len(shape))
         if shape not in valid:
             why = (f"it has {math.prod(shape)} devices, the cluster {self.num_devices}"
                    if math.prod(shape) != self.num_devices else
                    f"each axis must be a product of whole physical axes {self.physical_axes}"
                    + (f" (the first also times the {self.slices} slices)" if self.slices > 1 else ""))
             raise ValueError(f"mesh shape {shape} does not map onto {self.name}: {why}. Valid {len(shape)}-axis "
-                             f"shapes: {list(valid)}")
+                             f"shapes: {sorted(valid)}")
         return shape
 
     def mesh(self, mesh_shape: tp.Sequence[int], axis_names: tp.Sequence[str]):
@@ -271,6 +274,12 @@ class Cluster:
             parts.append("torus " + "x".join(f"{a.size}{'(wrap)' if a.wraparound else ''}" for a in self.torus))
         parts += [f"{lv.name} {lv.bandwidth / 1e9:.3g} GB/s per {lv.per}" for lv in self.levels]
         return ", ".join(parts)
+
+
+@functools.lru_cache(maxsize=256)
+def _valid_mesh_shapes(cluster: Cluster, ndim: int) -> frozenset[tuple[int, ...]]:
+    """:meth:`Cluster.valid_mesh_shapes` as a set, remembered (a layout search checks many shapes)."""
+    return frozenset(cluster.valid_mesh_shapes(ndim))
 
 
 def _positive(name: str, value: tp.Any) -> None:

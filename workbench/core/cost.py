@@ -20,6 +20,7 @@ with its ``(N - 1) / N`` factors kept:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import itertools
 import math
@@ -68,11 +69,16 @@ class Span:
 
 
 def span(axes: tp.Sequence[str], mesh_shape: tp.Mapping[str, int], cluster: Cluster) -> Span:
-    """Where the group of devices that differ only along ``axes`` sits on ``cluster`` (every group alike)."""
-    names, shape = tuple(mesh_shape), tuple(int(s) for s in mesh_shape.values())
+    """Where the group of devices that differ only along ``axes`` sits on ``cluster`` (every group alike).
+    Remembered per (axes, mesh, cluster): a layout search asks the same few thousand times."""
     unknown = [a for a in axes if a not in mesh_shape]
     if unknown:
         raise ValueError(f"axes {unknown} are not in the mesh {dict(mesh_shape)}")
+    return _span(tuple(axes), tuple(mesh_shape), tuple(int(s) for s in mesh_shape.values()), cluster)
+
+
+@functools.lru_cache(maxsize=8192)
+def _span(axes: tuple[str, ...], names: tuple[str, ...], shape: tuple[int, ...], cluster: Cluster) -> Span:
     shape = cluster.check_mesh_shape(shape)
     ids = np.arange(cluster.num_devices).reshape(shape)
     group = ids[tuple(slice(None) if n in axes else 0 for n in names)].ravel()
@@ -256,17 +262,31 @@ class CollectiveTime:
     bound: str
     name: str = ""
     overlapped: bool = False  # runs beside a permute the other way round the same ring: costs nothing more
+    part: str = ""  # the layer kind it serves ("attention", "mlp", ...), where a prediction knows it
 
     @property
     def total_s(self) -> float:
         return 0.0 if self.overlapped else self.seconds * self.runs
 
 
+class WorkPart(tp.NamedTuple):
+    """One layer kind's share of a step's work on a device: its matmul FLOPs and HBM bytes."""
+
+    kind: str
+    flops: float
+    hbm_bytes: float
+
+
 @dataclasses.dataclass(frozen=True)
 class StepTime:
     """A step's predicted time on ``cluster``: compute, memory and communication, each collective with its
     network level. ``overlap``: the parts run at once (the step takes the longest, the book's assumption) or
-    one after another (compute / memory, then every collective)."""
+    one after another (compute / memory, then every collective).
+
+    A prediction from structure (:func:`workbench.core.layout_cost.predict_step`) also says how the work splits
+    over layer kinds (``parts``, see :meth:`by_kind`) and adds a pipeline's idle time, ``bubble_s``, to the
+    step: the schedule's ``bubble_fraction`` of its ticks run nothing, whatever overlaps inside a tick.
+    """
 
     cluster: Cluster
     mesh: dict[str, int]
@@ -275,6 +295,9 @@ class StepTime:
     mfu_assumed: float
     overlap: bool = True
     xla_seconds: float | None = None
+    parts: tuple[WorkPart, ...] = ()
+    bubble_fraction: float = 0.0
+    bubble_s: float = 0.0
 
     @property
     def compute_s(self) -> float:
@@ -290,14 +313,28 @@ class StepTime:
 
     @property
     def time_s(self) -> float:
-        if self.overlap:
-            return max(self.roofline.time_s, self.comm_s)
-        return self.roofline.time_s + self.comm_s
+        busy = max(self.roofline.time_s, self.comm_s) if self.overlap else self.roofline.time_s + self.comm_s
+        return busy + self.bubble_s
 
     @property
     def bound(self) -> str:
-        """"compute", "memory" or "communication": the longest part."""
+        """"compute", "memory" or "communication": the longest part (a pipeline bubble aside)."""
         return "communication" if self.comm_s > self.roofline.time_s else self.roofline.bound
+
+    def by_kind(self) -> dict[str, dict[str, float]]:
+        """Seconds of compute, memory and communication per layer kind (``parts`` and each collective's
+        ``part``): ``{"attention": {"compute_s": ..., "memory_s": ..., "comm_s": ...}, ...}``, e.g. for
+        ``pandas.DataFrame(step.by_kind()).T``. Compute and memory are the roofline's, shared out by FLOPs and
+        bytes; a step without parts (a compiled one) is one kind, "step"."""
+        r = self.roofline
+        parts = self.parts or (WorkPart("step", r.flops, r.hbm_bytes),)
+        out = {p.kind: {"compute_s": r.compute_s * p.flops / r.flops if r.flops else 0.0,
+                        "memory_s": r.memory_s * p.hbm_bytes / r.hbm_bytes if r.hbm_bytes else 0.0,
+                        "comm_s": 0.0} for p in parts}
+        for c in self.collectives:
+            kind = (c.part or "other") if self.parts else "step"
+            out.setdefault(kind, {"compute_s": 0.0, "memory_s": 0.0, "comm_s": 0.0})["comm_s"] += c.total_s
+        return out
 
     @property
     def mfu(self) -> float:
@@ -333,6 +370,9 @@ class StepTime:
                 ("memory", fs(r.memory_s), f"{r.hbm_bytes:.3g} B per device (intensity {r.intensity:.0f} FLOP/B, "
                                            f"critical {r.critical_intensity:.0f})"),
                 ("communication", fs(self.comm_s), levels or "no collectives")]
+        if self.bubble_s:
+            head.append(("pipeline bubble", fs(self.bubble_s), f"{self.bubble_fraction:.0%} of the schedule's ticks "
+                         f"idle, added to the step"))
         if self.xla_seconds is not None:
             head.append(("XLA's estimate", fs(self.xla_seconds), "cost_analysis()['optimal_seconds'] (XLA:TPU): "
                          "a loop body counted once, so about one layer of a scanned model"))
@@ -447,6 +487,6 @@ def step_time(analysis: tp.Any = None, cluster: Cluster | None = None, mesh_shap
     return StepTime(cluster, mesh, roofline(flops, hbm_bytes, cluster, dtype, mfu), tuple(timed), mfu, overlap, xla)
 
 
-__all__ = ["KINDS", "CollectiveTime", "Roofline", "Span", "StepTime", "Transfer", "collective_time", "format_seconds",
-           "matmul_time",
+__all__ = ["KINDS", "CollectiveTime", "Roofline", "Span", "StepTime", "Transfer", "WorkPart", "collective_time",
+           "format_seconds", "matmul_time",
            "rate_dtype", "roofline", "span", "step_time", "torus_assignment", "transfer"]

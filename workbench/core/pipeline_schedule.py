@@ -72,6 +72,13 @@ class PipelineConfig:
         object.__setattr__(self, "virtual_stages", v)
 
     @property
+    def bubble_fraction(self) -> float:
+        """The closed form of the idle share of a step: ``(p - 1) / (v m + p - 1)`` (v = 1 for GPipe and 1F1B),
+        what :func:`pipeline_schedule`'s table measures when forward and backward ticks take equal time."""
+        p, m, v = self.num_stages, self.num_microbatches, self.virtual_stages
+        return (p - 1) / (v * m + p - 1)
+
+    @property
     def total_stages(self) -> int:
         """``V = num_stages * virtual_stages``: how many pieces the layers are cut into."""
         return self.num_stages * self.virtual_stages
@@ -132,8 +139,7 @@ class PipelineSchedule:
     @property
     def formula_bubble(self) -> float:
         """The closed form: ``(p - 1) / (v m + p - 1)`` (v = 1 for GPipe and 1F1B)."""
-        c = self.config
-        return (c.num_stages - 1) / (c.virtual_stages * c.num_microbatches + c.num_stages - 1)
+        return self.config.bubble_fraction
 
     def in_flight(self) -> np.ndarray:
         """Per device, the most (microbatch, stage) pairs whose forward ran and backward has not: the stage
