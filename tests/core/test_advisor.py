@@ -31,13 +31,14 @@ def _tiny(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_ranked_layout_resolves_and_its_export_rebuilds_the_same_shardings(family):
     model = _tiny(family)
-    advice = advise(model, Cluster.h100(nodes=1), batch_tokens=16 * 64, seq_len=64)
+    cluster = Cluster.h100(nodes=1)
+    advice = advise(model, cluster, batch_tokens=16 * 64, seq_len=64)
     assert advice.ranked, advice.summary()
     for c in advice.ranked[:6]:
-        layout = c.layout(model)
-        assert Layout.from_json(layout.to_json(), model, mesh=layout.mesh).specs == layout.specs
+        layout = c.layout(model, cluster)
+        assert Layout.from_json(layout.to_json(cluster=cluster), model).specs == layout.specs
         scope = {"model": model}
-        exec(layout.to_code(), scope)  # the snippet a user pastes: it defines `layout`
+        exec(layout.to_code(cluster=cluster), scope)  # the snippet a user pastes: it defines `layout`
         assert scope["layout"].specs == layout.specs, c.label
         assert scope["layout"].remat == c.remat and scope["layout"].pipeline == c.pipeline
 
@@ -53,8 +54,8 @@ def test_a_small_model_on_many_chips_is_data_parallel():
     """A model that fits one GPU with room to spare trains fastest data parallel (pure DP or FSDP, no model
     parallelism): *How to Scale Your Model*, Part 5 "Training", section "Data Parallelism" ("pure data
     parallelism ... is the simplest and most efficient when the model fits"), and the Ultra-Scale Playbook's
-    "first, data parallelism" rule. Llama-3.2-1B, 1M tokens (256 x 4096) on 4 x 8 H100."""
-    advice = advise(full_config("llama-3.2-1b"), Cluster.h100(nodes=4), batch_tokens=256 * 4096, seq_len=4096)
+    "first, data parallelism" rule. Llama-3.2-1B, 256k tokens (128 x 2048) on 4 x 8 H100."""
+    advice = advise(full_config("llama-3.2-1b"), Cluster.h100(nodes=4), batch_tokens=128 * 2048, seq_len=2048)
     best = advice.best.mesh_shape
     assert best["tp"] == best["pp"] == best["sp"] == best["ep"] == 1, advice.table(5)
     assert best["dp"] * best["fsdp"] == 32
@@ -70,8 +71,9 @@ def test_a_70b_model_at_too_few_tokens_per_chip_for_fsdp_alone_mixes_in_a_little
                     remat="full")
     best = advice.best
     assert best.mesh_shape["fsdp"] > 1 and 1 < best.mesh_shape["tp"] <= 11, advice.table(5)
-    pure = [c for c in advice.ranked if c.mesh_shape["fsdp"] == 2048]
-    assert pure and pure[0].time_s > best.time_s
+    # pure FSDP with the sequence sharded too (256 rows cannot split 2048 ways): the book's "token-level" FSDP
+    pure = [c for c in advice.ranked if c.mesh_shape["fsdp"] * c.mesh_shape["sp"] == 2048]
+    assert pure and pure[0].time_s > 1.2 * best.time_s
     assert "needed to hide FSDP's all-gathers" in pure[0].reason
 
 
@@ -112,7 +114,8 @@ def test_a_confirmed_layout_compiles_within_ten_percent_of_the_ledger():
     """The top layout of a tiny bfloat16 Llama on 1 x 8 H100, compiled in the worker (XLA:CPU)."""
     model = CausalLM.lazy_init(ModelConfig.from_hf(tiny_config("llama", hidden_size=256, intermediate_size=512,
                                                                num_hidden_layers=4)))
-    advice = advise(model, Cluster.h100(nodes=1), batch_tokens=16 * 128, seq_len=128, confirm=1)
+    advice = advise(model, Cluster.h100(nodes=1), batch_tokens=16 * 128, seq_len=128, confirm=1,
+                    constraints=Constraints(pipeline=False))
     c = advice.ranked[0] if advice.ranked[0].compiled is not None else advice.rejected[0]
     assert c.compiled is not None and c.compiled_step is not None
     assert c.ledger.total == pytest.approx(c.compiled.memory.total, rel=0.10), c.confirm_note
@@ -126,7 +129,7 @@ def test_bad_requests_say_what_to_change():
         advise(model, Cluster.h100(), batch_tokens=65, seq_len=8)
     with pytest.raises(ValueError, match="no chip numbers"):
         advise(model, Cluster.cpu(8), batch_tokens=64, seq_len=8)
-    with pytest.raises(ValueError, match="Constraints.fixed names"):
+    with pytest.raises(ValueError, match=r"Constraints\.fixed names"):
         Constraints(fixed={"model": 2})
-    with pytest.raises(TypeError, match="a model .* or a ModelConfig"):
+    with pytest.raises(TypeError, match=r"a model .* or a ModelConfig"):
         advise("llama", Cluster.h100(), batch_tokens=64, seq_len=8)

@@ -121,9 +121,21 @@ class Advice:
 
     @property
     def best(self) -> Candidate:
+        """The fastest layout that fits; a ValueError saying why when none does."""
         if not self.ranked:
-            raise ValueError(f"no layout fits {self.cluster.name}: {self.rejected[0].reason if self.rejected else ''}")
+            raise ValueError(self.why_none())
         return self.ranked[0]
+
+    def why_none(self) -> str:
+        """Why no layout fits, and what would help."""
+        if not self.considered:
+            pruned = ", ".join(f"{n} {why}" for why, n in self.pruned.items() if n)
+            return (f"every mesh shape of {self.cluster.name} was pruned before the ledger ({pruned}): allow more "
+                    f"(Constraints), or change the batch so it divides over the data axes")
+        smallest = self.rejected[0]
+        return (f"no layout fits {self.cluster.name}: the smallest, {smallest.label}, needs "
+                f"{smallest.ledger.total / GiB:.1f} GiB per device ({smallest.reason}). Fewer tokens per step (the "
+                f"advisor does not model gradient accumulation) or more chips would.")
 
     def confirm(self, k: int = 3, *, progress: tp.Callable[[str], None] | None = None) -> list[Candidate]:
         """Compile the top ``k`` on the virtual cluster (:meth:`confirm_one` each)."""
@@ -166,7 +178,7 @@ class Advice:
         out = []
         for i, c in enumerate(self.ranked[:top], 1):
             use = "-" if hbm is None else f"{c.ledger.total / hbm:.0%}"
-            out.append((str(i), c.label, f"{c.ledger.total / GiB:.1f} GiB", use, f"{c.time_s * 1e3:.3g} ms",
+            out.append((str(i), c.label, f"{c.ledger.total / GiB:.1f} GiB", use, _ms(c.time_s),
                         f"{tokens / c.time_s:,.0f}", f"{c.step.mfu:.0%}", c.step.bound, c.reason))
         return out
 
@@ -338,7 +350,8 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
             fits = led.total <= cluster.hbm_per_device * (1 - constraints.headroom)
             c = Candidate(shape, r, pipeline, shape_pa, rules, led, step, fits)
             (ranked if fits else rejected).append(c)
-    ranked.sort(key=lambda c: (c.time_s, c.split_axes, REMATS.index(c.remat)))
+    # equal times (compute-bound layouts often tie): fewer split axes, then less memory
+    ranked.sort(key=lambda c: (float(f"{c.time_s:.4g}"), c.split_axes, c.ledger.total))
     rejected.sort(key=lambda c: c.ledger.total)
     advice = Advice(model, cluster, task, batch if task != "decode" else (batch[0], seq_len), optimizer, ranked,
                     rejected, considered, pruned, 0.0)

@@ -3,7 +3,7 @@
 :func:`to_json` writes what a :class:`~workbench.core.explore.Layout` is made of (the mesh's axis sizes, the
 cluster it was planned for, the :class:`PartitionAxis` fields that differ from the default, the regex rules,
 the runtime mode, the remat policy and the pipeline) and :func:`from_json` resolves it again on a model.
-:func:`to_code` writes the same as a snippet to paste into a script after ``import workbench as wb``.
+:func:`to_code` writes the same as a snippet to paste into a script.
 ``Layout.to_json`` / ``Layout.from_json`` / ``Layout.to_code`` call these.
 
 >>> from workbench.core.explore import Layout
@@ -13,7 +13,7 @@ the runtime mode, the remat policy and the pipeline) and :func:`from_json` resol
 >>> layout = Layout.of(model, make_mesh(fsdp=4, tp=2), rules=[("embed_tokens", ("__TENSOR_PARALLEL__", "_"))])
 >>> Layout.from_json(layout.to_json(), model).specs == layout.specs
 True
->>> print(layout.to_code().splitlines()[4])
+>>> print(layout.to_code().splitlines()[5])
 mesh = wb.make_mesh(fsdp=4, tp=2)
 """
 
@@ -320,8 +320,8 @@ class _Names:
 
 
 def to_code(layout: Layout, *, cluster: Cluster | None = None, model_expr: str = "model") -> str:
-    """A Python snippet that rebuilds ``layout`` when pasted after ``import workbench as wb`` (with the model
-    ``model_expr`` names defined): the mesh (``wb.make_mesh``, or ``cluster_mesh`` on ``cluster``), the
+    """A Python snippet that rebuilds ``layout`` when pasted into a script (with the model ``model_expr`` names
+    defined): the mesh (``wb.make_mesh``, or ``cluster_mesh`` on ``cluster``), the
     PartitionAxis fields that differ from the default, the rules, the remat policy and pipeline, and
     ``Layout.of(...)``; a comment shows how to place a live model by it."""
     names = _Names()
@@ -339,6 +339,7 @@ def to_code(layout: Layout, *, cluster: Cluster | None = None, model_expr: str =
         if types[0] != AxisType.Auto.name:
             imports.append("from jax.sharding import AxisType")
             args.append(f"axis_types=AxisType.{types[0]}")
+        imports.insert(0, "import workbench as wb")
         body.append(f"mesh = wb.make_mesh({', '.join(args)})")
     else:
         imports += ["import jax", "from jax.sharding import AxisType"]

@@ -59,7 +59,7 @@ def advice_html(advice: Advice, *, top: int = 10, rejected: int = 5, selected: i
                       f'background:{color}"></span> {name}</span>' for name, color in _PHASES)
     table = (f'<table class="wb-advice-table" style="border-collapse:collapse">'
              f'<tr>{"".join(f"<th style={chr(34)}{_CELL}{chr(34)}>{h}</th>" for h in head)}</tr>{"".join(rows)}'
-             f"</table>") if rows else error_html("no layout fits: see below why")
+             f"</table>") if rows else error_html(advice.why_none())
     misses = "".join(f'<li class="wb-advice-rejected">{escape(c.label)}: {escape(c.reason)}</li>'
                      for c in advice.rejected[:rejected])
     missed = (f'<div style="margin-top:4px;font-weight:600">closest that do not fit ({len(advice.rejected)} in all)'
