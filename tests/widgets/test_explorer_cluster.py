@@ -141,14 +141,22 @@ def test_a_compiled_step_gives_step_time_collective_times_and_memory_beside_the_
     assert "stale" in ex._step_out.value and "stale" in ex._collectives_out.value
 
 
-def test_a_pipeline_mesh_counts_its_ledger_and_says_the_compile_is_not_built():
-    cluster = Cluster.h100(nodes=1)
+def test_a_pipeline_mesh_counts_its_ledger_and_compiles_on_a_tpu_slice_only():
     model = CausalLM.lazy_init(ModelConfig.from_hf(tiny_config("llama", num_hidden_layers=4)))
-    ex = ShardingExplorer(model, {"pp": 2, "fsdp": 4}, cluster=cluster, batch=(8, 64))
+    ex = ShardingExplorer(model, {"pp": 2, "dp": 4}, cluster=Cluster.h100(nodes=1), batch=(8, 64))
     assert "wb-ledger-verdict" in ex._ledger_out.value, ex._ledger_out.value
     ex._kind.value = "train"
     assert not ex.compute_collectives()
-    assert "pipelined step" in ex._collectives_out.value
+    assert "TPU clusters only" in ex._collectives_out.value
+
+
+@needs_libtpu
+def test_a_pipelined_step_compiles_for_a_tpu_slice_with_its_ppermutes_over_pp():
+    model = CausalLM.lazy_init(ModelConfig.from_hf(tiny_config("llama", num_hidden_layers=4)))
+    ex = ShardingExplorer(model, {"pp": 2, "dp": 4}, cluster=Cluster.tpu("v5e:2x4"), batch=(8, 64))
+    ex._kind.value = "train"
+    assert ex.compute_collectives(), ex._collectives_out.value
+    assert any(r.kind == "collective-permute" and r.mesh_axes == ("pp",) for r in ex.collectives.records)
 
 
 def test_the_static_picture_is_the_ledger(llama_70b):

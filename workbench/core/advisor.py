@@ -149,14 +149,16 @@ class Advice:
 
         if progress is not None:
             progress(f"compiling {c.label} for {self.cluster.name}")
-        if c.pipeline is not None:
-            c.confirm_note = "not compiled: a pipelined step does not compile for a virtual cluster yet"
+        if c.pipeline is not None and self.cluster.platform != "tpu":
+            c.confirm_note = ("not compiled: a pipelined step compiles for TPU clusters only (XLA:CPU aborts on the "
+                              "exported pipeline the GPU worker receives)")
             return c
         model = self.model.with_options(remat=c.remat) if hasattr(self.model, "with_options") else self.model
         kind = "train" if self.task == "train" else "forward"
         batch = self.batch if self.task != "decode" else (self.batch[0], 1)
         c.compiled = compile_step(model, self.cluster, c.mesh_shape, kind=kind, batch=batch,
-                                  optimizer=self.optimizer, partition_axis=c.partition_axis, rules=c.rules or None)
+                                  optimizer=self.optimizer, partition_axis=c.partition_axis, rules=c.rules or None,
+                                  pipeline=c.pipeline)
         c.compiled_step = step_time(c.compiled)
         total, hbm = c.compiled.memory.total, self.cluster.hbm_per_device
         c.confirm_note = (f"compiled: {total / GiB:.2f} GiB per device (ledger {c.ledger.total / total - 1:+.1%}), "

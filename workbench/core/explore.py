@@ -567,7 +567,8 @@ def cluster_step_collectives(model: nnx.Module, layout: Layout, cluster: tp.Any,
         raise ValueError(f"the layout's mesh has {layout.mesh.size} devices but {cluster.name} has "
                          f"{cluster.num_devices}; resolve the layout on cluster_mesh(cluster, ...)")
     analysis = compile_step(model, cluster, dict(layout.mesh.shape), kind=kind, batch=batch, optimizer=optimizer,
-                            partition_axis=layout.partition_axis, rules=layout.rules or None)
+                            partition_axis=layout.partition_axis, rules=layout.rules or None,
+                            pipeline=layout.pipeline if kind == "train" else None)
     spec = layout.partition_axis.resolve(INPUT_AXES, layout.mode, shape=batch, mesh=layout.mesh)
     return StepCollectives(kind, tuple(batch), spec, tuple(analysis.collectives), analysis.compile_seconds,
                            tuple(analysis.warnings), analysis.matmul_flops, analysis)

@@ -71,8 +71,12 @@ class Step:
 
 def abstract_step(model: nnx.Module, mesh: tp.Any, *, kind: str = "train", batch: tuple[int, int] = (8, 128),
                   optimizer_name: str = "adamw", partition_axis: PartitionAxis | None = None,
-                  rules: tp.Sequence[tuple[str, tp.Any]] | None = None) -> Step:
-    """The ``kind`` step of ``model`` (live or abstract: only shapes are read) with its arguments on ``mesh``."""
+                  rules: tp.Sequence[tuple[str, tp.Any]] | None = None, pipeline: tp.Any = None) -> Step:
+    """The ``kind`` step of ``model`` (live or abstract: only shapes are read) with its arguments on ``mesh``.
+
+    On a mesh with ``pp > 1`` a train step runs as a pipeline (:func:`workbench.core.pipeline.pipeline_loss_and_grads`)
+    with ``pipeline`` (a ``PipelineConfig``; default :func:`workbench.core.pipeline.default_config`), the stacked
+    layers split over ``pp`` unless ``partition_axis`` says otherwise."""
     from workbench.core.axes import BATCH, LENGTH
     from workbench.core.explore import Layout
     from workbench.core.models.loss import causal_lm_loss, labels_from
@@ -81,6 +85,15 @@ def abstract_step(model: nnx.Module, mesh: tp.Any, *, kind: str = "train", batch
     if kind not in STEP_KINDS:
         raise ValueError(f"kind must be one of {STEP_KINDS}; got {kind!r}")
     pa = partition_axis or PartitionAxis()
+    pp = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True)).get("pp", 1)
+    if pp > 1 and kind == "train":
+        from workbench.core import pipeline as pipelines
+
+        pipeline = pipeline or pipelines.default_config(mesh, batch[0])
+        if pa.layer_axis is None:
+            pa = pipelines.pipeline_partition_axis(pa)
+    elif pipeline is not None:
+        raise ValueError(f"a pipeline runs a train step on a mesh with pp > 1; this is a {kind} step on pp={pp}")
     layout = Layout.of(model, mesh, pa, rules)
     shardings = layout.shardings()
     graphdef, params, other = nnx.split(with_mesh(model, mesh, pa), nnx.Param, ...)
@@ -102,8 +115,12 @@ def abstract_step(model: nnx.Module, mesh: tp.Any, *, kind: str = "train", batch
     opt_state = _place_like_params(tx, jax.eval_shape(tx.init, params), params, replicated)
 
     def train(params, opt_state, other, ids):
-        loss_of = lambda p: causal_lm_loss(logits(p, other, ids), labels_from(ids))[0]
-        loss, grads = jax.value_and_grad(loss_of)(params)
+        if pipeline is not None:
+            loss, _, grads = pipelines.pipeline_loss_and_grads(graphdef, params, other, {"input_ids": ids}, pipeline,
+                                                               mesh)
+        else:
+            loss_of = lambda p: causal_lm_loss(logits(p, other, ids), labels_from(ids))[0]
+            loss, grads = jax.value_and_grad(loss_of)(params)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 

@@ -366,9 +366,6 @@ class ShardingExplorer:
             if self.cluster is None:
                 step = explore.step_collectives
             else:
-                if dict(self.mesh.shape).get("pp", 1) > 1:
-                    raise ValueError("compiling a pipelined step for a virtual cluster is not built yet; the ledger "
-                                     "above counts it; choose a mesh with pp=1 to compile")
                 if self._remat.value != getattr(model, "remat", self._remat.value):
                     model = model.with_options(remat=self._remat.value)
                 step = functools.partial(explore.cluster_step_collectives, cluster=self.cluster,

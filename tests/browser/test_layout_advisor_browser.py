@@ -1,0 +1,61 @@
+"""LayoutAdvisor in a real JupyterLab: the tokens per step changed in the browser re-rank the layouts, and the
+table and its reasons re-render (Llama-3-70B on 1024 v5p chips: 4M tokens -> pure FSDP; 512k -> FSDP with
+tensor parallelism)."""
+
+from __future__ import annotations
+
+import typing as tp
+
+import pytest
+
+from .conftest import (
+    lab_screenshot,
+    model_errors,
+    notebook_errors,
+    run_notebook_in_lab,
+    screenshot_path,
+    temp_notebook,
+)
+
+SCREENSHOT = screenshot_path("layout_advisor.png")
+_CELLS = [
+    "import jax.numpy as jnp\n"
+    "from workbench.core.cluster import Cluster\n"
+    "from workbench.core.models.presets import full_config\n"
+    "from workbench.models import CausalLM\n"
+    "from workbench.widgets import LayoutAdvisor",
+    "model = CausalLM.lazy_init(full_config('llama-3-70b'), dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)\n"
+    "advisor = LayoutAdvisor(model, Cluster.tpu('v5p:8x8x16'), batch_tokens=4 * 2**20, seq_len=4096)\n"
+    "advisor",
+]
+
+_FIRST_JS = """() => {
+  const row = document.querySelector('.wb-advice-table tr.wb-advice-row[data-rank="1"]');
+  return row ? [row.children[1].textContent, row.querySelector('.wb-advice-reason').textContent] : null;
+}"""
+
+
+@pytest.fixture
+def advisor_notebook() -> tp.Iterator[str]:
+    with temp_notebook("layout_advisor.ipynb", _CELLS) as path:
+        yield path
+
+
+def test_the_tokens_changed_in_the_browser_re_rank_the_layouts(lab_page, lab_server, advisor_notebook):
+    cells = run_notebook_in_lab(lab_page, lab_server, advisor_notebook, timeout_s=180)
+    assert notebook_errors(lab_page) == [] and model_errors(cells) == []
+    page = lab_page
+    page.wait_for_selector(".wb-layout-advisor .wb-advice-table", timeout=60_000)
+    label, why = page.evaluate(_FIRST_JS)
+    assert label == "fsdp=1024, remat full" and "the fastest that fits" in why
+    summary = page.locator(".wb-advice-summary").inner_text()
+    box = page.locator(".wb-advisor-tokens input")
+    box.fill(str(2**19))
+    box.press("Enter")
+    page.wait_for_function(f"(old) => ({_FIRST_JS})()?.[0] !== old", arg=label, timeout=30_000)
+    label, why = page.evaluate(_FIRST_JS)
+    assert "tp=" in label and "the fastest that fits" in why
+    assert page.locator(".wb-advice-summary").inner_text() != summary  # the batch in the summary re-rendered
+    assert "batch 128 x 4096" in page.locator(".wb-advice-summary").inner_text()
+    page.set_viewport_size({"width": 1440, "height": 1000})
+    lab_screenshot(page, SCREENSHOT, scroll_to=1)
