@@ -163,3 +163,22 @@ def test_the_static_picture_is_the_ledger(llama_70b):
     ex = ShardingExplorer(llama_70b, {"fsdp": 8, "tp": 8}, cluster=Cluster.h100(nodes=8), batch=(16, 2048))
     static = ex._repr_html_()
     assert "wb-ledger-verdict" in static and "wb-hbm-line" in static and "q_proj" in static
+
+
+def test_the_predicted_step_per_layer_kind_follows_every_edit(llama_70b):
+    """Before any compile: the step timed from the shapes (layout_cost.predict_step), per layer kind."""
+    from workbench.core.layout_cost import predict_step
+
+    cluster = Cluster.h100(nodes=8)
+    ex = ShardingExplorer(llama_70b, {"fsdp": 8, "tp": 8}, cluster=cluster, batch=(16, 2048))
+    ex._remat.value = "full"
+    expected = predict_step(llama_70b.config, cluster, dict(ex.mesh.shape), batch=(16, 2048), remat="full")
+    shown = html.unescape(ex._predicted_out.value)
+    assert "predicted step: " + format_seconds(expected.time_s) in shown
+    kinds = re.findall(r"<tr class='wb-step-kind'><td[^>]*>([^<]*)</td>", ex._predicted_out.value)
+    assert kinds == list(expected.by_kind()) and "attention" in kinds and "mlp" in kinds
+    ex._mesh_choice.value = "dp=2 × fsdp=8 × tp=4"
+    moved = predict_step(llama_70b.config, cluster, dict(ex.mesh.shape), batch=(16, 2048), remat="full")
+    assert "predicted step: " + format_seconds(moved.time_s) in html.unescape(ex._predicted_out.value)
+    ex._mesh_choice.value = "fsdp=64"  # 16 sequences over 64 devices: the step model says what to change
+    assert "do not split over the batch axes" in html.unescape(ex._predicted_out.value)

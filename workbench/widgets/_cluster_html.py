@@ -137,6 +137,18 @@ def step_time_html(st: tp.Any, *, width_px: int = 520, top: int = 8) -> str:
     head = (f'<div class="wb-step-total" style="font-weight:600">predicted step: {escape(format_seconds(st.time_s))}, '
             f"{escape(st.bound)}-bound · MFU {st.mfu:.0%} (assumed {st.mfu_assumed:.0%} of peak on matmuls)"
             f"</div><div style='color:#555'>{escape(how)}{escape(xla)}</div>")
+    kinds = ""
+    if st.parts:
+        cell = "padding:1px 6px;border-bottom:1px solid #ddd;text-align:left"
+        rows_ = []
+        for kind, v in st.by_kind().items():
+            parts = {"compute": v["compute_s"], "memory": v["memory_s"], "communication": v["comm_s"]}
+            rows_.append(f"<tr class='wb-step-kind'><td style='{cell}'>{escape(kind)}</td>"
+                         + "".join(f"<td style='{cell}'>{escape(format_seconds(s))}</td>" for s in parts.values())
+                         + f"<td style='{cell}'>{max(parts, key=parts.get)}</td></tr>")
+        heads = "".join(f"<th style='{cell}'>{h}</th>" for h in ("layer kind", "compute", "HBM traffic",
+                                                                "communication", "bound by"))
+        kinds = f"<table style='border-collapse:collapse;margin-top:4px'><tr>{heads}</tr>{''.join(rows_)}</table>"
     groups = st.rows()[:top]
     table = ""
     if groups:
@@ -150,7 +162,7 @@ def step_time_html(st: tp.Any, *, width_px: int = 520, top: int = 8) -> str:
         table = (f"<div style='margin-top:4px;color:#555'>longest collectives ({len(groups)} of "
                  f"{len(st.rows())} groups)</div><table style='border-collapse:collapse'><tr>{heads}</tr>{body}"
                  f"</table>")
-    return f'<div class="wb-step-time" style="font-size:12px">{head}{rows}{table}</div>'
+    return f'<div class="wb-step-time" style="font-size:12px">{head}{rows}{kinds}{table}</div>'
 
 
 def collective_seconds(st: tp.Any) -> dict[tuple[str, tuple[str, ...]], float]:

@@ -437,6 +437,8 @@ class ShardingExplorer:
                                  style={"description_width": "40px"})
         self._ledger_out = w.HTML()
         self._ledger_out.add_class("wb-ledger-html")
+        self._predicted_out = w.HTML()
+        self._predicted_out.add_class("wb-predicted-step-html")
         self._step_out = w.HTML()
         self._step_out.add_class("wb-step-time-html")
         if self.cluster is not None:
@@ -503,7 +505,9 @@ class ShardingExplorer:
                             self._attention):
                 control.observe(lambda _: self._render(), names="value")
             memory = w.VBox([self._mesh_choice, w.HBox([self._task, self._batch_b, self._batch_t]),
-                             w.HBox([self._optimizer_name, self._remat]), self._ledger_out],
+                             w.HBox([self._optimizer_name, self._remat]), self._ledger_out,
+                             w.HTML('<div style="font-weight:600;margin-top:6px">predicted step from the shapes '
+                                    "(no compile)</div>"), self._predicted_out],
                             layout=w.Layout(width="600px"))
             step_controls = [self._kind, self._attention, go]
             step_outputs = [self._collectives_out, section("predicted step time on the cluster"), self._step_out]
@@ -574,7 +578,35 @@ class ShardingExplorer:
         return (self.layout, self._kind.value, self._attention.value, self._optimizer_name.value, self._remat.value,
                 self._batch_b.value, self._batch_t.value)
 
+    def predicted_step(self) -> tp.Any:
+        """The step the controls describe, timed from the model's shapes on the cluster
+        (:func:`workbench.core.layout_cost.predict_step`): compute, HBM traffic and each collective per layer
+        kind, before any compile."""
+        from workbench.core.layout_cost import predict_step
+
+        b, t = self._batch_b.value, self._batch_t.value
+        task = self._task.value
+        led_pipeline = self.layout.pipeline
+        if led_pipeline is None and task == "train" and dict(self.mesh.shape).get("pp", 1) > 1:
+            from workbench.core.pipeline import default_config
+
+            led_pipeline = default_config(self.mesh, b)
+        return predict_step(self.layout.config, self.cluster, dict(self.mesh.shape), batch=(b, t), task=task,
+                            remat=self._remat.value, pipeline=led_pipeline if task == "train" else None,
+                            kv_length=t if task == "decode" else None)
+
+    def _render_predicted(self) -> None:
+        if self.cluster.chip is None:
+            self._predicted_out.value = ('<div style="font-size:12px;color:#555">simulated CPU devices have no chip '
+                                         "or network numbers: no step time</div>")
+            return
+        try:
+            self._predicted_out.value = step_time_html(self.predicted_step(), top=4)
+        except ValueError as e:
+            self._predicted_out.value = error_html(f"predicted step: {e}")
+
     def _render_ledger(self) -> None:
+        self._render_predicted()
         try:
             led = self.ledger()
         except ValueError as e:
