@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from workbench.core.cluster import Cluster, parse_topology
-from workbench.core.virtual import cluster_mesh, compile_on, compile_step, workers
+from workbench.core.virtual import ANALYSES, cluster_mesh, compile_on, compile_step, workers
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
@@ -111,13 +111,16 @@ def test_tpu_compiles_ahead_of_time_with_xla_tpu_analyses():
     cluster = Cluster.tpu("v5p:4x4x4")
     mesh = cluster_mesh(cluster, (16, 4), ("fsdp", "tp"))
     assert mesh.devices.flat[0].platform == "tpu" and mesh.devices.flat[0].device_kind == "TPU v5"
-    a = compile_on(cluster, _loss, *_matmul_args(mesh))
+    ANALYSES.clear()
+    a, again = (compile_on(cluster, _loss, *_matmul_args(mesh)) for _ in range(2))
     # arguments per device: w's block 1024/16 x 4096/4 and x's 64/16 x 1024, bf16 (hand count)
     assert a.memory.argument == (64 * 1024 + 4 * 1024) * 2
     assert a.flops >= 2 * 4 * 1024 * 1024  # this device's share of x @ w, at least
     assert a.xla_seconds is not None and a.xla_seconds > 0  # XLA's own time estimate, TPU only
     kinds = {c.kind: c.mesh_axes for c in a.collectives}
     assert kinds["all-gather"] == ("fsdp",)  # w gathered over fsdp for the local rows of x
+    assert {"trace_lower", "compile", "analysis"} <= set(a.seconds) and a.seconds["compile"] == a.compile_seconds
+    assert again.cached and again == a  # the same program: its analysis, not a second compile
 
 
 def test_gpu_cluster_compiles_in_a_reused_worker_with_its_device_count():
@@ -127,10 +130,29 @@ def test_gpu_cluster_compiles_in_a_reused_worker_with_its_device_count():
     assert a.memory.argument == (1024 // 4 * 4096 // 4 + 64 // 4 * 1024) * 2
     assert {c.mesh_axes for c in a.collectives if c.kind == "all-gather"} == {("fsdp",)}
     pid = workers()[16]
+    ANALYSES.clear()  # else the same program's analysis comes from the cache, not the worker
     again = cluster.compile(_loss, *_matmul_args(cluster.mesh((4, 4), ("fsdp", "tp"))))
-    assert again.memory == a.memory
+    assert again.memory == a.memory and not again.cached
     assert workers()[16] == pid  # reused
     assert jax.device_count() == 8  # this process is untouched
+    # where the time went: this process traced, the worker lowered, compiled and analysed
+    assert {"trace_lower", "worker_start", "worker_lower", "compile", "analysis", "transfer"} <= set(again.seconds)
+    assert again.seconds["compile"] == again.compile_seconds
+
+
+def test_the_same_program_compiled_again_returns_its_analysis_from_the_cache():
+    cluster = Cluster.h100(nodes=2)
+    ANALYSES.clear()
+    # from one line: the program's source locations (its HLO's metadata) are part of it
+    first, again = (compile_on(cluster, _loss, *_matmul_args(cluster_mesh(cluster, (4, 4), ("fsdp", "tp"))))
+                    for _ in range(2))
+    assert not first.cached and again.cached and set(again.seconds) == {"trace_lower", "lookup"}
+    assert again == first and again.hlo_text == first.hlo_text  # the analysis as it was
+    other = compile_on(cluster, _loss, *_matmul_args(cluster_mesh(cluster, (2, 8), ("fsdp", "tp"))))
+    assert not other.cached  # another layout: another program
+    donated = compile_on(cluster, _loss, *_matmul_args(cluster_mesh(cluster, (4, 4), ("fsdp", "tp"))),
+                         donate_argnums=(1,))
+    assert not donated.cached  # donation changes the program too
 
 
 def test_a_worker_exits_when_its_parent_dies(tmp_path):

@@ -22,8 +22,12 @@ import typing as tp
 HEADER = struct.Struct(">Q")
 
 
+def dumps(message: tp.Any) -> bytes:
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def send(stream: tp.BinaryIO, message: tp.Any) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    data = dumps(message)
     stream.write(HEADER.pack(len(data)) + data)
     stream.flush()
 
@@ -49,9 +53,11 @@ def _watch_parent(parent: int) -> None:
 
 
 def analyse(compiled: tp.Any, mesh: tp.Any, seconds: float, warnings: tuple[str, ...]) -> dict[str, tp.Any]:
-    """What a compiled program says about itself, as plain data (memory, cost, collectives, HLO text)."""
+    """What a compiled program says about itself, as plain data (memory, cost, collectives, HLO text), with
+    ``seconds`` ``{"compile": seconds, "analysis": the time of this}``."""
     from workbench.core.inspect import collectives_in
 
+    start = time.perf_counter()
     stats = compiled.memory_analysis()
     memory = {name: int(getattr(stats, f"{name}_size_in_bytes")) for name in
               ("argument", "output", "alias", "temp", "generated_code")} if stats is not None else {}
@@ -60,8 +66,10 @@ def analyse(compiled: tp.Any, mesh: tp.Any, seconds: float, warnings: tuple[str,
     cost = compiled.cost_analysis() or {}
     cost = cost[0] if isinstance(cost, list | tuple) else cost
     text = compiled.as_text()
+    collectives = tuple(collectives_in(text, mesh))
     return {"memory": memory, "cost": {k: float(v) for k, v in cost.items()}, "hlo_text": text,
-            "collectives": tuple(collectives_in(text, mesh)), "compile_seconds": seconds, "warnings": warnings}
+            "collectives": collectives, "compile_seconds": seconds, "warnings": warnings,
+            "seconds": {"compile": seconds, "analysis": time.perf_counter() - start}}
 
 
 def _compile(request: dict[str, tp.Any]) -> dict[str, tp.Any]:
@@ -70,16 +78,20 @@ def _compile(request: dict[str, tp.Any]) -> dict[str, tp.Any]:
 
     from workbench.core._xla_log import stderr_lines, xla_warnings
 
+    start = time.perf_counter()
     exported = jax.export.deserialize(bytearray(request["exported"]))
     shape, names = request["mesh_shape"], request["axis_names"]
     mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape))
     args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec))
             for a, spec in zip(exported.in_avals, request["in_specs"], strict=True)]
-    fn = jax.jit(exported.call, donate_argnums=tuple(request["donate_argnums"]))
+    lowered = jax.jit(exported.call, donate_argnums=tuple(request["donate_argnums"])).lower(*args)
+    lowering = time.perf_counter() - start
     start = time.perf_counter()
     with stderr_lines() as log:
-        compiled = fn.lower(*args).compile(compiler_options=request.get("compiler_options"))
-    return analyse(compiled, mesh, time.perf_counter() - start, tuple(xla_warnings(log)))
+        compiled = lowered.compile(compiler_options=request.get("compiler_options"))
+    reply = analyse(compiled, mesh, time.perf_counter() - start, tuple(xla_warnings(log)))
+    reply["seconds"]["worker_lower"] = lowering
+    return reply
 
 
 def main() -> None:

@@ -106,6 +106,7 @@ def _braces(groups: tp.Sequence[tp.Sequence[int]]) -> str:
 
 # -- HLO text ------------------------------------------------------------------------------------
 _KINDS = "all-gather|reduce-scatter|all-reduce|all-to-all|collective-permute"
+_KIND_NAMES = tuple(_KINDS.split("|"))  # a line naming none of them holds no collective: skipped unparsed
 _INSTRUCTION = re.compile(rf"^\s*(?:ROOT\s+)?%?(?P<name>[^\s=]+)\s*=\s*(?P<shape>.*?)\s(?P<kind>{_KINDS})"
                           rf"(?P<start>-start)?\((?P<rest>.*)$")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[^\s(]+)\s.*\{\s*$")
@@ -246,7 +247,7 @@ def collectives_in(hlo_text: str, mesh: Mesh | None = None) -> list[Collective]:
         if (header_match := _COMPUTATION.match(line)) is not None:
             computation = header_match["name"]
             continue
-        if not (match := _INSTRUCTION.match(line)):
+        if not any(k in line for k in _KIND_NAMES) or not (match := _INSTRUCTION.match(line)):
             continue
         kind, rest, asynchronous = match["kind"], match["rest"], bool(match["start"])
         arrays = _result(kind, asynchronous, _parse_shape(match["shape"]))

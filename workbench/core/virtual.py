@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
+import hashlib
 import os
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionS
 from workbench.core import _compile_worker as worker_protocol
 from workbench.core._xla_log import xla_log_lines, xla_warnings
 from workbench.core.cluster import MAX_SIMULATED_DEVICES, Cluster
+from workbench.core.compile_cache import CompileCache
 from workbench.core.inspect import Collective, summarize
 
 TPU_AOT_HINT = 'pip install "jax-workbench[tpu-aot]"'
@@ -62,7 +64,15 @@ class CompiledAnalysis:
 
     ``cost`` is ``compiled.cost_analysis()`` (``flops``, ``bytes accessed``, and on TPU XLA's own time
     estimate ``optimal_seconds``); ``collectives`` every collective of the optimised HLO with its mesh axes and
-    loop trips.
+    loop trips. ``compile_seconds`` is XLA's compile alone (``lowered.compile()``).
+
+    ``seconds`` says where this call's time went: ``"trace_lower"`` (tracing and lowering here; for a worker
+    cluster also exporting and serialising), ``"compile"`` (= ``compile_seconds``), ``"analysis"`` (memory, cost,
+    HLO text, collectives), and for a worker cluster ``"worker_start"`` (0 once it runs), ``"worker_lower"``
+    (deserialising and lowering there) and ``"transfer"`` (the rest of the round trip: pipe and pickles).
+    ``cached``: the same program (same lowered module, cluster, device order and compile options) was compiled
+    before in this process and its analysis is returned as it was; ``seconds`` then holds ``"trace_lower"``
+    (needed to know the program) and ``"lookup"`` only, while ``compile_seconds`` stays that compile's.
     """
 
     cluster: Cluster
@@ -74,13 +84,15 @@ class CompiledAnalysis:
     compile_seconds: float
     warnings: tuple[str, ...] = ()
     hlo_text: str = dataclasses.field(default="", repr=False)
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict, compare=False)
+    cached: bool = dataclasses.field(default=False, compare=False)
 
     @property
     def flops(self) -> float:
         """XLA's ``cost_analysis()`` FLOPs: a while loop's body (a scanned layer) counted once."""
         return self.cost.get("flops", 0.0)
 
-    @property
+    @functools.cached_property
     def matmul_flops(self) -> float:
         """FLOPs of every dot of the program per device, each once per loop trip (``inspect.matmul_flops``)."""
         from workbench.core.inspect import matmul_flops
@@ -92,7 +104,7 @@ class CompiledAnalysis:
         """XLA's ``cost_analysis()`` bytes accessed: a while loop's body counted once."""
         return self.cost.get("bytes accessed", 0.0)
 
-    @property
+    @functools.cached_property
     def hbm_bytes(self) -> float:
         """Bytes each device moves between HBM and the chip, counted as XLA's ``bytes accessed`` is but each
         instruction once per loop trip (``_hlo_graph.hbm_bytes``)."""
@@ -103,8 +115,10 @@ class CompiledAnalysis:
     @property
     def xla_seconds(self) -> float | None:
         """XLA's own estimate of the program's time (TPU only: ``cost_analysis()["optimal_seconds"]``), or None.
-        Like the other ``cost_analysis()`` numbers it counts a while loop's body once."""
-        return self.cost.get("optimal_seconds")
+        Like the other ``cost_analysis()`` numbers it counts a while loop's body once. XLA:CPU (a worker
+        cluster) makes no estimate: an ``optimal_seconds`` in its cost analysis is no time (negative for
+        DeepSeek-V3's step)."""
+        return self.cost.get("optimal_seconds") if self.cluster.platform == "tpu" else None
 
     def collectives_summary(self) -> dict[str, dict[str, int]]:
         """Per kind: instructions, runs per execution (loop trips) and bytes per device."""
@@ -174,7 +188,8 @@ def compile_on(cluster: Cluster, fn: tp.Callable, *args: tp.Any, donate_argnums:
                out_shardings: tp.Any = None) -> CompiledAnalysis:
     """Compile ``fn(*args)`` for ``cluster`` and analyse it; ``args`` are ``ShapeDtypeStruct`` trees placed
     on :func:`cluster_mesh` (every leaf with a ``NamedSharding``). ``fn`` is jitted here with
-    ``donate_argnums`` and ``out_shardings``. Nothing is allocated or run."""
+    ``donate_argnums`` and ``out_shardings``. Nothing is allocated or run. The same program compiled again
+    (same lowered module, cluster and device order) returns the first analysis (:data:`ANALYSES`)."""
     mesh = _mesh_of(args)
     jit_kwargs: dict[str, tp.Any] = {"donate_argnums": tuple(donate_argnums)}
     if out_shardings is not None:
@@ -183,23 +198,63 @@ def compile_on(cluster: Cluster, fn: tp.Callable, *args: tp.Any, donate_argnums:
         if not isinstance(mesh, Mesh) or mesh.devices.flat[0].platform != "tpu":
             raise ValueError(f"{cluster.name}: place the arguments on cluster_mesh(cluster, ...) (TPU devices)")
         start = time.perf_counter()
-        with xla_log_lines() as log:  # XLA's log kept; other threads' stderr goes on meanwhile
-            compiled = jax.jit(fn, **jit_kwargs).lower(*args).compile()
-        seconds = time.perf_counter() - start
-        return _analysis(cluster, mesh, worker_protocol.analyse(compiled, mesh, seconds, tuple(xla_warnings(log))))
+        lowered = jax.jit(fn, **jit_kwargs).lower(*args)
+        traced = time.perf_counter() - start
+        key = ("tpu", cluster, tuple(mesh.axis_names), mesh.devices.shape, tuple(d.id for d in mesh.devices.flat),
+               _digest(lowered.as_text(debug_info=True).encode()))
+
+        def build() -> dict[str, tp.Any]:
+            start = time.perf_counter()
+            with xla_log_lines() as log:  # XLA's log kept; other threads' stderr goes on meanwhile
+                compiled = lowered.compile()
+            return worker_protocol.analyse(compiled, mesh, time.perf_counter() - start, tuple(xla_warnings(log)))
+
+        return _analysis(cluster, mesh, ANALYSES.get(key, build), {"trace_lower": traced})
     if not isinstance(mesh, AbstractMesh) or mesh.size != cluster.num_devices:
         raise ValueError(f"{cluster.name}: place the arguments on cluster_mesh(cluster, ...) (an AbstractMesh of "
                          f"{cluster.num_devices} devices)")
-    return _analysis(cluster, mesh, _worker(cluster.num_devices).compile(fn, args, mesh, jit_kwargs))
+    if cluster.num_devices not in workers():  # the worker starts (a process importing JAX) while we trace
+        threading.Thread(target=_start_worker, args=(cluster.num_devices,), daemon=True).start()
+    start = time.perf_counter()
+    request = _export(fn, args, mesh, jit_kwargs)
+    traced = time.perf_counter() - start
+    key = ("worker", cluster, _digest(worker_protocol.dumps(request)))
+
+    def build() -> dict[str, tp.Any]:
+        start = time.perf_counter()
+        worker = _worker(cluster.num_devices)
+        started = time.perf_counter()
+        reply = worker.compile(request)
+        trip = time.perf_counter() - started
+        reply["seconds"] = dict(reply["seconds"], worker_start=started - start,
+                                transfer=max(0.0, trip - sum(reply["seconds"].values())))
+        return reply
+
+    return _analysis(cluster, mesh, ANALYSES.get(key, build), {"trace_lower": traced})
 
 
-def _analysis(cluster: Cluster, mesh: tp.Any, reply: dict[str, tp.Any]) -> CompiledAnalysis:
+ANALYSES = CompileCache(maxsize=16)
+"""The analyses of the programs :func:`compile_on` compiled in this process, by program (the lowered module,
+its cluster, device order and compile options), so compiling the same step again (a re-run cell, the explorer
+switching back) costs its tracing only. ``ANALYSES.clear()`` forgets them."""
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _analysis(cluster: Cluster, mesh: tp.Any, found: tp.Any, seconds: dict[str, float]) -> CompiledAnalysis:
+    reply = found.value
+    if found.compiled:
+        seconds.update(reply["seconds"])
+    else:
+        seconds["lookup"] = found.seconds
     memory = dict(reply["memory"])
     if cluster.platform != "tpu":  # XLA:CPU's peak_memory_in_bytes is about the arguments only: not a peak
         memory["peak"] = 0
     return CompiledAnalysis(cluster, tuple(mesh.axis_sizes), tuple(mesh.axis_names), MemoryAnalysis(**memory),
-                            reply["cost"], reply["collectives"],
-                            reply["compile_seconds"], reply["warnings"], reply["hlo_text"])
+                            dict(reply["cost"]), reply["collectives"], reply["compile_seconds"], reply["warnings"],
+                            reply["hlo_text"], seconds, not found.compiled)
 
 
 # -- the worker -----------------------------------------------------------------------------------------
@@ -227,28 +282,8 @@ class Worker:
         self.log.seek(0)
         return self.log.read().decode(errors="replace")[-3000:]
 
-    def compile(self, fn: tp.Callable, args: tp.Sequence[tp.Any], mesh: AbstractMesh,
-                jit_kwargs: dict[str, tp.Any]) -> dict[str, tp.Any]:
-        """Trace and export ``fn`` here (flat arguments), compile it there; the worker's reply."""
-        leaves, treedef = jax.tree.flatten(args)
-        specs = [leaf.sharding.spec if isinstance(leaf.sharding, NamedSharding) else PartitionSpec()
-                 for leaf in leaves]
-        donated = set(jit_kwargs.pop("donate_argnums", ()))
-        donate = [i for i, (arg_index, _) in enumerate(_arg_index(args)) if arg_index in donated]
-
-        def flat(*leaves):  # flat in, flat out: the exported program names no pytree types of ours
-            return jax.tree.leaves(fn(*jax.tree.unflatten(treedef, leaves)))
-
-        if "out_shardings" in jit_kwargs:
-            jit_kwargs["out_shardings"] = jax.tree.leaves(
-                jit_kwargs["out_shardings"], is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
-
-        with xla_log_lines():
-            exported = jax.export.export(jax.jit(flat, **jit_kwargs), platforms=["cpu"])(*leaves)
-        request = {"exported": exported.serialize(), "mesh_shape": tuple(mesh.axis_sizes),
-                   "axis_names": tuple(mesh.axis_names), "in_specs": specs, "donate_argnums": donate,
-                   # never run, only read: on CPU, LLVM's -O0 compiles 3-4x faster after the same HLO passes
-                   "compiler_options": {"xla_backend_optimization_level": 0}}
+    def compile(self, request: dict[str, tp.Any]) -> dict[str, tp.Any]:
+        """Send a request (:func:`_export`) and return the worker's reply."""
         with self.lock:
             if self.process.poll() is not None:
                 raise RuntimeError(f"the compile worker for {self.num_devices} devices exited:\n{self._log_tail()}")
@@ -272,6 +307,31 @@ class Worker:
         self.log.close()
 
 
+def _export(fn: tp.Callable, args: tp.Sequence[tp.Any], mesh: AbstractMesh, jit_kwargs: dict[str, tp.Any]
+            ) -> dict[str, tp.Any]:
+    """A worker's request: ``fn`` traced, lowered and exported here for flat arguments, serialised."""
+    jit_kwargs = dict(jit_kwargs)
+    leaves, treedef = jax.tree.flatten(args)
+    specs = [leaf.sharding.spec if isinstance(leaf.sharding, NamedSharding) else PartitionSpec()
+             for leaf in leaves]
+    donated = set(jit_kwargs.pop("donate_argnums", ()))
+    donate = [i for i, (arg_index, _) in enumerate(_arg_index(args)) if arg_index in donated]
+
+    def flat(*leaves):  # flat in, flat out: the exported program names no pytree types of ours
+        return jax.tree.leaves(fn(*jax.tree.unflatten(treedef, leaves)))
+
+    if "out_shardings" in jit_kwargs:
+        jit_kwargs["out_shardings"] = jax.tree.leaves(
+            jit_kwargs["out_shardings"], is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+
+    with xla_log_lines():
+        exported = jax.export.export(jax.jit(flat, **jit_kwargs), platforms=["cpu"])(*leaves)
+    return {"exported": exported.serialize(), "mesh_shape": tuple(mesh.axis_sizes),
+            "axis_names": tuple(mesh.axis_names), "in_specs": specs, "donate_argnums": donate,
+            # never run, only read: on CPU, LLVM's -O0 compiles 3-4x faster after the same HLO passes
+            "compiler_options": {"xla_backend_optimization_level": 0}}
+
+
 def _arg_index(args: tp.Sequence[tp.Any]) -> list[tuple[int, tp.Any]]:
     """For each flat leaf of ``args``, the positional argument it belongs to."""
     return [(i, leaf) for i, arg in enumerate(args) for leaf in jax.tree.leaves(arg)]
@@ -290,9 +350,16 @@ def _worker(num_devices: int) -> Worker:
         return worker
 
 
+def _start_worker(num_devices: int) -> None:
+    try:
+        _worker(num_devices)
+    except Exception:  # the compile that needs it starts it again, and raises
+        pass
+
+
 def workers() -> dict[int, int]:
     """Running workers: device count -> process id."""
-    return {n: w.process.pid for n, w in _WORKERS.items() if w.process.poll() is None}
+    return {n: w.process.pid for n, w in list(_WORKERS.items()) if w.process.poll() is None}
 
 
 @atexit.register
