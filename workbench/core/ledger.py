@@ -8,26 +8,46 @@ Parts, per device (every device holds the same; specs divide their dimensions):
   statistic for a matrix whose two largest dims are >= 128 (replicated: they are small), else a full second
   moment, plus a count and two one-element placeholders per parameter (optax's state, in the params' dtype);
 - ``activations``: what the forward keeps for the backward, per layer, times the layers (the layer scan stacks
-  them). With ``b`` tokens rows and ``t`` positions per device (the batch split over the data axes, the
-  sequence over ``sp``), in the model's dtype:
+  them; a MoE's leading dense layers are a stack of their own). With ``b`` token rows and ``t`` positions per
+  device (the batch split over the data axes, the sequence over ``sp``), per row of one layer
+  (:func:`layer_set`; widths on one device: a kernel ``(L, ..., in, out)`` gives ``out`` times its leading dims,
+  each divided by the model-parallel axes that split it, not by data axes: FSDP gathers weights, it does not
+  split activations; ``H_l`` heads, ``t_kv`` keys):
 
-  * ``remat="full"`` keeps each layer's input: ``b t D``;
-  * ``"dots_saveable"`` keeps the input and every matmul output the backward needs: ``b t`` times the summed
-    output width of the block's kernels on one device (a kernel ``(L, ..., in, out)`` gives ``out`` times its
-    leading dims, each divided by the model-parallel axes that split it, not by data axes: FSDP gathers
-    weights, it does not split activations) plus attention's two dots, ``QK^T`` (``H_l t`` per row) and ``PV``
-    (``H_l Dh``); not a dense MLP's ``down_proj``: it feeds only the next layer's input, kept already;
-  * ``"none"`` keeps, beyond those, what the backward of each elementwise op needs: the two norms' float32
-    inputs and normalised outputs (and q/k norms' where the family has them), the rotated q and k, the softmax
-    probabilities, the MLP's activation and product, the residual sums;
+  * ``remat="full"`` keeps the layer's input: ``D``;
+  * ``"dots_saveable"`` keeps the input and every matmul output the backward needs, in the model's dtype: q, k,
+    v, the attention's ``PV`` (``H_l Dh``), ``o_proj``'s output (the residual sum the next norm reads is
+    recomputed from it), the MLP's gate and up (a dense MLP's ``down_proj`` only where a norm follows it,
+    Gemma's sandwich: otherwise it feeds the next layer's input, kept already), and ``QK^T`` in float32
+    (``H_l t_kv``: the logits are computed in float32, ``accumulation_dtype``). MLA (DeepSeek-V3, absorbed
+    form): the q LoRA and latent projections, ``q_nope W_uk`` and ``PV`` (``H_l C`` each), ``PV W_uv``
+    (``H_l V``); ``kv_b_proj`` never multiplies activations. A MoE keeps per expert row (``E / ep`` per token
+    with the dense strategy, see :func:`_expert_rows`) gate, up and the expert's output (the combine's backward
+    reads it), plus the router logits and combine weights, and a shared expert's gate and up;
+  * ``"none"`` keeps what jax's autodiff saves for every op (counted from ``jax.ad_checkpoint``'s saved
+    residuals and matched buffer by buffer with the scan's stacked outputs on XLA:CPU and XLA:TPU): per norm
+    ``NORM_RESIDUALS`` (RMSNorm the float32 normalised input and its cast; Gemma's ``1 + w`` RMSNorm two
+    float32 arrays; LayerNorm three) plus the output of each norm that feeds a matmul; the rotated q and k
+    (after q/k norms, which keep what a norm keeps), v, the attention output, the probabilities twice in
+    float32 and once in the model's dtype (``H_l t_kv`` each); the MLP's ``ACTIVATION_RESIDUALS`` arrays of
+    its width (SwiGLU 6, GeGLU 8, GPT-2's GELU 6, GPT-OSS's clamped SwiGLU 9, gate and up included), per
+    expert row for a MoE, plus the experts' outputs; MLA its two latent norms, the key ``[c ; k_pe]``, the
+    value ``c``, the query, ``q_nope``, ``PV`` and its output;
 
-- ``temporaries``: an estimate of what lives only inside the step: the loss's float32 logits, their softmax and
-  cotangent (``3 b t V_l 4`` bytes), and one layer's working set while its backward runs. That set depends on
-  the compiler, and its size here is measured, not derived (XLA's buffer assignment on a 4- and an 8-layer
-  Llama, whose difference isolates the per-layer part from the rest): XLA:TPU fuses the elementwise chains,
-  so it holds about one layer's ``"none"`` set with ``remat="none"`` and one layer's ``"dots_saveable"`` set
-  otherwise; XLA:CPU (which compiles GPU and CPU clusters in the worker) holds a ``"none"`` set, half as much
-  again with ``remat="full"``;
+- ``temporaries``: what lives only inside the step; the larger of two phases, since the loss's buffers are gone
+  before the layers' backward starts (a Llama with an 8192-word vocabulary peaks at the loss at every remat
+  policy): the loss's float32 logits and their softmax (``2 b t V_l 4`` bytes), or one layer's backward. That
+  holds one layer's weights all-gathered over the data axes and their unreduced gradient (twice the layer's
+  bytes with the FSDP split undone), and a working set of cotangents and recomputed values that depends on the
+  compiler: measured, not derived, in units of the layer's ``"dots_saveable"`` set (``WORKING_SET``; XLA's
+  buffer assignment at 4 and 8 layers, whose difference isolates the per-layer part from the rest, over the
+  dense and MoE families): XLA:TPU fuses the elementwise chains and holds about one set (half without remat,
+  one and a half with ``remat="full"``, which recomputes the matmuls), XLA:CPU (which compiles GPU and CPU
+  clusters in the worker) about two (2.75 with ``"full"``). With remat, a model with two stacks (a MoE's dense
+  leading layers) recomputes in each stack's backward loop apart: their sets add up. Layers of several kinds
+  (Gemma 3's and GPT-OSS's alternating sliding and full attention) run as a ``lax.switch`` in the scan, and XLA
+  keeps the other branches' buffers too: measured about one layer's ``"none"`` set per further kind (XLA:TPU at
+  every policy, XLA:CPU without remat; XLA:CPU's full-remat backward holds about a third of it);
 - ``kv_cache``: keys and values of every layer (:func:`workbench.core.explore.memory_per_device`);
 - with a ``pipeline`` (a :class:`workbench.core.pipeline.PipelineConfig` on a ``pp`` mesh axis): the stacked
   layers' parameters, gradients and optimizer state divide by the stage count (the layout must split
@@ -35,8 +55,15 @@ Parts, per device (every device holds the same; specs divide their dimensions):
   the stage inputs and incoming gradients of its buffers (:func:`~workbench.core.pipeline.activation_stash_bytes`:
   ``m`` microbatches with GPipe, at most ``p`` with 1F1B) plus the executor's whole-batch input and output
   (the embeddings and their gradient); ``temporaries`` are one stage's backward for one microbatch (its
-  recomputed activations under the remat policy and one layer's working set) and that microbatch's logits;
+  recomputed activations under the remat policy) and the larger of one layer's backward and that microbatch's
+  logits;
 - ``inputs``: the token ids.
+
+A prefill or decode step's temporaries are one layer's gathered weights and matmul outputs, then the logits.
+
+The reference is XLA's HBM buffer assignment: on a TPU, compile with ``compiler_options=TPU_HBM_ONLY``
+(:mod:`workbench.core.virtual`) where a tiny model's peak is to be compared, since memory-space assignment to
+a TensorCore's VMEM reshapes it (negligible at real sizes).
 
 :func:`ledger` returns a :class:`Ledger`; with a cluster it is held against the HBM of one device.
 """
@@ -55,7 +82,11 @@ from workbench.core.steps import OPTIMIZERS
 
 KINDS = ("train", "prefill", "decode")
 REMATS = ("none", "dots_saveable", "full")
-LOGITS_COPIES = 3  # float32 logits, their softmax, their cotangent
+LOGITS_COPIES = 2  # float32 logits and their softmax (the cotangent takes the logits' buffer)
+# One layer's backward working set, in units of the layer's dots_saveable set (its matmul outputs), by compiler
+# and remat policy: measured (see the module doc), not derived.
+WORKING_SET = {"tpu": {"none": 0.5, "dots_saveable": 1.0, "full": 1.5},
+               "cpu": {"none": 2.0, "dots_saveable": 2.0, "full": 2.75}}
 ADAFACTOR_MIN_DIM = 128  # optax.adafactor's min_dim_size_to_factor
 
 
@@ -143,56 +174,192 @@ def _model_split(param: tp.Any, dim: int, data_axes: set[str], sizes: dict[str, 
     return math.prod(sizes[a] for a in param.decisions[dim].chosen if a not in data_axes)
 
 
-def _layer_widths(layout: Layout, data_axes: set[str], t_kv: int) -> tuple[float, float, float]:
-    """Per token row of one layer, elements kept by ``dots_saveable`` beyond the layer input, the extra ones
-    ``none`` keeps, and the float32 norm inputs ``none`` keeps (counted apart: their dtype is float32)."""
-    sizes = _axis_sizes(layout)
+# Arrays of the width of one MLP activation that the backward keeps per token (or per expert row) without
+# remat, gate and up projections included: what jax's autodiff saves of each activation (counted with
+# jax.ad_checkpoint's saved residuals). SwiGLU silu(g) * u: g, u, three of silu's and the product; GeGLU: g, u,
+# five of the tanh GELU's (3 g^2, the tanh, the cdf, ...) and the product; GPT-2's GELU: up and the same five;
+# the exact GELU three; GPT-OSS's clamped SwiGLU with its clip and min masks nine.
+ACTIVATION_RESIDUALS = {("swiglu", "silu"): 6, ("swiglu", "gelu_pytorch_tanh"): 8, ("gelu", "gelu_new"): 6,
+                        ("gelu", "gelu_pytorch_tanh"): 6, ("gelu", "gelu"): 4, ("moe", "silu"): 6,
+                        ("moe", "clamped_swiglu"): 9}
+# Float32 (and model dtype) arrays a norm's backward keeps per normalised element: RMSNorm the float32
+# x * rsqrt and its cast; Gemma's (1 + w) RMSNorm, which scales in float32, two float32 arrays; LayerNorm the
+# centred input, the normalised and the scaled values, in float32. A norm whose output feeds a matmul keeps
+# that output too (the matmul's weight gradient reads it).
+NORM_RESIDUALS = {"rms": (1, 1), "rms_unit_offset": (2, 0), "layer": (3, 0)}
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSet:
+    """What one layer keeps per token row for its backward under each remat policy, as ``(elements in the
+    model's dtype, float32 elements)`` (see the module doc)."""
+
+    full: tuple[float, float]
+    dots_saveable: tuple[float, float]
+    none: tuple[float, float]
+
+    def bytes_per_row(self, remat: str, itemsize: int) -> float:
+        model_dtype, f32 = getattr(self, remat)
+        return model_dtype * itemsize + f32 * 4
+
+
+def _width(layout: Layout, path: str, data_axes: set[str], sizes: dict[str, int]) -> float:
+    """Output elements per token of the stacked kernel ``path`` ``(L, ..., in, out)`` on one device: ``out``
+    times the leading dims (experts), each divided by the model-parallel axes that split it."""
+    p = layout[path]
+    out = p.shape[-1] / _model_split(p, len(p.shape) - 1, data_axes, sizes)
+    return out * math.prod(n / _model_split(p, i, data_axes, sizes) for i, n in enumerate(p.shape[1:-2], 1))
+
+
+def _norm_kind(c: tp.Any) -> str:
+    return "layer" if c.norm_type == "layer" else "rms_unit_offset" if c.norm_unit_offset else "rms"
+
+
+def _expert_rows(layout: Layout, prefix: str, strategy: str, data_axes: set[str], sizes: dict[str, int],
+                 tokens: int, capacity_factor: float | None) -> float:
+    """Expert rows per local token a MoE layer computes: ``dense`` runs each of the device's ``E / ep``
+    experts on every token; ``alltoall`` packs each device's share ``n`` of the tokens into ``E`` buffers of ``C``
+    slots (``capacity``) and gets as many rows back for its ``E / ep`` experts, so ``E C / tokens`` rows per token
+    (``E / ep`` without a capacity factor); ``ragged`` sorts the ``k`` copies of every token of the batch (GSPMD
+    gathers the data axes for the global sort), as TPU and GPU kernels run ``ragged_dot`` (XLA:CPU lowers it to a
+    masked dot over every expert, which this does not count)."""
+    from workbench.core.models.moe_alltoall import capacity
+
     c = layout.config
-    dots = 0.0
-    for p in layout.params:
-        if not p.path.startswith("layers/") or not p.path.endswith("kernel") or len(p.shape) < 3:
-            continue
-        if p.path.endswith("down_proj/kernel") and len(p.shape) == 3:
-            continue  # a dense MLP's output feeds only the next layer's input, kept anyway
-        out = p.shape[-1] / _model_split(p, len(p.shape) - 1, data_axes, sizes)
-        lead = math.prod(n / _model_split(p, i, data_axes, sizes) for i, n in enumerate(p.shape[1:-2], start=1))
-        dots += out * lead
-    q = layout["layers/self_attn/q_proj/kernel"] if "layers/self_attn/q_proj/kernel" in layout.paths else None
-    head_dim = c.v_head_dim if c.mla else c.head_dim
-    heads = c.num_attention_heads / (_model_split(q, 2, data_axes, sizes) if q is not None else 1)
-    dots += heads * t_kv + heads * head_dim  # QK^T and PV
-    mlp = [p for p in layout.params if p.path.startswith("layers/mlp/") and p.path.endswith("up_proj/kernel")]
-    mlp_width = sum(p.shape[-1] / _model_split(p, len(p.shape) - 1, data_axes, sizes) *
-                    math.prod(n / _model_split(p, i, data_axes, sizes) for i, n in enumerate(p.shape[1:-2], 1))
-                    for p in mlp)
-    rotated = heads * c.qk_head_dim + (c.num_key_value_heads * c.head_dim / max(1.0, c.num_attention_heads / heads)
-                                       if not c.mla else 0)
-    extra = rotated + heads * t_kv + 2 * mlp_width + 2 * c.hidden_size  # rope'd q/k, probs, act/product, residuals
+    gate = layout[prefix + "mlp/gate_proj"]
+    if strategy == "alltoall":
+        # the ep devices that hold the same tokens (the batch not split over ep) each dispatch 1/ep of them
+        ep_axis = layout.partition_axis.expert_parallel_axis
+        token_axes = {a for d in layout.partition_axis.explain((BATCH, LENGTH), layout.mode, mesh=layout.mesh)
+                      for a in d.chosen}
+        share = tokens / (sizes.get(ep_axis, 1) if ep_axis not in token_axes else 1)
+        slots = capacity(math.ceil(share), c.num_experts_per_tok, c.num_local_experts, capacity_factor)
+        return c.num_local_experts * slots / tokens
+    if strategy == "ragged":
+        return c.num_experts_per_tok * math.prod(sizes[a] for a in data_axes)
+    return c.num_local_experts / _model_split(gate, 1, data_axes, sizes)
+
+
+def layer_set(layout: Layout, prefix: str = "layers/", *, t_kv: int, moe_strategy: str = "dense",
+              tokens: int = 1, capacity_factor: float | None = None) -> LayerSet:
+    """Per token row, what one layer of the stack under ``prefix`` keeps for its backward (see the module
+    doc for the three policies); ``t_kv`` keys per query, ``tokens`` the device's tokens (a MoE's capacity)."""
+    sizes = _axis_sizes(layout)
+    data_axes = set(_data_axes(layout))
+    c = layout.config
+    width = lambda name: _width(layout, prefix + name, data_axes, sizes)
+    has = lambda name: prefix + name in layout.paths
+    d = c.hidden_size
+    # -- attention: heads on this device, its dot outputs and what its elementwise ops keep
+    if c.mla:
+        q_path = "self_attn/q_b_proj/kernel" if has("self_attn/q_b_proj/kernel") else "self_attn/q_proj/kernel"
+        heads = c.num_attention_heads / _model_split(layout[prefix + q_path], 2, data_axes, sizes)
+        lat, rope = c.kv_lora_rank, c.qk_rope_head_dim
+        q_lora = width("self_attn/q_a_proj/kernel") if has("self_attn/q_a_proj/kernel") else 0
+        # absorbed form (mla.py): kv_b_proj's halves act per head, q_nope -> q_lat (H C) and PV (H C) -> (H V);
+        # every head reads one key [c ; k_pe] and one value c
+        attn_dots = q_lora + width(q_path) + width("self_attn/kv_a_proj_with_mqa/kernel") + heads * lat \
+            + heads * lat + heads * c.v_head_dim + d
+        rms_f32, rms_dt = NORM_RESIDUALS["rms"]
+        attn_none = ((rms_dt + 1) * q_lora + rms_dt * lat + (lat + rope) + lat + heads * (lat + rope)
+                     + heads * c.qk_nope_head_dim + heads * lat + heads * c.v_head_dim + heads * t_kv,
+                     rms_f32 * (q_lora + lat))
+    else:
+        q, k, v = (width(f"self_attn/{n}_proj/kernel") for n in "qkv")
+        heads = c.num_attention_heads / _model_split(layout[prefix + "self_attn/q_proj/kernel"], 2, data_axes, sizes)
+        attn_dots = q + k + v + heads * c.head_dim + d  # PV, o_proj's output (the residual sum's operand)
+        qk_f32, qk_dt = NORM_RESIDUALS[_norm_kind(c)] if c.qk_norm else (0, 0)
+        # rotated q and k, v, the attention output, the probabilities in the model's dtype (+ two float32 below)
+        attn_none = (q + k + v + heads * c.head_dim + heads * t_kv + qk_dt * (q + k), qk_f32 * (q + k))
+    attn_f32 = heads * t_kv  # QK^T: float32 logits (accumulation_dtype), then the float32 softmax
+    # -- MLP: a dense one (swiglu / gelu), or experts
+    moe = c.mlp_type == "moe" and prefix == "layers/"
+    if moe:
+        rows = _expert_rows(layout, prefix, moe_strategy, data_axes, sizes, tokens, capacity_factor)
+        gate = layout[prefix + "mlp/gate_proj"]  # (L, E, D, F)
+        per_row = gate.shape[-1] / _model_split(gate, 3, data_axes, sizes)
+        experts = c.num_local_experts
+        # gate and up per expert row, the experts' outputs (the combine reads them), router logits and weights
+        mlp_dots = rows * (2 * per_row + d) + 2 * experts
+        mlp_none = rows * (ACTIVATION_RESIDUALS[("moe", c.moe_activation)] * per_row + d) + 2 * experts
+        if has("mlp/shared_gate"):
+            shared = width("mlp/shared_gate")
+            mlp_dots += 2 * shared
+            mlp_none += ACTIVATION_RESIDUALS[("swiglu", "silu")] * shared
+    else:
+        up = width("mlp/up_proj/kernel")
+        gated = has("mlp/gate_proj/kernel")
+        mlp_type = "swiglu" if gated else c.mlp_type
+        mlp_dots = (2 if gated else 1) * up + (d if c.sandwich_norms else 0)  # down_proj feeds the post-MLP norm
+        mlp_none = ACTIVATION_RESIDUALS[(mlp_type, c.hidden_act)] * up
+    # -- norms over D: their residuals, and the outputs that feed the attention's and the MLP's matmuls
     norms = 4 if c.sandwich_norms else 2
-    norms_f32 = 2 * norms * c.hidden_size + (2 * rotated if c.qk_norm else 0)
-    return dots, extra, norms_f32
+    n_f32, n_dt = NORM_RESIDUALS[_norm_kind(c)]
+    dots = (d + attn_dots + mlp_dots, attn_f32)
+    none = (attn_none[0] + mlp_none + (norms * n_dt + 2) * d, attn_none[1] + 2 * attn_f32 + norms * n_f32 * d)
+    return LayerSet(full=(d, 0), dots_saveable=dots, none=none)
 
 
-def activation_bytes(layout: Layout, batch: tuple[int, int], remat: str, dtype: tp.Any, compiler: str = "tpu"
-                     ) -> tuple[int, int]:
-    """``(kept for the backward, one layer's working set)`` in bytes per device (see the module doc);
+def _stacks(layout: Layout) -> list[tuple[str, int]]:
+    """The stacked layers: ``(path prefix, layers)``; a MoE's leading dense layers stack apart."""
+    c = layout.config
+    k = c.first_dense_layers
+    return [(prefix, n) for prefix, n in (("dense_layers/", k), ("layers/", c.num_hidden_layers - k)) if n]
+
+
+def moe_strategy_of(model: tp.Any, layout: Layout) -> tuple[str, float | None]:
+    """The MoE strategy a model's layers run on the layout's mesh (``auto``: all-to-all on an ``ep`` axis of
+    size > 1, else dense) and its capacity factor."""
+    mlp = getattr(getattr(model, "layers", None), "mlp", None)
+    strategy = getattr(mlp, "strategy", "auto")
+    if strategy == "auto":
+        ep = _axis_sizes(layout).get(layout.partition_axis.expert_parallel_axis, 1)
+        strategy = "alltoall" if ep > 1 else "dense"
+    return strategy, getattr(mlp, "capacity_factor", None)
+
+
+def _gathered_layer_bytes(layout: Layout, prefix: str) -> float:
+    """Bytes of one layer of the stack under ``prefix`` on a device once its weights are all-gathered over the
+    data axes (FSDP): the layer's block with the data splits undone, the model-parallel ones kept."""
+    sizes = _axis_sizes(layout)
+    data_axes = set(_data_axes(layout))
+    total = 0.0
+    for p in layout.params:
+        if p.path.startswith(prefix):
+            data = math.prod(sizes[a] for d in p.decisions for a in d.chosen if a in data_axes)
+            total += p.bytes_per_device / p.shard_shape[0] * data
+    return total
+
+
+def _layer_kinds(layout: Layout, prefix: str) -> int:
+    """How many kinds of layer (sliding window, rotary table) the stack under ``prefix`` switches between."""
+    c = layout.config
+    k = c.first_dense_layers
+    layers = range(k) if prefix == "dense_layers/" else range(k, c.num_hidden_layers)
+    return len({c.layer_kind(i) for i in layers})
+
+
+def activation_bytes(layout: Layout, batch: tuple[int, int], remat: str, dtype: tp.Any, compiler: str = "tpu",
+                     moe_strategy: str = "dense", capacity_factor: float | None = None) -> tuple[int, int]:
+    """``(kept for the backward, the backward's working set)`` in bytes per device (see the module doc);
     ``compiler`` ("tpu" or "cpu") is the XLA backend whose working set to estimate."""
     if remat not in REMATS:
         raise ValueError(f"remat must be one of {REMATS} for the ledger; got {remat!r}")
+    if compiler not in WORKING_SET:
+        raise ValueError(f"compiler must be one of {tuple(WORKING_SET)}; got {compiler!r}")
     b, t, _ = _tokens_per_device(layout, batch, layout.mode)
-    data_axes = set(_data_axes(layout))
     item = np.dtype(dtype).itemsize
-    c = layout.config
-    dots, extra, norms_f32 = _layer_widths(layout, data_axes, batch[1])
     rows = b * t
-    per_layer = {"full": c.hidden_size * item,
-                 "dots_saveable": (c.hidden_size + dots) * item,
-                 "none": (c.hidden_size + dots + extra) * item + norms_f32 * 4}
-    if compiler == "tpu":
-        working = (per_layer["none"] if remat == "none" else per_layer["dots_saveable"]) * rows
-    else:
-        working = (1.5 if remat == "full" else 1.0) * per_layer["none"] * rows
-    return int(c.num_hidden_layers * per_layer[remat] * rows), int(working)
+    stacks = [(prefix, n, layer_set(layout, prefix, t_kv=batch[1], moe_strategy=moe_strategy, tokens=rows,
+                                    capacity_factor=capacity_factor)) for prefix, n in _stacks(layout)]
+    kept = sum(n * s.bytes_per_row(remat, item) for _, n, s in stacks) * rows
+    dots = [s.bytes_per_row("dots_saveable", item) * rows for _, _, s in stacks]
+    recompute = sum(dots) if remat != "none" else max(dots)  # with remat each stack's loop recomputes apart
+    switch = max((_layer_kinds(layout, prefix) - 1) * s.bytes_per_row("none", item) * rows
+                 for prefix, _, s in stacks)
+    gathered = max(_gathered_layer_bytes(layout, prefix) for prefix, _, _ in stacks)
+    working = 2 * gathered + WORKING_SET[compiler][remat] * recompute + switch
+    return int(kept), int(working)
 
 
 def _data_axes(layout: Layout) -> tuple[str, ...]:
@@ -230,29 +397,36 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
     hbm = None if cluster is None else cluster.hbm_per_device
     compiler = "tpu" if cluster is None or cluster.platform == "tpu" else "cpu"
     ids = int(np.prod(batch)) * 4 // max(1, _tokens_per_device(layout, batch, layout.mode)[2])
+    moe = dict(zip(("moe_strategy", "capacity_factor"), moe_strategy_of(model, layout), strict=True))
     if pipeline is not None:
         if kind != "train":
             raise ValueError("the pipeline ledger counts train steps; pass kind='train' or pipeline=None")
-        kept, temporaries = pipeline_activation_bytes(layout, pipeline, batch, remat, dtype, compiler)
+        kept, temporaries = pipeline_activation_bytes(layout, pipeline, batch, remat, dtype, compiler, **moe)
         return Ledger(kind, remat, layout.param_bytes, layout.param_bytes, optimizer_bytes(layout, optimizer),
                       kept, temporaries, 0, ids, hbm)
     if kind == "train":
-        kept, working = activation_bytes(layout, batch, remat, dtype, compiler)
+        kept, working = activation_bytes(layout, batch, remat, dtype, compiler, **moe)
         return Ledger(kind, remat, layout.param_bytes, layout.param_bytes, optimizer_bytes(layout, optimizer),
-                      kept, working + LOGITS_COPIES * logits_bytes(layout, batch), 0, ids, hbm)
+                      kept, max(working, LOGITS_COPIES * logits_bytes(layout, batch)), 0, ids, hbm)
     b, t = batch
     length = kv_length or t
     if layout.mode != MODE_TRAIN and kind == "decode" and layout.mode != MODE_DECODE:
         raise ValueError(f"a decode step's layout is resolved in decode mode; this one is {layout.mode!r}")
     kv = memory_per_device(layout, optimizer=None, kv_cache=(b, length, dtype)).kv_cache
     step_batch = batch if kind == "prefill" else (b, 1)
-    _, working = activation_bytes(layout, step_batch, "full", dtype, compiler)
+    sb, st, _ = _tokens_per_device(layout, step_batch, layout.mode)
+    layers = [(prefix, layer_set(layout, prefix, t_kv=length, moe_strategy=moe["moe_strategy"], tokens=sb * st,
+                                 capacity_factor=moe["capacity_factor"])) for prefix, _ in _stacks(layout)]
+    # one layer's gathered weights and its matmul outputs, then the logits
+    working = max(_gathered_layer_bytes(layout, prefix) + s.bytes_per_row("dots_saveable", dtype.itemsize) * sb * st
+                  for prefix, s in layers)
     return Ledger(kind, "none", layout.param_bytes, kv_cache=kv,
-                  temporaries=working // 2 + logits_bytes(layout, step_batch), inputs=ids, hbm_per_device=hbm)
+                  temporaries=int(working) + logits_bytes(layout, step_batch), inputs=ids, hbm_per_device=hbm)
 
 
 def pipeline_activation_bytes(layout: Layout, pipeline: tp.Any, batch: tuple[int, int], remat: str, dtype: tp.Any,
-                              compiler: str = "tpu") -> tuple[int, int]:
+                              compiler: str = "tpu", moe_strategy: str = "dense",
+                              capacity_factor: float | None = None) -> tuple[int, int]:
     """``(kept, temporaries)`` bytes per device of a pipelined train step (see the module doc)."""
     from workbench.core.pipeline import activation_stash_bytes
 
@@ -274,7 +448,10 @@ def pipeline_activation_bytes(layout: Layout, pipeline: tp.Any, batch: tuple[int
     b = big // data_ways
     whole = 2 * b * t * c.hidden_size * item  # the embeddings in, their gradient out
     micro = (big // pipeline.num_microbatches, t)
-    kept_all, working = activation_bytes(layout, micro, remat, dtype, compiler)
+    _, working = activation_bytes(layout, micro, remat, dtype, compiler, moe_strategy, capacity_factor)
     per_stage = pipeline.check_layers(c.num_hidden_layers - c.first_dense_layers)
-    stage_kept = kept_all * per_stage // c.num_hidden_layers
-    return stash + whole, stage_kept + working + LOGITS_COPIES * logits_bytes(layout, micro)
+    mb, mt, _ = _tokens_per_device(layout, micro, layout.mode)
+    stage_layer = layer_set(layout, "layers/", t_kv=t, moe_strategy=moe_strategy, tokens=mb * mt,
+                            capacity_factor=capacity_factor)
+    stage_kept = int(per_stage * stage_layer.bytes_per_row(remat, item) * mb * mt)
+    return stash + whole, stage_kept + max(working, LOGITS_COPIES * logits_bytes(layout, micro))

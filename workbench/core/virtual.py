@@ -36,6 +36,12 @@ from workbench.core.compile_cache import CompileCache
 from workbench.core.inspect import Collective, summarize
 
 TPU_AOT_HINT = 'pip install "jax-workbench[tpu-aot]"'
+# XLA:TPU's memory-space assignment moves buffers into a TensorCore's VMEM (128 MiB on v5e) and adds prefetch
+# copies: negligible beside a real model's HBM, but it reshapes a tiny model's HBM peak (a small Llama's grew by
+# 9 MB per layer instead of its 24). With this option the peak is XLA's HBM buffer assignment alone, what the
+# memory ledger counts; the ledger's tests compile tiny models with it (for v5e: the flag other generations read
+# may differ; where it is not theirs it changes nothing).
+TPU_HBM_ONLY = {"xla_vf_vmem_memory_space_assignment": False}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,11 +191,13 @@ def _mesh_of(args: tp.Any) -> Mesh | AbstractMesh:
 
 # -- compiling ----------------------------------------------------------------------------------------
 def compile_on(cluster: Cluster, fn: tp.Callable, *args: tp.Any, donate_argnums: tp.Sequence[int] = (),
-               out_shardings: tp.Any = None) -> CompiledAnalysis:
+               out_shardings: tp.Any = None, compiler_options: tp.Mapping[str, tp.Any] | None = None
+               ) -> CompiledAnalysis:
     """Compile ``fn(*args)`` for ``cluster`` and analyse it; ``args`` are ``ShapeDtypeStruct`` trees placed
     on :func:`cluster_mesh` (every leaf with a ``NamedSharding``). ``fn`` is jitted here with
-    ``donate_argnums`` and ``out_shardings``. Nothing is allocated or run. The same program compiled again
-    (same lowered module, cluster and device order) returns the first analysis (:data:`ANALYSES`)."""
+    ``donate_argnums`` and ``out_shardings``; ``compiler_options`` (XLA flags, e.g. ``TPU_HBM_ONLY``) go to
+    the compiler. Nothing is allocated or run. The same program compiled again (same lowered module, cluster,
+    device order and options) returns the first analysis (:data:`ANALYSES`)."""
     mesh = _mesh_of(args)
     jit_kwargs: dict[str, tp.Any] = {"donate_argnums": tuple(donate_argnums)}
     if out_shardings is not None:
@@ -201,12 +209,12 @@ def compile_on(cluster: Cluster, fn: tp.Callable, *args: tp.Any, donate_argnums:
         lowered = jax.jit(fn, **jit_kwargs).lower(*args)
         traced = time.perf_counter() - start
         key = ("tpu", cluster, tuple(mesh.axis_names), mesh.devices.shape, tuple(d.id for d in mesh.devices.flat),
-               _digest(lowered.as_text(debug_info=True).encode()))
+               _digest(lowered.as_text(debug_info=True).encode()), tuple(sorted((compiler_options or {}).items())))
 
         def build() -> dict[str, tp.Any]:
             start = time.perf_counter()
             with xla_log_lines() as log:  # XLA's log kept; other threads' stderr goes on meanwhile
-                compiled = lowered.compile()
+                compiled = lowered.compile(dict(compiler_options or {}) or None)
             return worker_protocol.analyse(compiled, mesh, time.perf_counter() - start, tuple(xla_warnings(log)))
 
         return _analysis(cluster, mesh, ANALYSES.get(key, build), {"trace_lower": traced})
@@ -216,7 +224,7 @@ def compile_on(cluster: Cluster, fn: tp.Callable, *args: tp.Any, donate_argnums:
     if cluster.num_devices not in workers():  # the worker starts (a process importing JAX) while we trace
         threading.Thread(target=_start_worker, args=(cluster.num_devices,), daemon=True).start()
     start = time.perf_counter()
-    request = _export(fn, args, mesh, jit_kwargs)
+    request = _export(fn, args, mesh, jit_kwargs, compiler_options)
     traced = time.perf_counter() - start
     key = ("worker", cluster, _digest(worker_protocol.dumps(request)))
 
@@ -307,8 +315,8 @@ class Worker:
         self.log.close()
 
 
-def _export(fn: tp.Callable, args: tp.Sequence[tp.Any], mesh: AbstractMesh, jit_kwargs: dict[str, tp.Any]
-            ) -> dict[str, tp.Any]:
+def _export(fn: tp.Callable, args: tp.Sequence[tp.Any], mesh: AbstractMesh, jit_kwargs: dict[str, tp.Any],
+            compiler_options: tp.Mapping[str, tp.Any] | None = None) -> dict[str, tp.Any]:
     """A worker's request: ``fn`` traced, lowered and exported here for flat arguments, serialised."""
     jit_kwargs = dict(jit_kwargs)
     leaves, treedef = jax.tree.flatten(args)
@@ -329,7 +337,7 @@ def _export(fn: tp.Callable, args: tp.Sequence[tp.Any], mesh: AbstractMesh, jit_
     return {"exported": exported.serialize(), "mesh_shape": tuple(mesh.axis_sizes),
             "axis_names": tuple(mesh.axis_names), "in_specs": specs, "donate_argnums": donate,
             # never run, only read: on CPU, LLVM's -O0 compiles 3-4x faster after the same HLO passes
-            "compiler_options": {"xla_backend_optimization_level": 0}}
+            "compiler_options": {"xla_backend_optimization_level": 0, **(compiler_options or {})}}
 
 
 def _arg_index(args: tp.Sequence[tp.Any]) -> list[tuple[int, tp.Any]]:
@@ -373,11 +381,13 @@ def close_workers() -> None:
 
 def compile_step(model: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, int], *, kind: str = "train",
                  batch: tuple[int, int] = (8, 128), optimizer: str = "adamw", partition_axis: tp.Any = None,
-                 rules: tp.Any = None, pipeline: tp.Any = None) -> CompiledAnalysis:
+                 rules: tp.Any = None, pipeline: tp.Any = None,
+                 compiler_options: tp.Mapping[str, tp.Any] | None = None) -> CompiledAnalysis:
     """Compile one ``kind`` step (``"train"``: loss, gradient and the optimizer update with the state donated;
     ``"forward"``) of ``model`` for ``cluster`` on a mesh of ``mesh_shape`` (workbench axes, e.g.
     ``{"fsdp": 16, "tp": 4}``), from abstract arguments (see :mod:`workbench.core.steps`). With ``pp > 1`` a
-    train step is the pipeline's (``pipeline``, default 1F1B): TPU clusters only."""
+    train step is the pipeline's (``pipeline``, default 1F1B): TPU clusters only. ``compiler_options`` as
+    :func:`compile_on` takes them."""
     from workbench.core.mesh import MESH_AXES
     from workbench.core.steps import abstract_step, full_mesh_shape
 
@@ -389,4 +399,4 @@ def compile_step(model: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, in
     step = abstract_step(model, mesh, kind=kind, batch=batch, optimizer_name=optimizer,
                          partition_axis=partition_axis, rules=rules, pipeline=pipeline)
     return compile_on(cluster, step.fn, *step.args, donate_argnums=step.donate_argnums,
-                      out_shardings=step.out_shardings)
+                      out_shardings=step.out_shardings, compiler_options=compiler_options)
