@@ -142,8 +142,10 @@ class Advice:
         return [self.confirm_one(c, progress=progress) for c in list(self.ranked[:k])]
 
     def confirm_one(self, c: Candidate, *, progress: tp.Callable[[str], None] | None = None) -> Candidate:
-        """Compile ``c`` on the virtual cluster: the compiled memory and step time go beside the prediction; if
-        its compiled memory exceeds the HBM it moves from ``ranked`` to ``rejected`` with that reason."""
+        """Compile ``c`` on the virtual cluster: the compiled memory and step time go beside the prediction; on a
+        TPU slice (XLA's TPU compiler), if its compiled memory exceeds the HBM it moves from ``ranked`` to
+        ``rejected`` with that reason. A GPU cluster's program is XLA:CPU's (in the worker), whose memory is not
+        a GPU's: it is shown, not held against the HBM."""
         from workbench.core.cost import step_time
         from workbench.core.virtual import compile_step
 
@@ -164,7 +166,9 @@ class Advice:
         c.confirm_note = (f"compiled: {total / GiB:.2f} GiB per device (ledger {c.ledger.total / total - 1:+.1%}), "
                           f"step {c.compiled_step.time_s * 1e3:.3g} ms from the compiled program"
                           + ("" if kind == "train" else " (compiled as a forward pass without a cache)"))
-        if hbm is not None and total > hbm and c in self.ranked:
+        if self.cluster.platform != "tpu":  # XLA:CPU in the worker: bfloat16 math widened, CPU fusion
+            c.confirm_note += "; XLA:CPU's buffer assignment (bfloat16 widened), not held against the GPU's HBM"
+        elif hbm is not None and total > hbm and c in self.ranked:
             c.fits = False
             c.reason = (f"demoted by the compiler: the compiled step needs {total / GiB:.1f} GiB per device > "
                         f"{hbm / GiB:.1f} GiB HBM (the ledger said {c.ledger.total / GiB:.1f} GiB)")
