@@ -586,13 +586,8 @@ class ShardingExplorer:
 
         b, t = self._batch_b.value, self._batch_t.value
         task = self._task.value
-        led_pipeline = self.layout.pipeline
-        if led_pipeline is None and task == "train" and dict(self.mesh.shape).get("pp", 1) > 1:
-            from workbench.core.pipeline import default_config
-
-            led_pipeline = default_config(self.mesh, b)
         return predict_step(self.layout.config, self.cluster, dict(self.mesh.shape), batch=(b, t), task=task,
-                            remat=self._remat.value, pipeline=led_pipeline if task == "train" else None,
+                            remat=self._remat.value, pipeline=self._pipeline() if task == "train" else None,
                             kv_length=t if task == "decode" else None)
 
     def _render_predicted(self) -> None:
