@@ -101,6 +101,42 @@ def test_a_model_too_big_for_one_node_is_never_tensor_parallel_across_nodes(llam
     assert crossing and all("crosses nodes" in c.reason for c in crossing)
 
 
+def test_pipelines_are_1f1b_and_interleaved_at_p_2p_4p_microbatches_with_the_published_bubble(llama_70b):
+    """Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM" (SC'21),
+    section 2.2: the bubble over the ideal time is (p - 1) / m for 1F1B and (p - 1) / (v m) interleaved with v
+    stages per device. Llama-3-70B (80 layers) on 8 x 8 H100 with pp=4: both schedules at m = 4, 8, 16."""
+    advice = advise(llama_70b, Cluster.h100(nodes=8), batch_tokens=256 * 4096, seq_len=4096, remat="full",
+                    constraints=Constraints(fixed={"pp": 4, "fsdp": 16}))
+    seen = {(c.pipeline.schedule, c.pipeline.virtual_stages, c.pipeline.num_microbatches)
+            for c in advice.ranked + advice.rejected}
+    assert seen == {(s, v, m) for s, v in (("1f1b", 1), ("interleaved", 2)) for m in (4, 8, 16)}
+    for c in advice.ranked + advice.rejected:
+        p, v, m = c.pipeline.num_stages, c.pipeline.virtual_stages, c.pipeline.num_microbatches
+        f = c.step.bubble_fraction
+        assert f / (1 - f) == pytest.approx((p - 1) / (v * m))
+    for c in advice.ranked:
+        assert f"pipeline bubble {c.step.bubble_fraction:.0%}" in c.reason
+    # an 8-microbatch 1F1B idles 27 % of the step: slower than the same mesh at 16 interleaved (9 %)
+    by = {(c.pipeline.schedule, c.pipeline.num_microbatches): c for c in advice.ranked}
+    assert by[("1f1b", 8)].time_s > 1.1 * by[("interleaved", 16)].time_s, advice.table(12)
+    # 4 microbatches of 4 sequences of 4096 tokens: one microbatch's logits alone overflow; more microbatches fit
+    four = next(c for c in advice.rejected if c.pipeline.num_microbatches == 4)
+    assert "with 16 microbatches it fits" in four.reason and "with remat" not in four.reason, four.reason
+
+
+def test_mfu_counts_the_model_s_flops_not_the_recompute(llama_70b):
+    """MFU (PaLM, Chowdhery et al. 2022, appendix B) excludes rematerialisation: a compute-bound step with full remat
+    runs more FLOPs for the same model FLOPs, so its MFU is below its hardware FLOPs utilisation."""
+    advice = advise(llama_70b, Cluster.tpu("v5p:8x8x16"), batch_tokens=4 * 2**20, seq_len=4096,
+                    constraints=Constraints(fixed={"fsdp": 1024}))
+    by = {c.remat: c for c in advice.ranked + advice.rejected}
+    full, none = by["full"], by["none"]
+    assert full.step.compute_s > none.step.compute_s
+    assert full.mfu == pytest.approx(none.step.compute_s / full.time_s)
+    assert full.mfu < full.step.mfu
+    assert "recomputes the forward" in full.reason and "recomputes" not in none.reason
+
+
 def test_what_does_not_fit_says_by_how_much_and_which_remat_would(llama_70b):
     advice = advise(llama_70b, Cluster.h100(nodes=8), batch_tokens=16 * 2048, seq_len=2048,
                     constraints=Constraints(fixed={"fsdp": 8, "tp": 8}))

@@ -7,7 +7,7 @@ import re
 import jax.numpy as jnp
 import pytest
 
-from workbench.core.advisor import advise
+from workbench.core.advisor import Constraints, advise
 from workbench.core.cluster import Cluster
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import full_config, tiny_config
@@ -25,20 +25,29 @@ def _first_row(advisor):
 
 
 def test_the_inputs_re_rank_and_the_table_is_the_advice(llama_70b):
-    """Llama-3-70B on 1024 v5p chips: 4M tokens put 4096 tokens on each chip, enough for pure FSDP; at 512k
-    (512 per chip, below the scaling book's 850 for FSDP over three torus axes) FSDP alone no longer hides its
-    gathers and tensor parallelism joins in."""
+    """Llama-3-70B on 1024 v5p chips, without pipelines (the scaling book's Part 6 lays it out without): 4M tokens
+    put 4096 tokens on each chip, enough for pure FSDP; at 512k (512 per chip, below the book's 850 for FSDP over
+    three torus axes) FSDP alone no longer hides its gathers and tensor parallelism joins in."""
     cluster = Cluster.tpu("v5p:8x8x16")
-    advisor = LayoutAdvisor(llama_70b, cluster, batch_tokens=4 * 2**20, seq_len=4096)
-    expected = advise(llama_70b, cluster, batch_tokens=4 * 2**20, seq_len=4096)
+    no_pipeline = Constraints(pipeline=False)
+    advisor = LayoutAdvisor(llama_70b, cluster, batch_tokens=4 * 2**20, seq_len=4096, constraints=no_pipeline)
+    expected = advise(llama_70b, cluster, batch_tokens=4 * 2**20, seq_len=4096, constraints=no_pipeline)
     assert _first_row(advisor) == expected.ranked[0].label == "fsdp=1024, remat full"
     assert advisor._table.value.count('class="wb-advice-row"') == min(10, len(expected.ranked))
     advisor._tokens.value = 2**19
     assert not advisor.error
-    assert _first_row(advisor) == advise(llama_70b, cluster, batch_tokens=2**19, seq_len=4096).ranked[0].label
+    assert _first_row(advisor) == advise(llama_70b, cluster, batch_tokens=2**19, seq_len=4096,
+                                         constraints=no_pipeline).ranked[0].label
     assert "tp=" in _first_row(advisor)
     pure = next(c for c in advisor.advice.ranked if c.mesh_shape["fsdp"] * c.mesh_shape["sp"] == 1024)
     assert "needed to hide FSDP's all-gathers" in pure.reason
+    # the pipeline checkbox re-ranks with pipelines in
+    advisor._pipeline.value = True
+    assert not advisor.error
+    assert _first_row(advisor) == advise(llama_70b, cluster, batch_tokens=2**19, seq_len=4096).ranked[0].label
+    assert any(c.zero_stage for c in advisor.advice.ranked)
+    advisor._zero.value = False  # and the ZeRO-1 checkbox
+    assert not advisor.error and not any(c.zero_stage for c in advisor.advice.ranked)
 
 
 def test_bad_input_shows_why_and_keeps_the_last_ranking(llama_70b):

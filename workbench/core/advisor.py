@@ -2,7 +2,8 @@
 
 :func:`advise` enumerates mesh shapes of the cluster's devices over the workbench's axes
 ``(pp, dp, fsdp, ep, tp, sp)`` (only those the cluster can hold: :meth:`Cluster.valid_mesh_shapes`), with the
-remat policies and, for ``pp > 1``, a 1F1B pipeline, and drops what makes no sense for this model and batch
+remat policies, for ``pp > 1`` the pipelines (1F1B and interleaved, ``m = p, 2p, 4p`` microbatches), and for a
+train step on ``dp > 1`` ZeRO-1 (the optimizer state split over ``dp``, :mod:`workbench.core.zero`), and drops what makes no sense for this model and batch
 (a split that does not divide the heads, the experts, the layers or the batch; ``tp`` across GPU nodes unless
 allowed; more than ``max_split_axes`` split axes). Each remaining layout is resolved (the parameters'
 PartitionSpecs, :class:`~workbench.core.explore.Layout`), held against the chip's HBM by the memory ledger
@@ -12,13 +13,14 @@ predicted step time, each with the reason it wins or loses in words; :meth:`Advi
 few on the virtual cluster (:func:`~workbench.core.virtual.compile_step`) and puts the compiler's memory and
 collectives beside the prediction, demoting a layout whose compiled memory does not fit.
 
-Optimizer state is sharded like its parameter (``fsdp`` is ZeRO-3: parameters, gradients and optimizer
-state split); ZeRO-1/2 (state split, parameters replicated) is not a separate choice.
+ZeRO's stages: ``dp`` alone is stage 0, ``zero_stage=1`` on ``dp`` is stage 1 (and holds stage 2's split
+gradients in a jitted step), ``fsdp`` is stage 3. Gradient accumulation is not enumerated.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 import typing as tp
@@ -36,12 +38,14 @@ class Constraints:
     """What the advisor may choose. ``fixed``: axis sizes every layout keeps (``{"tp": 8}``);
     ``tp_across_nodes``: let ``tp`` (and ``sp``) groups span GPU nodes (their all-reduces then run on the
     inter-node network); ``max_split_axes``: mesh axes of size > 1 at most; ``pipeline``: consider ``pp > 1``
-    (train steps); ``headroom``: the fraction of HBM a layout must leave free to count as fitting."""
+    (train steps); ``zero``: consider ZeRO-1 on ``dp > 1`` (train steps); ``headroom``: the fraction of HBM a
+    layout must leave free to count as fitting."""
 
     fixed: tp.Mapping[str, int] = dataclasses.field(default_factory=dict)
     tp_across_nodes: bool = False
     max_split_axes: int = 3
     pipeline: bool = True
+    zero: bool = True
     headroom: float = 0.10
 
     def __post_init__(self):
@@ -58,8 +62,8 @@ class Constraints:
 
 @dataclasses.dataclass
 class Candidate:
-    """One layout: the mesh's axis sizes, the remat policy and pipeline, its ledger and predicted step, whether it
-    fits, the reason in words, and after :meth:`Advice.confirm` the compiled analysis."""
+    """One layout: the mesh's axis sizes, the remat policy, pipeline and ZeRO stage, its ledger and predicted step,
+    whether it fits, the reason in words, and after :meth:`Advice.confirm` the compiled analysis."""
 
     mesh_shape: dict[str, int]
     remat: str
@@ -69,7 +73,9 @@ class Candidate:
     ledger: tp.Any
     step: tp.Any
     fits: bool
+    zero_stage: int = 0
     reason: str = ""
+    model_compute_s: float = 0.0  # the step's FLOPs without recompute at peak: what MFU counts
     compiled: tp.Any = None  # virtual.CompiledAnalysis after confirm
     compiled_step: tp.Any = None  # cost.StepTime of the compiled program
     confirm_note: str = ""
@@ -81,12 +87,21 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        pipe = "" if self.pipeline is None else (f", {self.pipeline.schedule} m={self.pipeline.num_microbatches}")
-        return f"{self.mesh_label}, remat {self.remat}{pipe}"
+        pl = self.pipeline
+        pipe = "" if pl is None else f", {pl.schedule}{f' v={pl.virtual_stages}' if pl.virtual_stages > 1 else ''} " \
+            f"m={pl.num_microbatches}"
+        return f"{self.mesh_label}, remat {self.remat}{pipe}" + (", ZeRO-1" if self.zero_stage else "")
 
     @property
     def time_s(self) -> float:
         return self.step.time_s
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation: the step's FLOPs without rematerialisation (what the model needs) over peak x
+        predicted step time; a recomputed forward lowers it (the step's own ``StepTime.mfu`` counts it, the
+        hardware FLOPs utilisation)."""
+        return self.model_compute_s / self.time_s if self.time_s else 0.0
 
     @property
     def split_axes(self) -> int:
@@ -99,7 +114,8 @@ class Candidate:
 
         mesh = _mesh(self.mesh_shape, cluster)
         mode = MODE_DECODE if self.ledger.kind == "decode" else MODE_TRAIN
-        return Layout.of(model, mesh, self.partition_axis, self.rules, mode, remat=self.remat, pipeline=self.pipeline)
+        return Layout.of(model, mesh, self.partition_axis, self.rules, mode, remat=self.remat, pipeline=self.pipeline,
+                         zero_stage=self.zero_stage)
 
 
 @dataclasses.dataclass
@@ -160,7 +176,7 @@ class Advice:
         batch = self.batch if self.task != "decode" else (self.batch[0], 1)
         c.compiled = compile_step(model, self.cluster, c.mesh_shape, kind=kind, batch=batch,
                                   optimizer=self.optimizer, partition_axis=c.partition_axis, rules=c.rules or None,
-                                  pipeline=c.pipeline)
+                                  pipeline=c.pipeline, zero_stage=c.zero_stage)
         c.compiled_step = step_time(c.compiled)
         total, hbm = c.compiled.memory.total, self.cluster.hbm_per_device
         c.confirm_note = (f"compiled: {total / GiB:.2f} GiB per device (ledger {c.ledger.total / total - 1:+.1%}), "
@@ -185,7 +201,7 @@ class Advice:
         for i, c in enumerate(self.ranked[:top], 1):
             use = "-" if hbm is None else f"{c.ledger.total / hbm:.0%}"
             out.append((str(i), c.label, f"{c.ledger.total / GiB:.1f} GiB", use, _ms(c.time_s),
-                        f"{tokens / c.time_s:,.0f}", f"{c.step.mfu:.0%}", c.step.bound, c.reason))
+                        f"{tokens / c.time_s:,.0f}", f"{c.mfu:.0%}", c.step.bound, c.reason))
         return out
 
     def table(self, top: int = 10) -> str:
@@ -231,12 +247,21 @@ def _mesh(mesh_shape: tp.Mapping[str, int], cluster: tp.Any = None) -> tp.Any:
     return AbstractMesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(shape))
 
 
-def _pipeline_config(p: int, rows_per_shard: int) -> tp.Any:
-    """1F1B with the most microbatches up to ``4 p`` that divide a data shard's rows (at least ``p``)."""
+MICROBATCHES_PER_STAGE = (1, 2, 4)  # m = p, 2p, 4p: the bubble (p - 1) / (v m + p - 1) at 50 %, 33 %, 20 % (v = 1)
+
+
+def _pipeline_configs(p: int, rows_per_shard: int, num_layers: int) -> list[tp.Any]:
+    """The pipelines a ``pp = p`` layout may run: 1F1B and interleaved (two stages per device) with ``m = p, 2p,
+    4p`` microbatches where ``m`` divides a data shard's rows (and ``2 p`` the layers, for interleaved). GPipe is
+    left out: the same bubble as 1F1B with ``m`` microbatches stashed instead of ``p``."""
     from workbench.core.pipeline_schedule import PipelineConfig
 
-    m = max((k for k in range(p, 4 * p + 1) if rows_per_shard % k == 0), default=None)
-    return None if m is None else PipelineConfig(p, m, "1f1b")
+    configs = []
+    for schedule, v in (("1f1b", 1), ("interleaved", 2)):
+        if num_layers % (p * v):
+            continue
+        configs += [PipelineConfig(p, k * p, schedule, v) for k in MICROBATCHES_PER_STAGE if rows_per_shard % (k * p) == 0]
+    return configs
 
 
 def _shape_filter(shape: dict[str, int], config: tp.Any, cluster: tp.Any, task: str, batch: tuple[int, int],
@@ -262,7 +287,7 @@ def _shape_filter(shape: dict[str, int], config: tp.Any, cluster: tp.Any, task: 
     data = shape["dp"] * shape["fsdp"]
     if b % data:
         return "with the batch not dividing over dp x fsdp"
-    if pp > 1 and _pipeline_config(pp, b // data) is None:
+    if pp > 1 and not _pipeline_configs(pp, b // data, config.num_hidden_layers - config.first_dense_layers):
         return "with pp not fitting the layers or task"
     if cluster.platform == "gpu" and not constraints.tp_across_nodes and tp_ * sp > 1:
         inner = tp_ * sp  # tp and sp are the mesh's innermost axes: consecutive GPUs
@@ -344,17 +369,28 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
             pruned[why] = pruned.get(why, 0) + 1
             continue
         data = shape["dp"] * shape["fsdp"]
-        pipeline = _pipeline_config(shape["pp"], step_batch[0] // data) if shape["pp"] > 1 else None
-        shape_pa = pipeline_partition_axis(pa) if pipeline is not None else pa
+        pipelines = _pipeline_configs(shape["pp"], step_batch[0] // data, config.num_hidden_layers
+                                      - config.first_dense_layers) if shape["pp"] > 1 else [None]
+        shape_pa = pipeline_partition_axis(pa) if shape["pp"] > 1 else pa
         layout = Layout.of(model, _mesh(shape), shape_pa, rules, mode)
-        for r in remats:
+        kv_length = seq_len if task == "decode" else None
+        zeros = (0, 1) if constraints.zero and task == "train" and shape["dp"] > 1 else (0,)
+        no_remat: dict[tuple, tp.Any] = {}  # (pipeline, zero) -> the step without recompute: what MFU counts
+        for pipeline, r, zero in sorted(itertools.product(pipelines, remats, zeros), key=lambda k: k[1] != "none"):
             considered += 1
             led = ledger(model, layout, kind=task, batch=step_batch, optimizer=optimizer, remat=r, cluster=cluster,
-                         pipeline=pipeline, kv_length=seq_len if task == "decode" else None)
+                         pipeline=pipeline, kv_length=kv_length, zero_stage=zero)
             step = predict_step(config, cluster, shape, batch=step_batch, task=task, remat=r, pipeline=pipeline,
-                                kv_length=seq_len if task == "decode" else None, mfu=mfu)
+                                kv_length=kv_length, mfu=mfu, zero_stage=zero)
             fits = led.total <= cluster.hbm_per_device * (1 - constraints.headroom)
-            c = Candidate(shape, r, pipeline, shape_pa, rules, led, step, fits)
+            c = Candidate(shape, r, pipeline, shape_pa, rules, led, step, fits, zero)
+            if r == "none" or task != "train":
+                no_remat[pipeline, zero] = step
+            elif (pipeline, zero) not in no_remat:
+                no_remat[pipeline, zero] = predict_step(config, cluster, shape, batch=step_batch, task=task,
+                                                        remat="none", pipeline=pipeline, kv_length=kv_length,
+                                                        mfu=mfu, zero_stage=zero)
+            c.model_compute_s = no_remat[pipeline, zero].compute_s * mfu
             (ranked if fits else rejected).append(c)
     # equal times (compute-bound layouts often tie): fewer split axes, then less memory
     ranked.sort(key=lambda c: (float(f"{c.time_s:.4g}"), c.split_axes, c.ledger.total))
@@ -388,7 +424,10 @@ def _explain(advice: Advice, constraints: Constraints) -> None:
     for c in advice.ranked:
         c.reason = reason(c, advice.cluster, best=best, batch=advice.batch, task=advice.task)
     for c in advice.rejected:
-        rescued = fits_by_shape.get(tuple(c.mesh_shape.values()), [])
+        # the fastest fitting layout of the same mesh, with this schedule if one fits, else this remat policy
+        rescued = sorted(fits_by_shape.get(tuple(c.mesh_shape.values()), []),
+                         key=lambda f: (f.pipeline is None or c.pipeline is None
+                                        or f.pipeline.schedule != c.pipeline.schedule, f.remat != c.remat))
         c.reason = reason(c, advice.cluster, rescued_by=rescued[0] if rescued else None,
                           headroom=constraints.headroom)
 
@@ -405,7 +444,13 @@ def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, resc
         text = (f"does not fit: {c.ledger.total / GiB:.1f} GiB > {hbm * (1 - headroom) / GiB:.1f} GiB usable HBM "
                 f"({_PART_NAMES.get(big, big)} {parts[big] / GiB:.1f} GiB)")
         if rescued_by is not None:
-            text += f"; with remat {rescued_by.remat} it fits ({rescued_by.ledger.total / GiB:.1f} GiB)"
+            change = [f"remat {rescued_by.remat}"] if rescued_by.remat != c.remat else []
+            if rescued_by.pipeline != c.pipeline and rescued_by.pipeline is not None:
+                pl = rescued_by.pipeline
+                same_schedule = c.pipeline is not None and pl.schedule == c.pipeline.schedule
+                change.append(f"{pl.num_microbatches} microbatches" if same_schedule else
+                              f"{pl.schedule} m={pl.num_microbatches}")
+            text += f"; with {' and '.join(change)} it fits ({rescued_by.ledger.total / GiB:.1f} GiB)"
         return text
     st = c.step
     words: list[str] = []
@@ -430,6 +475,9 @@ def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, resc
         needed = per_chip * fsdp_comm / st.compute_s
         words.append(f"{per_chip:,.0f} tokens per chip is below the {needed:,.0f} needed to hide FSDP's "
                      f"all-gathers")
+    recompute_s = st.compute_s - c.model_compute_s / (st.mfu_assumed or 1.0)
+    if c.model_compute_s and recompute_s > 0.01 * st.compute_s:
+        words.append(f"remat {c.remat} recomputes the forward: {_ms(recompute_s)} of compute more")
     bubble = getattr(st, "bubble_fraction", 0.0) or 0.0
     if c.pipeline is not None and bubble:
         words.append(f"pipeline bubble {bubble:.0%} (p={c.pipeline.num_stages}, m={c.pipeline.num_microbatches})")

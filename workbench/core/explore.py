@@ -163,7 +163,10 @@ def _frozen_axes(axes: tp.Any) -> tp.Any:
     return axes
 
 
-def _check_plan(mesh: tp.Any, remat: str | None, pipeline: PipelineConfig | None) -> None:
+def _check_plan(mesh: tp.Any, remat: str | None, pipeline: PipelineConfig | None, zero_stage: int) -> None:
+    from workbench.core.zero import check_zero_stage
+
+    check_zero_stage(zero_stage)
     if remat is not None:
         from workbench.core.models.stack import check_remat
 
@@ -192,8 +195,9 @@ class Layout:
     """Every parameter of a model resolved on ``mesh`` by ``partition_axis``, ``rules`` and ``mode``.
 
     Build it with :meth:`of`. ``params`` are in the model's parameter order; ``layout[path]`` finds one.
-    ``config`` is the model's config (it sizes a KV cache), or None. ``remat`` (a policy name) and
-    ``pipeline`` (a :class:`PipelineConfig` over the ``pp`` axis) are what a plan carries beyond the specs;
+    ``config`` is the model's config (it sizes a KV cache), or None. ``remat`` (a policy name),
+    ``pipeline`` (a :class:`PipelineConfig` over the ``pp`` axis) and ``zero_stage`` (1: the optimizer state
+    split over ``dp`` too, :mod:`workbench.core.zero`) are what a plan carries beyond the parameters' specs;
     they do not change them. :meth:`to_json` / :meth:`from_json` and :meth:`to_code` export a layout
     (:mod:`workbench.core.layout_export`).
     """
@@ -206,22 +210,25 @@ class Layout:
     config: tp.Any = None
     remat: str | None = None
     pipeline: PipelineConfig | None = None
+    zero_stage: int = 0
 
     @classmethod
     def of(cls, model: nnx.Module, mesh: Mesh | jax.sharding.AbstractMesh,
            partition_axis: PartitionAxis | None = None, rules: tp.Sequence[tuple[str, tp.Any]] | None = None,
-           mode: str = MODE_TRAIN, *, remat: str | None = None, pipeline: PipelineConfig | None = None) -> Layout:
+           mode: str = MODE_TRAIN, *, remat: str | None = None, pipeline: PipelineConfig | None = None,
+           zero_stage: int = 0) -> Layout:
         """Resolve ``model``'s parameters (arrays or ShapeDtypeStructs: only shapes are read).
 
         Raises ``ValueError`` for what a user can get wrong: a rule that does not compile or names
         the wrong number of dimensions, a field naming a mesh axis the mesh does not have (checked for
         the parameters, the token batch ``(BATCH, LENGTH)`` and a KV cache, which the explorer shows too),
-        an unknown ``remat`` policy, a ``pipeline`` whose stage count is not the mesh's ``pp`` size.
+        an unknown ``remat`` policy, a ``pipeline`` whose stage count is not the mesh's ``pp`` size, a
+        ``zero_stage`` other than 0 or 1.
         Rules are kept with lists turned into tuples (a layout is hashable data).
         """
         pa = PartitionAxis() if partition_axis is None else partition_axis
         rules = tuple((pattern, _frozen_axes(axes)) for pattern, axes in rules or ())
-        _check_plan(mesh, remat, pipeline)
+        _check_plan(mesh, remat, pipeline, zero_stage)
         decisions = explain_params(model, mesh, pa, mode, rules)
         for what, names, names_mode in (("the token batch", INPUT_AXES, mode), ("a KV cache", KV_CACHE_AXES,
                                                                                 KV_CACHE_MODE)):
@@ -239,12 +246,14 @@ class Layout:
                 path=name, shape=tuple(var.shape), dtype=dtype, axes=tuple(d.semantic for d in dims),
                 spec=PartitionSpec(*(d.spec_entry for d in dims)), shard_shape=shard,
                 bytes_per_device=math.prod(shard) * dtype.itemsize, reason=_reason(dims), decisions=tuple(dims)))
-        return cls(mesh, pa, mode, rules, tuple(params), getattr(model, "config", None), remat, pipeline)
+        return cls(mesh, pa, mode, rules, tuple(params), getattr(model, "config", None), remat, pipeline,
+                   int(zero_stage))
 
     def replace(self, model: nnx.Module, **changes: tp.Any) -> Layout:
-        """The layout of ``model`` with some of ``mesh, partition_axis, rules, mode, remat, pipeline`` changed."""
+        """The layout of ``model`` with some of ``mesh, partition_axis, rules, mode, remat, pipeline, zero_stage``
+        changed."""
         settings = dict(mesh=self.mesh, partition_axis=self.partition_axis, rules=self.rules, mode=self.mode,
-                        remat=self.remat, pipeline=self.pipeline)
+                        remat=self.remat, pipeline=self.pipeline, zero_stage=self.zero_stage)
         unknown = sorted(set(changes) - set(settings))
         if unknown:
             raise ValueError(f"Layout.replace takes {sorted(settings)}; got {unknown}")
@@ -557,7 +566,8 @@ def cluster_step_collectives(model: nnx.Module, layout: Layout, cluster: tp.Any,
                              batch: tuple[int, int] = (8, 64), optimizer: str = "adamw") -> StepCollectives:
     """:func:`step_collectives` for a virtual ``cluster`` (``workbench.core.cluster``): the step compiled for
     the cluster's devices on ``layout``'s mesh shape (TPU ahead of time, others in a worker process), so the
-    layout may sit on an ``AbstractMesh`` of any size the cluster has. A train step updates with ``optimizer``;
+    layout may sit on an ``AbstractMesh`` of any size the cluster has. A train step updates with ``optimizer``
+    (its state split over ``dp`` too with the layout's ``zero_stage=1``);
     ``.analysis`` keeps the whole :class:`~workbench.core.virtual.CompiledAnalysis` (memory, cost, HLO)."""
     from workbench.core.virtual import compile_step
 
@@ -568,7 +578,8 @@ def cluster_step_collectives(model: nnx.Module, layout: Layout, cluster: tp.Any,
                          f"{cluster.num_devices}; resolve the layout on cluster_mesh(cluster, ...)")
     analysis = compile_step(model, cluster, dict(layout.mesh.shape), kind=kind, batch=batch, optimizer=optimizer,
                             partition_axis=layout.partition_axis, rules=layout.rules or None,
-                            pipeline=layout.pipeline if kind == "train" else None)
+                            pipeline=layout.pipeline if kind == "train" else None,
+                            zero_stage=layout.zero_stage if kind == "train" else 0)
     spec = layout.partition_axis.resolve(INPUT_AXES, layout.mode, shape=batch, mesh=layout.mesh)
     return StepCollectives(kind, tuple(batch), spec, tuple(analysis.collectives), analysis.compile_seconds,
                            tuple(analysis.warnings), analysis.matmul_flops, analysis)

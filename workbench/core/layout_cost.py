@@ -65,7 +65,9 @@ GPUs chapter for NVLink and the network between nodes):
   gathered one, whatever the remat policy; per microbatch under a pipeline), and the gradients are
   reduce-scattered once a step;
 - data parallelism: gradients all-reduced over the token axes a weight is replicated on (``dp``, and ``sp``
-  for experts), after the reduce-scatter when both;
+  for experts), after the reduce-scatter when both; with ZeRO-1 (``zero_stage=1``) the ``dp`` share is a
+  reduce-scatter into the optimizer state's split and an all-gather of the updated weights (the same bytes),
+  and the optimizer's traffic divides by ``dp``;
 - TP (Megatron, no sequence parallelism): an all-reduce of the ``n D`` activations after attention's output
   projection and after the MLP's, the same two in the backward (the input gradients of the column-parallel
   projections, summed before one all-reduce), and the recompute's (the attention one only, as above); the
@@ -105,6 +107,7 @@ from workbench.core.cluster import Cluster
 from workbench.core.cost import CollectiveTime, StepTime, WorkPart, rate_dtype, roofline, transfer
 from workbench.core.mesh import MESH_AXES
 from workbench.core.pipeline_schedule import PipelineConfig
+from workbench.core.zero import check_zero_stage
 
 TASKS = ("train", "prefill", "decode")
 REMATS = ("none", "dots_saveable", "full")
@@ -236,7 +239,7 @@ def _check(task: str, remat: str, batch: tp.Any, batch_axes: tp.Sequence[str], m
 def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, int], *, batch: tuple[int, int],
                  task: str = "train", remat: str = "full", pipeline: PipelineConfig | None = None,
                  kv_length: int | None = None, dtype: tp.Any = "bf16", mfu: float = 1.0, overlap: bool = True,
-                 batch_axes: tp.Sequence[str] = BATCH_AXES) -> StepTime:
+                 batch_axes: tp.Sequence[str] = BATCH_AXES, zero_stage: int = 0) -> StepTime:
     """The predicted time of one ``task`` step of ``config`` on ``cluster`` with a mesh of ``mesh_shape`` (workbench
     axes, e.g. ``{"fsdp": 16, "tp": 4}``), derived from shapes alone (see the module doc for every term).
 
@@ -245,10 +248,12 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     rematerialisation policy (train only); ``pipeline`` a :class:`PipelineConfig` whose ``num_stages`` is the
     mesh's ``pp``; ``dtype`` the parameters' and activations' ("bf16", or "int8" / "fp8": 1 byte, their peak
     rate); ``mfu`` the fraction of peak FLOP/s matmuls reach; ``overlap`` whether compute, memory and
-    communication overlap; ``batch_axes`` the mesh axes the batch splits over. Raises ``ValueError`` for a
+    communication overlap; ``batch_axes`` the mesh axes the batch splits over; ``zero_stage=1`` the optimizer
+    state split over ``dp`` (ZeRO-1, :mod:`workbench.core.zero`). Raises ``ValueError`` for a
     batch or sequence the mesh does not divide, and for ``pp > 1`` without a matching ``pipeline``.
     """
     sizes = _check(task, remat, batch, batch_axes, mesh_shape, cluster)
+    zero = check_zero_stage(zero_stage) == 1 and task == "train" and sizes["dp"] > 1
     mesh = dict(sizes)
     s = _shapes(config)
     pp, ep, tp_, sp = sizes["pp"], sizes["ep"], sizes["tp"], sizes["sp"]
@@ -309,6 +314,10 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
         if train:
             acc.comm(part, "reduce-scatter", g, shard, layers, f"{name} gradients (FSDP)")
             reduce = [a for a in MESH_AXES if a in tokens and a not in axes]
+            if zero and "dp" in reduce:  # ZeRO-1: the dp share reduce-scattered, the updated block gathered back
+                reduce.remove("dp")
+                acc.comm(part, "reduce-scatter", ("dp",), shard / sizes["dp"], layers, f"{name} gradients (ZeRO-1)")
+                acc.comm(part, "all-gather", ("dp",), shard, layers, f"{name} updated weights (ZeRO-1)")
             acc.comm(part, "all-reduce", reduce, shard, layers, f"{name} gradients (data parallel)")
         return shard * layers
 
@@ -412,7 +421,7 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
 
     # -- the optimizer and the pipeline ---------------------------------------------------------------------------
     if train:
-        acc.bytes["optimizer"] += ADAMW_ACCESSES * shard_bytes
+        acc.bytes["optimizer"] += ADAMW_ACCESSES * shard_bytes / (sizes["dp"] if zero else 1)
     if pp > 1:
         acc.comm("pipeline", "collective-permute", ("pp",), nm * d * ab, m * v * (2 if train else 1),
                  "activations between stages (PP)", True)

@@ -31,6 +31,7 @@ from workbench.core import axes as ax
 from workbench.core.axes import MODE_TRAIN, RUNTIME_MODES, DynamicShardingAxes, PartitionAxis
 from workbench.core.mesh import MESH_AXES, make_mesh
 from workbench.core.pipeline_schedule import PipelineConfig
+from workbench.core.zero import check_zero_stage
 
 if tp.TYPE_CHECKING:
     from workbench.core.cluster import Cluster
@@ -38,7 +39,7 @@ if tp.TYPE_CHECKING:
 
 FORMAT = "workbench.layout"
 VERSION = 1
-KEYS = ("format", "version", "mesh", "cluster", "partition_axis", "rules", "mode", "remat", "pipeline")
+KEYS = ("format", "version", "mesh", "cluster", "partition_axis", "rules", "mode", "remat", "pipeline", "zero_stage")
 _PIPELINE_KEYS = ("num_stages", "num_microbatches", "schedule", "virtual_stages")
 _DEFAULT_PA = PartitionAxis().to_dict()
 _PRESETS = {name: value for name, value in vars(ax).items() if isinstance(value, DynamicShardingAxes)}
@@ -58,6 +59,7 @@ def to_json(layout: Layout, *, cluster: Cluster | None = None) -> str:
         "mode": layout.mode,
         "remat": layout.remat,
         "pipeline": None if layout.pipeline is None else {k: getattr(layout.pipeline, k) for k in _PIPELINE_KEYS},
+        "zero_stage": layout.zero_stage,
     }
     return _dumps(doc)
 
@@ -100,7 +102,8 @@ def from_json(text: str, model: tp.Any, *, mesh: tp.Any = None) -> Layout:
     else:
         mesh = _local_mesh(shape, types)
     pa = doc["partition_axis"]
-    return Layout.of(model, mesh, pa, doc["rules"], doc["mode"], remat=doc["remat"], pipeline=doc["pipeline"])
+    return Layout.of(model, mesh, pa, doc["rules"], doc["mode"], remat=doc["remat"], pipeline=doc["pipeline"],
+                     zero_stage=doc["zero_stage"])
 
 
 def read(text: str) -> dict[str, tp.Any]:
@@ -148,6 +151,10 @@ def read(text: str) -> dict[str, tp.Any]:
             raise ValueError(f"unknown pipeline field(s) {unknown}; its fields are {list(_PIPELINE_KEYS)}")
         pipeline = PipelineConfig(**pipeline)
     out["pipeline"] = pipeline
+    try:  # absent in documents written before ZeRO-1 was a choice: 0, what they meant
+        out["zero_stage"] = check_zero_stage(doc.get("zero_stage", 0))
+    except ValueError as err:
+        raise ValueError(f"zero_stage: {err}") from None
     return out
 
 
@@ -364,6 +371,8 @@ def to_code(layout: Layout, *, cluster: Cluster | None = None, model_expr: str =
     if layout.remat is not None:
         body.append(f"model = model.with_options(remat={layout.remat!r})  # the remat policy the plan is sized for")
         call.append(f"remat={layout.remat!r}")
+    if layout.zero_stage:
+        call.append(f"zero_stage={layout.zero_stage}")
     if layout.pipeline is not None:
         p = layout.pipeline
         imports.append("from workbench.core.pipeline_schedule import PipelineConfig")
@@ -391,7 +400,7 @@ def _call(prefix: str, args: list[str], width: int = 110, brackets: bool = True)
 
 
 def describe(layout: Layout) -> str:
-    """One line: the mesh's axes of size > 1, the mode, remat and pipeline."""
+    """One line: the mesh's axes of size > 1, the mode, remat, pipeline and ZeRO stage."""
     axes = " × ".join(f"{a}={n}" for a, n in zip(layout.mesh.axis_names, layout.mesh.axis_sizes, strict=True)
                       if n > 1) or "1 device"
     parts = [axes, ax.label(layout.mode)]
@@ -399,6 +408,8 @@ def describe(layout: Layout) -> str:
         parts.append(f"remat {layout.remat}")
     if layout.pipeline is not None:
         parts.append(f"{layout.pipeline.schedule} pipeline, {layout.pipeline.num_microbatches} microbatches")
+    if layout.zero_stage:
+        parts.append(f"ZeRO-{layout.zero_stage} (optimizer state over dp)")
     return ", ".join(parts)
 
 

@@ -4,9 +4,13 @@ Parts, per device (every device holds the same; specs divide their dimensions):
 
 - ``params``: each parameter's block (:class:`workbench.core.explore.Layout`);
 - ``grads``: a train step's gradients, one per parameter, its dtype and sharding (they live through the update);
+  with ZeRO-1 split like the optimizer state: XLA slices each reduced gradient to the state's ``dp`` split and
+  does not keep it whole (measured in :mod:`workbench.core.zero`), so the compiled step holds ZeRO-2's gradients;
 - ``optimizer``: AdamW two moments + an int32 count; SGD with momentum one trace; Adafactor a row and a column
   statistic for a matrix whose two largest dims are >= 128 (replicated: they are small), else a full second
   moment, plus a count and two one-element placeholders per parameter (optax's state, in the params' dtype);
+  arrays shaped like their parameter split over ``dp`` as well with ZeRO-1 (``zero_stage=1``,
+  :mod:`workbench.core.zero`);
 - ``activations``: what the forward keeps for the backward, per layer, times the layers (the layer scan stacks
   them; a MoE's leading dense layers are a stack of their own). With ``b`` token rows and ``t`` positions per
   device (the batch split over the data axes, the sequence over ``sp``), per row of one layer
@@ -136,15 +140,36 @@ class Ledger:
 
 
 # -- the parts -----------------------------------------------------------------------------------------
-def optimizer_bytes(layout: Layout, name: str) -> int:
-    """Bytes per device of optax's ``name`` state for the parameters of ``layout`` (see the module doc)."""
+def _state_block_bytes(layout: Layout, zero_stage: int | None) -> tp.Callable[[tp.Any], int]:
+    """Bytes per device of an array shaped like a parameter and split like its optimizer state (the parameter's
+    block, over ``dp`` too at ZeRO-1)."""
+    from workbench.core.zero import state_split
+
+    zero = layout.zero_stage if zero_stage is None else zero_stage
+    sizes = _axis_sizes(layout)
+    if not zero or sizes.get("dp", 1) == 1:
+        return lambda p: p.bytes_per_device
+    return lambda p: p.bytes_per_device // state_split(p.spec, p.shape, sizes, zero)
+
+
+def gradient_bytes(layout: Layout, zero_stage: int | None = None) -> int:
+    """Bytes per device of a train step's gradients at their peak: each parameter's block, or at ZeRO-1 its
+    optimizer state's (see the module doc)."""
+    return sum(map(_state_block_bytes(layout, zero_stage), layout.params))
+
+
+def optimizer_bytes(layout: Layout, name: str, zero_stage: int | None = None) -> int:
+    """Bytes per device of optax's ``name`` state for the parameters of ``layout`` (see the module doc); an array
+    shaped like its parameter is split over ``dp`` too at ``zero_stage=1`` (default: the layout's,
+    :mod:`workbench.core.zero`)."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; use one of {OPTIMIZERS}")
+    like_param = _state_block_bytes(layout, zero_stage)
     count = 4  # int32 step count, replicated
     if name == "adamw":
-        return 2 * layout.param_bytes + count
+        return 2 * sum(like_param(p) for p in layout.params) + count
     if name == "sgd":
-        return layout.param_bytes
+        return sum(like_param(p) for p in layout.params)
     total = count
     for p in layout.params:
         dims = sorted(p.shape, reverse=True)
@@ -153,7 +178,7 @@ def optimizer_bytes(layout: Layout, name: str) -> int:
             n = math.prod(p.shape)
             total += (n // dims[0] + n // dims[1] + 1) * item
         else:  # a full v like the parameter, v_row and v_col placeholders
-            total += p.bytes_per_device + 2 * item
+            total += like_param(p) + 2 * item
     return total
 
 
@@ -381,14 +406,16 @@ def logits_bytes(layout: Layout, batch: tuple[int, int]) -> int:
 # -- the ledger ------------------------------------------------------------------------------------------
 def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[int, int] = (8, 128),
            optimizer: str = "adamw", remat: str | None = None, kv_length: int | None = None,
-           cluster: tp.Any = None, partition_axis: PartitionAxis | None = None, pipeline: tp.Any = None) -> Ledger:
+           cluster: tp.Any = None, partition_axis: PartitionAxis | None = None, pipeline: tp.Any = None,
+           zero_stage: int | None = None) -> Ledger:
     """Bytes per device of one ``kind`` step of ``model`` laid out by ``layout`` (see the module doc).
 
     ``batch = (B, T)``: rows and positions of a train step or a prefill (a decode step takes ``(B, 1)``);
     ``remat`` defaults to the model's policy; ``kv_length`` sizes the KV cache of a prefill or decode step
     (default ``T``); ``cluster`` adds its HBM per device and picks the compiler whose temporaries to estimate
     (XLA:TPU for a TPU cluster, else XLA:CPU, which compiles GPU and CPU clusters here). ``pipeline`` (a
-    ``PipelineConfig``, train steps only) counts a pipelined step (see the module doc).
+    ``PipelineConfig``, train steps only) counts a pipelined step (see the module doc); ``zero_stage`` (default the
+    layout's) splits the optimizer state over ``dp`` at 1.
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}; got {kind!r}")
@@ -402,12 +429,13 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
         if kind != "train":
             raise ValueError("the pipeline ledger counts train steps; pass kind='train' or pipeline=None")
         kept, temporaries = pipeline_activation_bytes(layout, pipeline, batch, remat, dtype, compiler, **moe)
-        return Ledger(kind, remat, layout.param_bytes, layout.param_bytes, optimizer_bytes(layout, optimizer),
-                      kept, temporaries, 0, ids, hbm)
+        return Ledger(kind, remat, layout.param_bytes, gradient_bytes(layout, zero_stage),
+                      optimizer_bytes(layout, optimizer, zero_stage), kept, temporaries, 0, ids, hbm)
     if kind == "train":
         kept, working = activation_bytes(layout, batch, remat, dtype, compiler, **moe)
-        return Ledger(kind, remat, layout.param_bytes, layout.param_bytes, optimizer_bytes(layout, optimizer),
-                      kept, max(working, LOGITS_COPIES * logits_bytes(layout, batch)), 0, ids, hbm)
+        return Ledger(kind, remat, layout.param_bytes, gradient_bytes(layout, zero_stage),
+                      optimizer_bytes(layout, optimizer, zero_stage), kept,
+                      max(working, LOGITS_COPIES * logits_bytes(layout, batch)), 0, ids, hbm)
     b, t = batch
     length = kv_length or t
     if layout.mode != MODE_TRAIN and kind == "decode" and layout.mode != MODE_DECODE:

@@ -521,11 +521,19 @@ def make_pipeline_train_step(config: PipelineConfig, optimizer: tp.Any = None, *
     return train_step
 
 
+@functools.lru_cache(maxsize=256)
+def _buffer_slots(config: PipelineConfig) -> tuple[int, int]:
+    """The executor's forward and gradient buffer slots for ``config`` (memoised: the layout advisor asks for the
+    same few schedules hundreds of times)."""
+    _, n_f, n_b = executor_tables(pipeline_schedule(config))
+    return n_f, n_b
+
+
 def activation_stash_bytes(config: PipelineConfig, *, batch_size: int, seq_len: int, hidden_size: int,
                            dtype: tp.Any = jnp.float32, data_ways: int = 1) -> int:
     """Bytes per device of the stage inputs (kept for the backward) and incoming gradients the schedule holds
     at its peak: the executor's buffer rows times one microbatch's ``(B / m / data_ways, T, D)`` slice.
     GPipe's grow with ``m`` (every microbatch's input waits for the backward); 1F1B's stop at ``p``."""
-    _, n_f, n_b = executor_tables(pipeline_schedule(config))
+    n_f, n_b = _buffer_slots(config)
     rows = batch_size // config.num_microbatches // data_ways
     return (n_f + n_b) * rows * seq_len * hidden_size * jnp.dtype(dtype).itemsize

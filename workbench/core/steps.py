@@ -23,6 +23,8 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from workbench.core.zero import check_zero_stage, state_sharding
+
 from workbench.core.axes import PartitionAxis
 from workbench.core.cluster import Cluster
 from workbench.core.mesh import MESH_AXES
@@ -71,12 +73,14 @@ class Step:
 
 def abstract_step(model: nnx.Module, mesh: tp.Any, *, kind: str = "train", batch: tuple[int, int] = (8, 128),
                   optimizer_name: str = "adamw", partition_axis: PartitionAxis | None = None,
-                  rules: tp.Sequence[tuple[str, tp.Any]] | None = None, pipeline: tp.Any = None) -> Step:
+                  rules: tp.Sequence[tuple[str, tp.Any]] | None = None, pipeline: tp.Any = None,
+                  zero_stage: int = 0) -> Step:
     """The ``kind`` step of ``model`` (live or abstract: only shapes are read) with its arguments on ``mesh``.
 
     On a mesh with ``pp > 1`` a train step runs as a pipeline (:func:`workbench.core.pipeline.pipeline_loss_and_grads`)
     with ``pipeline`` (a ``PipelineConfig``; default :func:`workbench.core.pipeline.default_config`), the stacked
-    layers split over ``pp`` unless ``partition_axis`` says otherwise."""
+    layers split over ``pp`` unless ``partition_axis`` says otherwise. ``zero_stage=1`` splits the optimizer state
+    over ``dp`` as well (:mod:`workbench.core.zero`)."""
     from workbench.core.axes import BATCH, LENGTH
     from workbench.core.explore import Layout
     from workbench.core.models.loss import causal_lm_loss, labels_from
@@ -112,7 +116,8 @@ def abstract_step(model: nnx.Module, mesh: tp.Any, *, kind: str = "train", batch
         return Step(kind, logits, (params, other, ids), (), None, mesh, batch)
 
     tx = optimizer(optimizer_name)
-    opt_state = _place_like_params(tx, jax.eval_shape(tx.init, params), params, replicated)
+    opt_state = _place_like_params(tx, jax.eval_shape(tx.init, params), params, replicated,
+                                   check_zero_stage(zero_stage))
 
     def train(params, opt_state, other, ids):
         if pipeline is not None:
@@ -130,12 +135,13 @@ def abstract_step(model: nnx.Module, mesh: tp.Any, *, kind: str = "train", batch
 
 
 def _place_like_params(tx: optax.GradientTransformation, opt_state: tp.Any, params: nnx.State,
-                       replicated: NamedSharding) -> tp.Any:
-    """Optimizer state leaves shaped like their parameter take its sharding; the rest is replicated."""
+                       replicated: NamedSharding, zero_stage: int = 0) -> tp.Any:
+    """Optimizer state leaves shaped like their parameter take its sharding (split over ``dp`` too at
+    ``zero_stage=1``: :func:`workbench.core.zero.state_sharding`); the rest is replicated."""
 
     def place(state_leaf: tp.Any, param: tp.Any = None) -> jax.ShapeDtypeStruct:
         same = param is not None and tuple(state_leaf.shape) == tuple(param.shape)
-        return jax.ShapeDtypeStruct(state_leaf.shape, state_leaf.dtype,
-                                    sharding=param.sharding if same else replicated)
+        sharding = state_sharding(param.sharding, param.shape, zero_stage) if same else replicated
+        return jax.ShapeDtypeStruct(state_leaf.shape, state_leaf.dtype, sharding=sharding)
 
     return optax.tree_map_params(tx, place, opt_state, params, transform_non_params=place)

@@ -381,13 +381,13 @@ def close_workers() -> None:
 
 def compile_step(model: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, int], *, kind: str = "train",
                  batch: tuple[int, int] = (8, 128), optimizer: str = "adamw", partition_axis: tp.Any = None,
-                 rules: tp.Any = None, pipeline: tp.Any = None,
+                 rules: tp.Any = None, pipeline: tp.Any = None, zero_stage: int = 0,
                  compiler_options: tp.Mapping[str, tp.Any] | None = None) -> CompiledAnalysis:
     """Compile one ``kind`` step (``"train"``: loss, gradient and the optimizer update with the state donated;
     ``"forward"``) of ``model`` for ``cluster`` on a mesh of ``mesh_shape`` (workbench axes, e.g.
     ``{"fsdp": 16, "tp": 4}``), from abstract arguments (see :mod:`workbench.core.steps`). With ``pp > 1`` a
-    train step is the pipeline's (``pipeline``, default 1F1B): TPU clusters only. ``compiler_options`` as
-    :func:`compile_on` takes them."""
+    train step is the pipeline's (``pipeline``, default 1F1B): TPU clusters only. ``zero_stage=1`` splits the
+    optimizer state over ``dp`` too (ZeRO-1). ``compiler_options`` as :func:`compile_on` takes them."""
     from workbench.core.mesh import MESH_AXES
     from workbench.core.steps import abstract_step, full_mesh_shape
 
@@ -397,6 +397,6 @@ def compile_step(model: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, in
                          f"pipeline ('Invalid binary instruction opcode copy'); choose pp=1, or a TPU cluster")
     mesh = cluster_mesh(cluster, full_mesh_shape(mesh_shape, cluster), MESH_AXES)
     step = abstract_step(model, mesh, kind=kind, batch=batch, optimizer_name=optimizer,
-                         partition_axis=partition_axis, rules=rules, pipeline=pipeline)
+                         partition_axis=partition_axis, rules=rules, pipeline=pipeline, zero_stage=zero_stage)
     return compile_on(cluster, step.fn, *step.args, donate_argnums=step.donate_argnums,
                       out_shardings=step.out_shardings, compiler_options=compiler_options)

@@ -48,7 +48,7 @@ def advice_html(advice: Advice, *, top: int = 10, rejected: int = 5, selected: i
         use = "" if hbm is None else f" ({c.ledger.total / hbm:.0%} of HBM)"
         mark = ";background:#eef5ff" if selected == i else ""
         cells = (str(i), c.label, f"{format_bytes(c.ledger.total)}{use}", format_seconds(c.time_s),
-                 f"{tokens / c.time_s:,.0f}", f"{c.step.mfu:.0%}", c.step.bound)
+                 f"{tokens / c.time_s:,.0f}", f"{c.mfu:.0%}", c.step.bound)
         rows.append(f'<tr class="wb-advice-row" data-rank="{i}" style="{mark}">'
                     + "".join(f'<td style="{_CELL};white-space:nowrap">{escape(v)}</td>' for v in cells)
                     + f'<td style="{_CELL}">{_breakdown_bar(c, scale)}</td>'
@@ -95,6 +95,7 @@ class LayoutAdvisor:
                                      layout=w.Layout(width="170px"), style={"description_width": "62px"})
         self._across = w.Checkbox(c.tp_across_nodes, description="tp across GPU nodes", indent=False)
         self._pipeline = w.Checkbox(c.pipeline, description="pipeline (pp)", indent=False)
+        self._zero = w.Checkbox(c.zero, description="ZeRO-1 (optimizer state over dp)", indent=False)
         self._max_axes = w.BoundedIntText(c.max_split_axes, min=1, max=6, description="split axes at most",
                                           style=style, layout=w.Layout(width="180px"))
         self._headroom = w.BoundedFloatText(c.headroom, min=0.0, max=0.9, step=0.05, description="HBM headroom",
@@ -120,13 +121,13 @@ class LayoutAdvisor:
         self._export.on_click(lambda _: self.export())
         self._row.observe(lambda _: self._render_table(), names="value")
         for control in (self._tokens, self._seq, self._task, self._optimizer, self._across, self._pipeline,
-                        self._max_axes, self._headroom):
+                        self._zero, self._max_axes, self._headroom):
             control.observe(lambda _: self.rank(), names="value")
         self.widget = w.VBox([
             w.HTML(f'<div style="font-size:13px"><b>LayoutAdvisor</b> · {escape(self._model_name())} · '
                    f"{escape(str(cluster))}</div>"),
             w.HBox([self._tokens, self._seq, self._task, self._optimizer]),
-            w.HBox([self._across, self._pipeline, self._max_axes, self._headroom]),
+            w.HBox([self._across, self._pipeline, self._zero, self._max_axes, self._headroom]),
             self._status, self._table, w.HBox([self._row, self._confirm, self._open, self._export]), self._out,
             self._explorer_box])
         self.widget.add_class("wb-layout-advisor")
@@ -138,7 +139,7 @@ class LayoutAdvisor:
     @property
     def constraints(self) -> Constraints:
         return Constraints(fixed=self._fixed, tp_across_nodes=self._across.value, max_split_axes=self._max_axes.value,
-                           pipeline=self._pipeline.value, headroom=self._headroom.value)
+                           pipeline=self._pipeline.value, zero=self._zero.value, headroom=self._headroom.value)
 
     # -- actions (each shows its error inline and returns False) -----------------------------------------------
     def rank(self) -> bool:

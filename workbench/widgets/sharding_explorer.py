@@ -322,7 +322,7 @@ class ShardingExplorer:
                              "resolve it on this explorer's model: Layout.of(explorer.model, ...)")
         mesh = layout.mesh if self.cluster is None else _cluster_mesh(layout.mesh, self.cluster)
         return explore.Layout.of(self.model, mesh, layout.partition_axis, layout.rules, layout.mode,
-                                 remat=layout.remat, pipeline=layout.pipeline)
+                                 remat=layout.remat, pipeline=layout.pipeline, zero_stage=layout.zero_stage)
 
     def _load_pasted(self) -> None:
         if self.load(self._load_text.value):
@@ -588,7 +588,7 @@ class ShardingExplorer:
         task = self._task.value
         return predict_step(self.layout.config, self.cluster, dict(self.mesh.shape), batch=(b, t), task=task,
                             remat=self._remat.value, pipeline=self._pipeline() if task == "train" else None,
-                            kv_length=t if task == "decode" else None)
+                            kv_length=t if task == "decode" else None, zero_stage=self.layout.zero_stage)
 
     def _render_predicted(self) -> None:
         if self.cluster.chip is None:

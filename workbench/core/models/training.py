@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec as P
 from workbench.core.axes import BATCH, LENGTH, PartitionAxis
 from workbench.core.compile_cache import PROGRAMS, signature
 from workbench.core.models.loss import causal_lm_loss, labels_from
+from workbench.core.zero import check_zero_stage, state_sharding
 
 Batch = dict[str, tp.Any]
 
@@ -87,12 +88,15 @@ def _copy(tree: tp.Any, mesh) -> tp.Any:
     return jax.tree.map(one, tree)
 
 
-def to_state(model: nnx.Module, optimizer: optax.GradientTransformation | None = None) -> TrainState:
+def to_state(model: nnx.Module, optimizer: optax.GradientTransformation | None = None, *,
+             zero_stage: int = 0) -> TrainState:
     """A :class:`TrainState` at step 0 holding copies of ``model``'s params (the model stays usable).
 
     ``optimizer`` defaults to ``make_optimizer()`` (constant lr). Optimizer moments take the
-    sharding of their parameter; scalars (counts) are replicated.
+    sharding of their parameter (``zero_stage=1``: split over ``dp`` as well, ZeRO-1,
+    :mod:`workbench.core.zero`); scalars (counts) are replicated. ``train_step`` keeps these shardings.
     """
+    check_zero_stage(zero_stage)
     optimizer = make_optimizer() if optimizer is None else optimizer
     graphdef, params, other = nnx.split(model, nnx.Param, ...)
     mesh = _mesh_of(params)
@@ -102,7 +106,8 @@ def to_state(model: nnx.Module, optimizer: optax.GradientTransformation | None =
     if mesh is not None:
         replicated = NamedSharding(mesh, P())
         shardings = jax.tree.map(lambda p: p.sharding, params)
-        opt_state = optax.tree_map_params(optimizer, lambda s, sh: jax.device_put(s, sh), opt_state, shardings,
+        place = lambda s, sh: jax.device_put(s, state_sharding(sh, s.shape, zero_stage))
+        opt_state = optax.tree_map_params(optimizer, place, opt_state, shardings,
                                           transform_non_params=lambda s: jax.device_put(s, replicated))
         step = jax.device_put(step, replicated)
     return TrainState(graphdef=graphdef, tx=optimizer, params=params, opt_state=opt_state, step=step, other=other)
