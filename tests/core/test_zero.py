@@ -141,6 +141,7 @@ def test_the_advisor_offers_zero_1_where_data_parallelism_would_not_fit():
                     constraints=Constraints(fixed={"dp": 64}))
     assert [c.zero_stage for c in advice.ranked] == [1] and advice.best.label.endswith(", ZeRO-1")
     assert [c.zero_stage for c in advice.rejected] == [0]
+    assert advice.rejected[0].reason.endswith("with ZeRO-1 it fits (24.0 GiB)"), advice.rejected[0].reason
     without = advise(model, cluster, batch_tokens=64 * 4096, seq_len=4096, remat="full",
                      constraints=Constraints(fixed={"dp": 64}, zero=False))
     assert not without.ranked

@@ -3,9 +3,9 @@
 :func:`advise` enumerates mesh shapes of the cluster's devices over the workbench's axes
 ``(pp, dp, fsdp, ep, tp, sp)`` (only those the cluster can hold: :meth:`Cluster.valid_mesh_shapes`), with the
 remat policies, for ``pp > 1`` the pipelines (1F1B and interleaved, ``m = p, 2p, 4p`` microbatches), and for a
-train step on ``dp > 1`` ZeRO-1 (the optimizer state split over ``dp``, :mod:`workbench.core.zero`), and drops what makes no sense for this model and batch
-(a split that does not divide the heads, the experts, the layers or the batch; ``tp`` across GPU nodes unless
-allowed; more than ``max_split_axes`` split axes). Each remaining layout is resolved (the parameters'
+train step on ``dp > 1`` ZeRO-1 (the optimizer state split over ``dp``, :mod:`workbench.core.zero`), and drops
+what makes no sense for this model and batch (a split that does not divide the heads, the experts, the layers
+or the batch; ``tp`` across GPU nodes unless allowed; more than ``max_split_axes`` split axes). Each remaining layout is resolved (the parameters'
 PartitionSpecs, :class:`~workbench.core.explore.Layout`), held against the chip's HBM by the memory ledger
 (:func:`~workbench.core.ledger.ledger`), and timed by the analytic step model
 (:func:`~workbench.core.layout_cost.predict_step`): nothing is compiled. Layouts that fit are ranked by
@@ -260,7 +260,8 @@ def _pipeline_configs(p: int, rows_per_shard: int, num_layers: int) -> list[tp.A
     for schedule, v in (("1f1b", 1), ("interleaved", 2)):
         if num_layers % (p * v):
             continue
-        configs += [PipelineConfig(p, k * p, schedule, v) for k in MICROBATCHES_PER_STAGE if rows_per_shard % (k * p) == 0]
+        configs += [PipelineConfig(p, k * p, schedule, v) for k in MICROBATCHES_PER_STAGE
+                    if rows_per_shard % (k * p) == 0]
     return configs
 
 
@@ -427,7 +428,8 @@ def _explain(advice: Advice, constraints: Constraints) -> None:
         # the fastest fitting layout of the same mesh, with this schedule if one fits, else this remat policy
         rescued = sorted(fits_by_shape.get(tuple(c.mesh_shape.values()), []),
                          key=lambda f: (f.pipeline is None or c.pipeline is None
-                                        or f.pipeline.schedule != c.pipeline.schedule, f.remat != c.remat))
+                                        or f.pipeline.schedule != c.pipeline.schedule, f.remat != c.remat,
+                                        f.zero_stage == c.zero_stage))
         c.reason = reason(c, advice.cluster, rescued_by=rescued[0] if rescued else None,
                           headroom=constraints.headroom)
 
@@ -450,6 +452,8 @@ def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, resc
                 same_schedule = c.pipeline is not None and pl.schedule == c.pipeline.schedule
                 change.append(f"{pl.num_microbatches} microbatches" if same_schedule else
                               f"{pl.schedule} m={pl.num_microbatches}")
+            if rescued_by.zero_stage != c.zero_stage:
+                change.append(f"ZeRO-{rescued_by.zero_stage}" if rescued_by.zero_stage else "no ZeRO")
             text += f"; with {' and '.join(change)} it fits ({rescued_by.ledger.total / GiB:.1f} GiB)"
         return text
     st = c.step

@@ -386,6 +386,10 @@ def to_code(layout: Layout, *, cluster: Cluster | None = None, model_expr: str =
     tail = [_call("layout = Layout.of", call),
             "# place a live model's arrays as the layout says (a NamedSharding per parameter):",
             "# from workbench.core.explore import apply; model, seconds = apply(model, layout)"]
+    if layout.zero_stage:
+        tail += ["# and train it with the optimizer state split over dp (ZeRO-1):",
+                 "# from workbench.core.models.training import to_state; state = to_state(model, optimizer, "
+                 f"zero_stage={layout.zero_stage})"]
     return "\n".join([f"# workbench layout ({describe(layout)}), from Layout.to_code", *imports, "", *head, *body,
                       *tail]) + "\n"
 

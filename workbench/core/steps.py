@@ -23,11 +23,10 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from workbench.core.zero import check_zero_stage, state_sharding
-
 from workbench.core.axes import PartitionAxis
 from workbench.core.cluster import Cluster
 from workbench.core.mesh import MESH_AXES
+from workbench.core.zero import check_zero_stage, state_sharding
 
 STEP_KINDS = ("train", "forward")
 OPTIMIZERS = ("adamw", "adafactor", "sgd")

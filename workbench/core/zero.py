@@ -33,8 +33,8 @@ def check_zero_stage(zero_stage: tp.Any) -> int:
     """``zero_stage`` as an int of :data:`ZERO_STAGES`, or a ValueError that says what each stage is here."""
     if isinstance(zero_stage, bool) or zero_stage not in ZERO_STAGES:
         raise ValueError(f"zero_stage must be 0 (optimizer state sharded like its parameter) or 1 (split over "
-                         f"{ZERO_AXIS!r} too: ZeRO-1); got {zero_stage!r}. 1 holds ZeRO-2's split gradients too in a jitted "
-                         f"step; ZeRO-3 is the 'fsdp' axis (see workbench.core.zero)")
+                         f"{ZERO_AXIS!r} too: ZeRO-1); got {zero_stage!r}. 1 holds ZeRO-2's split gradients too in "
+                         f"a jitted step; ZeRO-3 is the 'fsdp' axis (see workbench.core.zero)")
     return int(zero_stage)
 
 
@@ -58,7 +58,7 @@ def optimizer_spec(spec: PartitionSpec, shape: tp.Sequence[int], sizes: tp.Mappi
     if not fits:
         return spec
     d = max(fits, key=lambda i: (shape[i] // ways[i], -i))
-    axes = _entry_axes(entries[d]) + (ZERO_AXIS,)
+    axes = (*_entry_axes(entries[d]), ZERO_AXIS)
     entries[d] = axes[0] if len(axes) == 1 else axes
     while entries and entries[-1] is None:
         entries.pop()
