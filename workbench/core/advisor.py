@@ -5,8 +5,8 @@
 remat policies, for ``pp > 1`` the pipelines (1F1B and interleaved, ``m = p, 2p, 4p`` microbatches), and for a
 train step on ``dp > 1`` ZeRO-1 (the optimizer state split over ``dp``, :mod:`workbench.core.zero`), and drops
 what makes no sense for this model and batch (a split that does not divide the heads, the experts, the layers
-or the batch; ``tp`` across GPU nodes unless allowed; more than ``max_split_axes`` split axes). Each remaining layout is resolved (the parameters'
-PartitionSpecs, :class:`~workbench.core.explore.Layout`), held against the chip's HBM by the memory ledger
+or the batch; ``tp`` across GPU nodes unless allowed; more than ``max_split_axes`` split axes). Each remaining
+layout is resolved (the parameters' PartitionSpecs, :class:`~workbench.core.explore.Layout`), held against the chip's HBM by the memory ledger
 (:func:`~workbench.core.ledger.ledger`), and timed by the analytic step model
 (:func:`~workbench.core.layout_cost.predict_step`): nothing is compiled. Layouts that fit are ranked by
 predicted step time, each with the reason it wins or loses in words; :meth:`Advice.confirm` compiles the top
