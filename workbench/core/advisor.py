@@ -1,17 +1,17 @@
 """The layout advisor: every sensible way to lay a model on a cluster, ranked with reasons, confirmed by the compiler.
 
-:func:`advise` enumerates mesh shapes of the cluster's devices over the workbench's axes
-``(pp, dp, fsdp, ep, tp, sp)`` (only those the cluster can hold: :meth:`Cluster.valid_mesh_shapes`), with the
-remat policies, for ``pp > 1`` the pipelines (1F1B and interleaved, ``m = p, 2p, 4p`` microbatches), and for a
-train step on ``dp > 1`` ZeRO-1 (the optimizer state split over ``dp``, :mod:`workbench.core.zero`), and drops
-what makes no sense for this model and batch (a split that does not divide the heads, the experts, the layers
-or the batch; ``tp`` across GPU nodes unless allowed; more than ``max_split_axes`` split axes). Each remaining
-layout is resolved (the parameters' PartitionSpecs, :class:`~workbench.core.explore.Layout`), held against the chip's HBM by the memory ledger
+:func:`advise` enumerates mesh shapes of the cluster's devices over the workbench's axes ``(pp, dp, fsdp, ep, tp,
+sp)`` (only those the cluster can hold: :meth:`Cluster.valid_mesh_shapes`), with the remat policies, for ``pp > 1``
+the pipelines (1F1B and interleaved, ``m = p, 2p, 4p`` microbatches), and for a train step on ``dp > 1`` ZeRO-1
+(the optimizer state split over ``dp``, :mod:`workbench.core.zero`), and drops what makes no sense for this model
+and batch (a split that does not divide the heads, the experts, the layers or the batch; ``tp`` across GPU nodes
+unless allowed; more than ``max_split_axes`` split axes). Each remaining layout is resolved (the parameters'
+PartitionSpecs, :class:`~workbench.core.explore.Layout`), held against the chip's HBM by the memory ledger
 (:func:`~workbench.core.ledger.ledger`), and timed by the analytic step model
-(:func:`~workbench.core.layout_cost.predict_step`): nothing is compiled. Layouts that fit are ranked by
-predicted step time, each with the reason it wins or loses in words; :meth:`Advice.confirm` compiles the top
-few on the virtual cluster (:func:`~workbench.core.virtual.compile_step`) and puts the compiler's memory and
-collectives beside the prediction, demoting a layout whose compiled memory does not fit.
+(:func:`~workbench.core.layout_cost.predict_step`): nothing is compiled. Layouts that fit are ranked by predicted
+step time, each with the reason it wins or loses in words; :meth:`Advice.confirm` compiles the top few on the
+virtual cluster (:func:`~workbench.core.virtual.compile_step`) and puts the compiler's memory and collectives
+beside the prediction, demoting a layout whose compiled memory does not fit.
 
 ZeRO's stages: ``dp`` alone is stage 0, ``zero_stage=1`` on ``dp`` is stage 1 (and holds stage 2's split
 gradients in a jitted step), ``fsdp`` is stage 3. Gradient accumulation is not enumerated.
