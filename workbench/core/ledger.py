@@ -40,7 +40,10 @@ Parts, per device (every device holds the same; specs divide their dimensions):
 
 - ``temporaries``: what lives only inside the step; the larger of two phases, since the loss's buffers are gone
   before the layers' backward starts (a Llama with an 8192-word vocabulary peaks at the loss at every remat
-  policy): the loss's float32 logits and their softmax (``2 b t V_l 4`` bytes), or one layer's backward. That
+  policy): the loss's logits (``LOGITS_COPIES`` float32 copies of ``b t V_l 4`` bytes: XLA:CPU two, the logits
+  and their softmax, the cotangent taking the logits' buffer; XLA:TPU 1.6, the slope of its HBM peak over the
+  vocabulary, 6.4 bytes a logit, measured on a two-layer bfloat16 Llama at 16k, 32k and 64k words on v5p
+  ``fsdp=8``), or one layer's backward. That
   holds one layer's weights all-gathered over the data axes and their unreduced gradient (twice the layer's
   bytes with the FSDP split undone), and a working set of cotangents and recomputed values that depends on the
   compiler: measured, not derived, in units of the layer's ``"dots_saveable"`` set (``WORKING_SET``; XLA's
@@ -86,7 +89,8 @@ from workbench.core.steps import OPTIMIZERS
 
 KINDS = ("train", "prefill", "decode")
 REMATS = ("none", "dots_saveable", "full")
-LOGITS_COPIES = 2  # float32 logits and their softmax (the cotangent takes the logits' buffer)
+# The loss phase's logits, in float32 copies of them, by compiler: measured (see the module doc).
+LOGITS_COPIES = {"tpu": 1.6, "cpu": 2.0}
 # One layer's backward working set, in units of the layer's dots_saveable set (its matmul outputs), by compiler
 # and remat policy: measured (see the module doc), not derived.
 WORKING_SET = {"tpu": {"none": 0.5, "dots_saveable": 1.0, "full": 1.5},
@@ -435,7 +439,7 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
         kept, working = activation_bytes(layout, batch, remat, dtype, compiler, **moe)
         return Ledger(kind, remat, layout.param_bytes, gradient_bytes(layout, zero_stage),
                       optimizer_bytes(layout, optimizer, zero_stage), kept,
-                      max(working, LOGITS_COPIES * logits_bytes(layout, batch)), 0, ids, hbm)
+                      max(working, int(LOGITS_COPIES[compiler] * logits_bytes(layout, batch))), 0, ids, hbm)
     b, t = batch
     length = kv_length or t
     if layout.mode != MODE_TRAIN and kind == "decode" and layout.mode != MODE_DECODE:
@@ -482,4 +486,4 @@ def pipeline_activation_bytes(layout: Layout, pipeline: tp.Any, batch: tuple[int
     stage_layer = layer_set(layout, "layers/", t_kv=t, moe_strategy=moe_strategy, tokens=mb * mt,
                             capacity_factor=capacity_factor)
     stage_kept = int(per_stage * stage_layer.bytes_per_row(remat, item) * mb * mt)
-    return stash + whole, stage_kept + max(working, LOGITS_COPIES * logits_bytes(layout, micro))
+    return stash + whole, stage_kept + max(working, int(LOGITS_COPIES[compiler] * logits_bytes(layout, micro)))
