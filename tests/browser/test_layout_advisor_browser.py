@@ -1,6 +1,6 @@
 """LayoutAdvisor in a real JupyterLab: the tokens per step changed in the browser re-rank the layouts, and the
-table and its reasons re-render (Llama-3-70B on 1024 v5p chips: 4M tokens -> pure FSDP; 512k -> FSDP with
-tensor parallelism)."""
+table and its reasons re-render (Llama-3-70B on 1024 v5p chips without pipelines, as the scaling book lays it out:
+4M tokens -> pure FSDP; 512k -> FSDP with tensor parallelism)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,14 @@ from .conftest import (
 SCREENSHOT = screenshot_path("layout_advisor.png")
 _CELLS = [
     "import jax.numpy as jnp\n"
+    "from workbench.core.advisor import Constraints\n"
     "from workbench.core.cluster import Cluster\n"
     "from workbench.core.models.presets import full_config\n"
     "from workbench.models import CausalLM\n"
     "from workbench.widgets import LayoutAdvisor",
     "model = CausalLM.lazy_init(full_config('llama-3-70b'), dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)\n"
-    "advisor = LayoutAdvisor(model, Cluster.tpu('v5p:8x8x16'), batch_tokens=4 * 2**20, seq_len=4096)\n"
+    "advisor = LayoutAdvisor(model, Cluster.tpu('v5p:8x8x16'), batch_tokens=4 * 2**20, seq_len=4096,\n"
+    "                        constraints=Constraints(pipeline=False))\n"
     "advisor",
 ]
 

@@ -329,6 +329,12 @@ def tile_update(carry: SoftmaxCarry, q_BKGTD: Array, k_BKSD: Array, v_BKSD: Arra
                 q_idx: Array, k_idx: Array) -> SoftmaxCarry:
     """Fold one key/value tile (tile layout) into the running softmax; masked rows stay 0."""
     s, visible = logits(q_BKGTD, k_BKSD, call, q_idx, k_idx)
+    return fold_logits(carry, s, visible, v_BKSD)
+
+
+def fold_logits(carry: SoftmaxCarry, s: Array, visible: Array | None, v_BKSD: Array) -> SoftmaxCarry:
+    """Fold a tile's float32 logits ``(B, KV, G, tq, tk)`` (where ``visible``, when given) into the running
+    softmax: the online softmax's one step."""
     if visible is not None:
         s = jnp.where(visible, s, -jnp.inf)
     m_new = jnp.maximum(carry.m, jnp.max(s, axis=-1, keepdims=True))

@@ -1,0 +1,198 @@
+"""``flex``: attention variants in two lines. A ``score_mod`` and a ``mask_mod`` written for scalars (PyTorch's
+FlexAttention convention, :mod:`.block_mask`), run blockwise and block-sparse.
+
+The mask's :class:`~.block_mask.BlockMask` lists, per query block, the key blocks that are not empty; the kernel
+visits only those (a ``lax.scan`` over the list, gathered key and value blocks), skips the mask arithmetic on full
+tiles and applies the mask on partial ones. Memory is O(T x block) as in ``flash``: the tile step is
+``jax.checkpoint``-ed, so the backward recomputes tiles over the same lists.
+
+The calling convention's options are built-in mods: ``causal`` and ``sliding_window`` join the mask mod (and its
+block mask) when positions are static (no ``kv_lengths``); ``kv_lengths``, segment ids, a dense ``mask`` and
+``bias`` apply inside each tile; ``logits_soft_cap`` and ``bias`` come before the ``score_mod``; ``sinks`` join
+the softmax's denominator. A mod's ``q_idx`` is the query's position (``S - T`` added to its index, as ``causal``
+aligns here).
+
+Mods and a prebuilt ``block_mask`` come from ``OperationMetadata(options={...})`` (``with_attention("flex",
+score_mod=..., mask_mod=...)``) or as call arguments, which win. A block mask built without ``B`` / ``H`` (None)
+serves every batch row and head; :func:`flex_attention` builds one per batch row and head only when the mask mod
+reads ``b`` or ``h``. Tiles are shared by all batch rows and heads of a call: a tile is skipped when it is empty
+for every one of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from workbench.core.operations.attention import block_mask as bm
+from workbench.core.operations.attention.common import (
+    ALL_FEATURES,
+    RETURN_WEIGHTS,
+    Array,
+    AttentionCall,
+    AttentionImplMixin,
+    SoftmaxCarry,
+    Visibility,
+    fold_logits,
+    group_heads,
+    keys_to_tiles,
+    logits,
+    queries_to_tiles,
+    tile_finish,
+)
+from workbench.core.operations.attention.flash import all_varying, pad_call, split_blocks
+from workbench.core.operations.base import AttentionOutput, Capabilities, OperationImpl, OperationRegistry
+
+DEFAULT_BLOCK_Q = 128
+DEFAULT_BLOCK_K = 128
+MOD_OPTIONS = ("score_mod", "mask_mod", "block_mask")
+_TILE_HOOK: tp.Callable[[Array, Array], None] | None = None  # tests count visited tiles through it
+
+
+@OperationRegistry.register
+class FlexAttention(AttentionImplMixin, OperationImpl):
+    """Blockwise attention with a ``score_mod`` and a block-sparse ``mask_mod``."""
+
+    capabilities = Capabilities(
+        features=ALL_FEATURES - {RETURN_WEIGHTS},
+        description="score_mod / mask_mod in plain jnp (PyTorch FlexAttention's convention), block-sparse: visits "
+                    "only the key blocks its BlockMask lists; options score_mod, mask_mod, block_mask, block_q, "
+                    "block_k")
+
+    @classmethod
+    def get_impl_name(cls):
+        return "flex"
+
+    def block_sizes(self, t: int, s: int) -> tuple[int, int]:
+        """``(block_q, block_k)`` from the options, clipped to ``(T, S)``."""
+        opts = self.metadata.options
+        sizes = {"block_q": opts.get("block_q", DEFAULT_BLOCK_Q), "block_k": opts.get("block_k", DEFAULT_BLOCK_K)}
+        for name, size in sizes.items():
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                raise ValueError(f"flex: option {name} must be a positive int; got {size!r}")
+        return min(sizes["block_q"], t), min(sizes["block_k"], s)
+
+    def forward_native(self, query, key, value, *, score_mod=None, mask_mod=None, block_mask=None,
+                       **kwargs) -> AttentionOutput:
+        opts = self.metadata.options
+        score_mod = score_mod if score_mod is not None else opts.get("score_mod")
+        mask_mod = mask_mod if mask_mod is not None else opts.get("mask_mod")
+        block_mask = block_mask if block_mask is not None else opts.get("block_mask")
+        call = self.prepare(query, key, value, **kwargs)
+        _, t, s, *_ = call.shape
+        if block_mask is not None:
+            block_q, block_k = block_mask.block_q, block_mask.block_k
+        else:
+            block_q, block_k = self.block_sizes(t, s)
+        out = flex_attention(call, score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask,
+                             block_q=block_q, block_k=block_k)
+        return AttentionOutput(out, None, kernel_path="flex/native")
+
+
+def _everything(b, h, q_idx, kv_idx):
+    return jnp.bool_(True)
+
+
+def call_block_mask(call: AttentionCall, mask_mod: bm.MaskMod | None, block_mask: bm.BlockMask | None,
+                    block_q: int, block_k: int) -> tuple[bm.BlockMask, Visibility]:
+    """The block mask a call runs with (the mask mod with ``causal`` / ``sliding_window`` folded in when positions
+    are static) and the visibility left to apply inside tiles."""
+    b, t, s, h, *_ = call.shape
+    vis = call.visibility
+    if block_mask is not None:
+        if not isinstance(block_mask, bm.BlockMask):
+            raise TypeError(f"flex: block_mask must be a BlockMask (create_block_mask(...)); got {block_mask!r}")
+        bb, bh, bt, bs = block_mask.shape
+        if (bt, bs) != (t, s) or bb not in (1, b) or bh not in (1, h):
+            raise ValueError(f"flex: the block mask was built for (B, H, T, S) = {block_mask.shape}; this call is "
+                             f"{(b, h, t, s)} (B and H may be 1): build it with create_block_mask(mod, {b}, {h}, "
+                             f"{t}, {s}, ...)")
+        if mask_mod is not None and mask_mod is not block_mask.mask_mod:
+            raise ValueError("flex: give mask_mod or a block_mask built from it, not two different masks; combine "
+                             "block masks with & or |")
+        mask_mod = block_mask.mask_mod
+    mods = [] if mask_mod is None else [mask_mod]
+    static = vis.kv_lengths is None
+    if static and vis.sliding_window is not None:
+        mods.append(bm.sliding_window(vis.sliding_window))
+    elif static and vis.causal:
+        mods.append(bm.causal)
+    if static:
+        vis = dataclasses.replace(vis, causal=False, sliding_window=None)
+    if block_mask is not None and len(mods) == 1:
+        return block_mask, vis
+    mod = _everything if not mods else mods[0]
+    for extra in mods[1:]:
+        mod = bm._Combined(jnp.logical_and, mod, extra, "&")
+    per_row = bm.depends_on_batch_or_head(mod)
+    built = bm.create_block_mask(mod, b if per_row else None, h if per_row else None, t, s, block_q, block_k)
+    return built, vis
+
+
+def flex_attention(call: AttentionCall, *, score_mod: bm.ScoreMod | None = None, mask_mod: bm.MaskMod | None = None,
+                   block_mask: bm.BlockMask | None = None, block_q: int = DEFAULT_BLOCK_Q,
+                   block_k: int = DEFAULT_BLOCK_K) -> Array:
+    """Output BTHD of ``call`` with the mods, visiting only the tiles the block mask does not leave empty."""
+    if score_mod is not None and not callable(score_mod):
+        raise TypeError(f"flex: score_mod must be a function (score, b, h, q_idx, kv_idx) -> score; got {score_mod!r}")
+    if mask_mod is not None and not callable(mask_mod):
+        raise TypeError(f"flex: mask_mod must be a function (b, h, q_idx, kv_idx) -> bool; got {mask_mod!r}")
+    b, t, s, h, kv, _ = call.shape
+    block_q, block_k = min(block_q, t), min(block_k, s)
+    mask, vis = call_block_mask(call, mask_mod, block_mask, block_q, block_k)
+    idx_QN, kind_QN = mask.kv_lists()
+    masked = mask.mask_mod is not _everything and bool(np.any(kind_QN == bm.PARTIAL))
+    nq, nk = -(-t // block_q), -(-s // block_k)
+    call = dataclasses.replace(call, visibility=vis)
+    call, varying = all_varying(call)
+    call = pad_call(call, nq * block_q, nk * block_k)
+    call = dataclasses.replace(call, query=call.query * jnp.asarray(call.scale, call.query.dtype), scale=1.0)
+    q_NBKGtD = split_blocks(queries_to_tiles(call.query, kv), nq, axis=3)
+    k_NBKsD, v_NBKsD = (split_blocks(keys_to_tiles(x), nk, axis=2) for x in (call.key, call.value))
+    score = None if score_mod is None else bm.vectorize_score(score_mod)
+    visible_of = bm.vectorize_mask(mask.mask_mod) if masked else None
+    b_idx, h_idx, offset = jnp.arange(b), jnp.arange(h), s - t
+    to_heads = lambda x: x.reshape(x.shape[0], h, *x.shape[3:])
+    hook = _TILE_HOOK
+
+    def query_block(_, xs):
+        q_BKGTD, q_start, idx_N, kind_N = xs
+        q_idx = q_start + jnp.arange(block_q)
+        q_pos = q_idx + offset
+        k_rows, v_rows = k_NBKsD[idx_N], v_NBKsD[idx_N]  # the listed key blocks only
+
+        @jax.checkpoint
+        def key_block(carry, ys):
+            k_BKSD, v_BKSD, k_block, kind = ys
+            k_idx = k_block * block_k + jnp.arange(block_k)
+
+            def tile(c: SoftmaxCarry, apply_mask: bool) -> SoftmaxCarry:
+                if hook is not None:
+                    jax.debug.callback(hook, q_start // block_q, k_block)
+                logit, visible = logits(q_BKGTD, k_BKSD, call, q_idx, k_idx)
+                if score is not None:
+                    logit = score(to_heads(logit), b_idx, h_idx, q_pos, k_idx).reshape(logit.shape)
+                if apply_mask:
+                    m = group_heads(visible_of(b_idx, h_idx, q_pos, k_idx), kv)
+                    visible = m if visible is None else visible & m
+                return fold_logits(c, logit, visible, v_BKSD)
+
+            branches = [lambda c: c, lambda c: tile(c, masked), lambda c: tile(c, False)]
+            return jax.lax.switch(kind.astype(jnp.int32), branches, carry), None
+
+        init = SoftmaxCarry.init(b, kv, h // kv, block_q, call.value_dim, call.query.dtype)
+        if varying:  # inside shard_map the carry varies as its inputs do
+            init = jax.lax.pcast(init, varying, to="varying")
+        carry, _ = jax.lax.scan(key_block, init, (k_rows, v_rows, idx_N, kind_N))
+        return None, tile_finish(carry, call.query.dtype, call.sinks_tiles())
+
+    q_starts = jnp.arange(nq) * block_q
+    _, o_NBtHD = jax.lax.scan(query_block, None, (q_NBKGtD, q_starts, jnp.asarray(idx_QN), jnp.asarray(kind_QN)))
+    return o_NBtHD.swapaxes(0, 1).reshape(b, nq * block_q, h, call.value_dim)[:, :t]
+
+
+__all__ = ["FlexAttention", "call_block_mask", "flex_attention"]
