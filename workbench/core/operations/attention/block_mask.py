@@ -43,7 +43,8 @@ def vectorize_mask(mask_mod: MaskMod) -> tp.Callable[[jax.Array, jax.Array, jax.
 def vectorize_score(score_mod: ScoreMod) -> tp.Callable[..., jax.Array]:
     """``score_mod`` over a ``(B, H, tq, tk)`` score and index vectors ``b, h, q, k`` -> ``(B, H, tq, tk)``."""
     f = lambda s, b, h, q, k: jnp.asarray(score_mod(s, b, h, q, k), s.dtype)
-    for axes in ((0, None, None, None, 0), (0, None, None, 0, None), (0, None, 0, None, None), (0, 0, None, None, None)):
+    for axes in ((0, None, None, None, 0), (0, None, None, 0, None), (0, None, 0, None, None),
+                 (0, 0, None, None, None)):
         f = jax.vmap(f, in_axes=axes)
     return f
 
@@ -54,7 +55,7 @@ def depends_on_batch_or_head(mask_mod: MaskMod) -> bool:
     i32 = jax.ShapeDtypeStruct((), jnp.int32)
     try:
         closed = jax.make_jaxpr(lambda b, h, q, k: jnp.asarray(mask_mod(b, h, q, k)))(i32, i32, i32, i32)
-    except Exception as err:  # noqa: BLE001 - the user's function: say what failed
+    except Exception as err:
         raise ValueError(f"mask_mod(b, h, q_idx, kv_idx) failed on int32 scalars ({type(err).__name__}: {err}); "
                          f"write it with jnp ops on scalars, e.g. lambda b, h, q, k: q >= k") from err
     from jax.extend.core import Var
@@ -175,7 +176,7 @@ class _Combined:
         return self.fn(self.a(b, h, q, k), self.b(b, h, q, k))
 
     @property
-    def __name__(self) -> str:  # noqa: PLW3201
+    def __name__(self) -> str:
         return f"({_name(self.a)} {self.op} {_name(self.b)})"
 
 
@@ -192,14 +193,14 @@ def _check_int(name: str, value: tp.Any, allow_none: bool = False) -> int | None
     return int(value)
 
 
-def create_block_mask(mask_mod: MaskMod, B: int | None, H: int | None, T: int, S: int,  # noqa: N803
+def create_block_mask(mask_mod: MaskMod, B: int | None, H: int | None, T: int, S: int,
                       block_q: int = 128, block_k: int = 128) -> BlockMask:
     """The :class:`BlockMask` of ``mask_mod`` over ``B`` batch rows and ``H`` heads (None: the same for all) of
     ``T`` queries by ``S`` keys, in ``block_q x block_k`` tiles. Cached by ``(mask_mod, B, H, T, S, blocks)``."""
     if not callable(mask_mod):
         raise TypeError(f"create_block_mask takes a mask_mod(b, h, q_idx, kv_idx) -> bool; got {mask_mod!r}")
-    B, H = _check_int("B", B, True), _check_int("H", H, True)  # noqa: N806
-    T, S = _check_int("T", T), _check_int("S", S)  # noqa: N806
+    B, H = _check_int("B", B, True), _check_int("H", H, True)
+    T, S = _check_int("T", T), _check_int("S", S)
     block_q, block_k = min(_check_int("block_q", block_q), T), min(_check_int("block_k", block_k), S)
     try:
         hash(mask_mod)
@@ -209,7 +210,7 @@ def create_block_mask(mask_mod: MaskMod, B: int | None, H: int | None, T: int, S
 
 
 @functools.lru_cache(maxsize=256)
-def _build(mask_mod: MaskMod, B: int, H: int, T: int, S: int, block_q: int, block_k: int) -> BlockMask:  # noqa: N803
+def _build(mask_mod: MaskMod, B: int, H: int, T: int, S: int, block_q: int, block_k: int) -> BlockMask:
     start = time.perf_counter()
     kinds = np.asarray(_kinds(mask_mod, B, H, T, S, block_q, block_k))
     return BlockMask(mask_mod, (B, H, T, S), block_q, block_k, kinds.transpose(1, 2, 0, 3).astype(np.int8),
@@ -217,7 +218,7 @@ def _build(mask_mod: MaskMod, B: int, H: int, T: int, S: int, block_q: int, bloc
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5, 6))
-def _kinds(mask_mod: MaskMod, B: int, H: int, T: int, S: int, block_q: int, block_k: int) -> jax.Array:  # noqa: N803
+def _kinds(mask_mod: MaskMod, B: int, H: int, T: int, S: int, block_q: int, block_k: int) -> jax.Array:
     """int8 ``(nq, B, H, nk)``, one row of tiles at a time."""
     nq, nk = -(-T // block_q), -(-S // block_k)
     mod = vectorize_mask(mask_mod)
