@@ -193,3 +193,40 @@ def test_bad_mods_and_masks_say_what_to_change():
         op(q, q, q, score_mod=3.0)
     with pytest.raises(ValueError, match="positive int"):
         bm.create_block_mask(bm.causal, None, None, 0, 8)
+
+
+@pytest.mark.parametrize("mods", [{"causal": True}, {"mask_mod": bm.document(np.repeat(np.arange(4), 16))},
+                                  {"sliding_window": 20, "logits_soft_cap": 3.0, "score_mod": bm.alibi(4)}])
+def test_the_pallas_kernel_in_interpret_mode_equals_the_native_path(mods):
+    """``kernel="pallas"`` on CPU runs the GPU kernel in Pallas' interpret mode: the same output and gradients."""
+    rng = np.random.default_rng(5)
+    q = jnp.asarray(rng.normal(size=(1, 64, 4, 16)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(1, 64, 2, 16)), jnp.float32) for _ in range(2))
+    blocks = {"block_q": 16, "block_k": 16}
+    pallas = OperationRegistry.create("flex", OperationMetadata(options={**blocks, "kernel": "pallas"}))
+    native = OperationRegistry.create("flex", OperationMetadata(options=blocks))
+    out = pallas(q, k, v, **mods)
+    assert out.kernel_path == "flex/pallas (interpret)" and native(q, k, v, **mods).kernel_path == "flex/native"
+    with jax.default_matmul_precision("highest"):
+        np.testing.assert_allclose(out.attention_outputs, native(q, k, v, **mods).attention_outputs, atol=2e-5)
+        loss = lambda op: lambda q, k, v: jnp.sum(op(q, k, v, **mods).attention_outputs ** 2)
+        for a, b in zip(jax.grad(loss(pallas), argnums=(0, 1, 2))(q, k, v),
+                        jax.grad(loss(native), argnums=(0, 1, 2))(q, k, v), strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_kernels_that_cannot_serve_a_call_say_so():
+    q = jnp.ones((1, 16, 2, 8))
+    with pytest.raises(ValueError, match="Pallas kernel does not serve kv_lengths"):
+        OperationRegistry.create("flex", OperationMetadata(options={"kernel": "pallas"}))(
+            q, q, q, causal=True, kv_lengths=jnp.array([9], jnp.int32))
+    with pytest.raises(ValueError, match="kernel='cudnn' serves plain causal"):
+        OperationRegistry.create("flex", OperationMetadata(options={"kernel": "cudnn"}))(q, q, q, causal=True)
+    with pytest.raises(ValueError, match="option kernel must be one of"):
+        OperationRegistry.create("flex", OperationMetadata(options={"kernel": "triton"}))(q, q, q)
+    # what a GPU would run, decided without one
+    call = OperationRegistry.create("flex").prepare(q.astype(jnp.bfloat16), q.astype(jnp.bfloat16),
+                                                    q.astype(jnp.bfloat16), causal=True)
+    assert flex.cudnn_serves(call) is None and flex.pallas_serves(call, 16, 16) is None
+    lengths = OperationRegistry.create("flex").prepare(q, q, q, kv_lengths=jnp.array([3], jnp.int32))
+    assert "kv_lengths" in flex.cudnn_serves(lengths) and "kv_lengths" in flex.pallas_serves(lengths, 16, 16)

@@ -212,7 +212,8 @@ def create_block_mask(mask_mod: MaskMod, B: int | None, H: int | None, T: int, S
 @functools.lru_cache(maxsize=256)
 def _build(mask_mod: MaskMod, B: int, H: int, T: int, S: int, block_q: int, block_k: int) -> BlockMask:
     start = time.perf_counter()
-    kinds = np.asarray(_kinds(mask_mod, B, H, T, S, block_q, block_k))
+    with jax.ensure_compile_time_eval():  # concrete even when the first call comes from inside a jit trace
+        kinds = np.asarray(_kinds(mask_mod, B, H, T, S, block_q, block_k))
     return BlockMask(mask_mod, (B, H, T, S), block_q, block_k, kinds.transpose(1, 2, 0, 3).astype(np.int8),
                      time.perf_counter() - start)
 

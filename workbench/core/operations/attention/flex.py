@@ -12,6 +12,14 @@ block mask) when positions are static (no ``kv_lengths``); ``kv_lengths``, segme
 the softmax's denominator. A mod's ``q_idx`` is the query's position (``S - T`` added to its index, as ``causal``
 aligns here).
 
+Kernels (option ``kernel``, default ``"auto"``; the one that ran is the output's ``kernel_path``): on CPU and TPU
+the native blockwise path here; on a GPU, cuDNN (``jax.nn.dot_product_attention(implementation="cudnn")``) for
+plain causal / sliding-window / full attention in bfloat16 or float16, else the block-sparse Pallas kernel of
+:mod:`.flex_pallas` (Triton), else (``kv_lengths``, segment ids, a dense mask, a bias, sinks, ragged blocks) the
+native path, its ``kernel_path`` saying why. ``kernel="pallas"`` on CPU runs that kernel in Pallas' interpret
+mode (how CI tests it); ``"cudnn"`` and ``"pallas"`` raise where they cannot serve a call. The TPU's splash
+attention is not wired in yet.
+
 Mods and a prebuilt ``block_mask`` come from ``OperationMetadata(options={...})`` (``with_attention("flex",
 score_mod=..., mask_mod=...)``) or as call arguments, which win. A block mask built without ``B`` / ``H`` (None)
 serves every batch row and head; :func:`flex_attention` builds one per batch row and head only when the mask mod
@@ -48,8 +56,9 @@ from workbench.core.operations.attention.flash import all_varying, pad_call, spl
 from workbench.core.operations.base import AttentionOutput, Capabilities, OperationImpl, OperationRegistry
 
 DEFAULT_BLOCK_Q = 128
-DEFAULT_BLOCK_K = 128
+DEFAULT_BLOCK_K = 256  # measured on this CPU (benchmarks/flex.py): 128 x 256 tiles balance causal and sparse masks
 MOD_OPTIONS = ("score_mod", "mask_mod", "block_mask")
+KERNELS = ("auto", "native", "pallas", "cudnn")
 _TILE_HOOK: tp.Callable[[Array, Array], None] | None = None  # tests count visited tiles through it
 
 
@@ -60,8 +69,8 @@ class FlexAttention(AttentionImplMixin, OperationImpl):
     capabilities = Capabilities(
         features=ALL_FEATURES - {RETURN_WEIGHTS},
         description="score_mod / mask_mod in plain jnp (PyTorch FlexAttention's convention), block-sparse: visits "
-                    "only the key blocks its BlockMask lists; options score_mod, mask_mod, block_mask, block_q, "
-                    "block_k")
+                    "only the key blocks its BlockMask lists; GPU: cuDNN for plain masks, else a Pallas (Triton) "
+                    "kernel; options score_mod, mask_mod, block_mask, block_q, block_k, kernel")
 
     @classmethod
     def get_impl_name(cls):
@@ -76,21 +85,106 @@ class FlexAttention(AttentionImplMixin, OperationImpl):
                 raise ValueError(f"flex: option {name} must be a positive int; got {size!r}")
         return min(sizes["block_q"], t), min(sizes["block_k"], s)
 
-    def forward_native(self, query, key, value, *, score_mod=None, mask_mod=None, block_mask=None,
-                       **kwargs) -> AttentionOutput:
+    def kernel(self) -> str:
+        """The ``kernel`` option: ``"auto"`` (default), ``"native"``, ``"pallas"`` or ``"cudnn"``."""
+        kernel = self.metadata.options.get("kernel", "auto")
+        if kernel not in KERNELS:
+            raise ValueError(f"flex: option kernel must be one of {KERNELS}; got {kernel!r}")
+        return kernel
+
+    def forward_native(self, query, key, value, **kwargs) -> AttentionOutput:
+        return self._run("cpu", query, key, value, **kwargs)
+
+    def forward_gpu(self, query, key, value, **kwargs) -> AttentionOutput:
+        return self._run("gpu", query, key, value, **kwargs)
+
+    def _run(self, platform: str, query, key, value, *, score_mod=None, mask_mod=None, block_mask=None,
+             **kwargs) -> AttentionOutput:
         opts = self.metadata.options
         score_mod = score_mod if score_mod is not None else opts.get("score_mod")
         mask_mod = mask_mod if mask_mod is not None else opts.get("mask_mod")
         block_mask = block_mask if block_mask is not None else opts.get("block_mask")
+        kernel = self.kernel()
         call = self.prepare(query, key, value, **kwargs)
         _, t, s, *_ = call.shape
         if block_mask is not None:
             block_q, block_k = block_mask.block_q, block_mask.block_k
         else:
             block_q, block_k = self.block_sizes(t, s)
+        plain = score_mod is None and mask_mod is None and block_mask is None
+        if kernel == "cudnn" or (kernel == "auto" and platform == "gpu" and plain and cudnn_serves(call) is None):
+            why = cudnn_serves(call) if plain else "a score_mod, mask_mod or block_mask"
+            if why is not None or platform != "gpu":
+                raise ValueError(f"flex: kernel='cudnn' serves plain causal / sliding-window / full attention on "
+                                 f"an NVIDIA GPU; this call has {why or 'no GPU'}: use kernel='auto'")
+            from workbench.core.operations.attention.sdpa import jax_nn_arguments
+
+            args, rows = jax_nn_arguments(call)
+            out = jax.nn.dot_product_attention(call.query, call.key, call.value, scale=call.scale,
+                                               implementation="cudnn", **args)
+            return AttentionOutput(out if rows is None else jnp.where(rows, out, 0), None, kernel_path="flex/cudnn")
+        if kernel == "pallas" or (kernel == "auto" and platform == "gpu"):
+            why = pallas_serves(call, block_q, block_k)
+            if why is None:
+                out = flex_attention_pallas_call(call, score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask,
+                                                 block_q=block_q, block_k=block_k, interpret=platform != "gpu")
+                path = "flex/pallas" + ("" if platform == "gpu" else " (interpret)")
+                return AttentionOutput(out, None, kernel_path=path)
+            if kernel == "pallas":
+                raise ValueError(f"flex: the Pallas kernel does not serve {why}; use kernel='native' (or 'auto')")
+            path = f"flex/native (the Pallas kernel does not serve {why})"
+        else:
+            path = "flex/native"
         out = flex_attention(call, score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask,
                              block_q=block_q, block_k=block_k)
-        return AttentionOutput(out, None, kernel_path="flex/native")
+        return AttentionOutput(out, None, kernel_path=path)
+
+
+def cudnn_serves(call: AttentionCall) -> str | None:
+    """Why cuDNN (``jax.nn``'s) cannot run ``call`` as plain attention, or None when it can."""
+    vis = call.visibility
+    extras = {"kv_lengths": vis.kv_lengths, "segment ids": vis.q_segment_ids, "a dense mask": vis.mask,
+              "a bias": call.bias, "sinks": call.sinks, "a soft cap": call.logits_soft_cap}
+    used = [name for name, x in extras.items() if x is not None]
+    if used:
+        return ", ".join(used)
+    if call.query.dtype not in (jnp.bfloat16, jnp.float16):
+        return f"{call.query.dtype} inputs (cuDNN takes bfloat16 or float16)"
+    return None
+
+
+def pallas_serves(call: AttentionCall, block_q: int, block_k: int) -> str | None:
+    """Why the Pallas kernel cannot run ``call``, or None when it can."""
+    b, t, s, h, kv, d = call.shape
+    vis = call.visibility
+    extras = {"kv_lengths": vis.kv_lengths, "segment ids": vis.q_segment_ids, "a dense mask": vis.mask,
+              "a bias": call.bias, "sinks": call.sinks}
+    used = [name for name, x in extras.items() if x is not None]
+    if call.value_dim != d:
+        used.append("values of another head dim")
+    if t % block_q or s % block_k:
+        used.append(f"T={t}, S={s} not multiples of the blocks {block_q} x {block_k}")
+    return ", ".join(used) or None
+
+
+def flex_attention_pallas_call(call: AttentionCall, *, score_mod, mask_mod, block_mask, block_q: int, block_k: int,
+                               interpret: bool) -> Array:
+    """:func:`~.flex_pallas.flex_attention_pallas` on ``call``'s block mask (``causal`` / ``sliding_window`` folded
+    in) with a soft cap as a score mod before ``score_mod``."""
+    from workbench.core.operations.attention.flex_pallas import flex_attention_pallas
+
+    mask, _ = call_block_mask(call, mask_mod, block_mask, block_q, block_k)
+    idx_QN, kind_QN = mask.kv_lists()
+    cap = call.logits_soft_cap
+    if cap is not None:
+        user = score_mod
+        capped = bm.soft_cap(cap)
+        score_mod = capped if user is None else (lambda sc, b, h, q, k: user(capped(sc, b, h, q, k), b, h, q, k))
+    _, t, s, *_ = call.shape
+    return flex_attention_pallas(call.query, call.key, call.value, jnp.asarray(idx_QN), jnp.asarray(kind_QN),
+                                 block_q=block_q, block_k=block_k, scale=call.scale, score_mod=score_mod,
+                                 mask_mod=None if mask.mask_mod is _everything else mask.mask_mod, q_offset=s - t,
+                                 interpret=interpret)
 
 
 def _everything(b, h, q_idx, kv_idx):
@@ -156,6 +250,8 @@ def flex_attention(call: AttentionCall, *, score_mod: bm.ScoreMod | None = None,
     score = None if score_mod is None else bm.vectorize_score(score_mod)
     visible_of = bm.vectorize_mask(mask.mask_mod) if masked else None
     b_idx, h_idx, offset = jnp.arange(b), jnp.arange(h), s - t
+    # a mask the same for every batch row and head is evaluated once per tile, then broadcast
+    mb_idx, mh_idx = jnp.arange(mask.shape[0]), jnp.arange(mask.shape[1])
     to_heads = lambda x: x.reshape(x.shape[0], h, *x.shape[3:])
     hook = _TILE_HOOK
 
@@ -163,11 +259,12 @@ def flex_attention(call: AttentionCall, *, score_mod: bm.ScoreMod | None = None,
         q_BKGTD, q_start, idx_N, kind_N = xs
         q_idx = q_start + jnp.arange(block_q)
         q_pos = q_idx + offset
-        k_rows, v_rows = k_NBKsD[idx_N], v_NBKsD[idx_N]  # the listed key blocks only
 
         @jax.checkpoint
         def key_block(carry, ys):
-            k_BKSD, v_BKSD, k_block, kind = ys
+            k_block, kind = ys
+            k_BKSD = jax.lax.dynamic_index_in_dim(k_NBKsD, k_block, 0, keepdims=False)
+            v_BKSD = jax.lax.dynamic_index_in_dim(v_NBKsD, k_block, 0, keepdims=False)
             k_idx = k_block * block_k + jnp.arange(block_k)
 
             def tile(c: SoftmaxCarry, apply_mask: bool) -> SoftmaxCarry:
@@ -177,7 +274,7 @@ def flex_attention(call: AttentionCall, *, score_mod: bm.ScoreMod | None = None,
                 if score is not None:
                     logit = score(to_heads(logit), b_idx, h_idx, q_pos, k_idx).reshape(logit.shape)
                 if apply_mask:
-                    m = group_heads(visible_of(b_idx, h_idx, q_pos, k_idx), kv)
+                    m = group_heads(visible_of(mb_idx, mh_idx, q_pos, k_idx), kv)
                     visible = m if visible is None else visible & m
                 return fold_logits(c, logit, visible, v_BKSD)
 
@@ -187,7 +284,7 @@ def flex_attention(call: AttentionCall, *, score_mod: bm.ScoreMod | None = None,
         init = SoftmaxCarry.init(b, kv, h // kv, block_q, call.value_dim, call.query.dtype)
         if varying:  # inside shard_map the carry varies as its inputs do
             init = jax.lax.pcast(init, varying, to="varying")
-        carry, _ = jax.lax.scan(key_block, init, (k_rows, v_rows, idx_N, kind_N))
+        carry, _ = jax.lax.scan(key_block, init, (idx_N, kind_N))
         return None, tile_finish(carry, call.query.dtype, call.sinks_tiles())
 
     q_starts = jnp.arange(nq) * block_q
@@ -195,4 +292,4 @@ def flex_attention(call: AttentionCall, *, score_mod: bm.ScoreMod | None = None,
     return o_NBtHD.swapaxes(0, 1).reshape(b, nq * block_q, h, call.value_dim)[:, :t]
 
 
-__all__ = ["FlexAttention", "call_block_mask", "flex_attention"]
+__all__ = ["KERNELS", "FlexAttention", "call_block_mask", "cudnn_serves", "flex_attention", "pallas_serves"]
