@@ -17,7 +17,7 @@ import sys
 import time
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import workbench  # noqa: E402
+import workbench
 
 workbench.simulate_devices(1)
 

@@ -25,6 +25,9 @@ _LAZY = {
     "explain_table": "workbench.core.axes",
     "OperationRegistry": "workbench.core.operations",
     "OperationMetadata": "workbench.core.operations",
+    "create_block_mask": "workbench.core.operations.attention.block_mask",
+    "BlockMask": "workbench.core.operations.attention.block_mask",
+    "flex_variant": "workbench.core.operations.attention.flex",
 }
 _SUBMODULES = ("core", "models")
 

@@ -240,3 +240,32 @@ def test_use_in_model_encodes_with_a_hugging_face_tokenizer(monkeypatch, smollm2
     lab = AttentionLab(model, **SMALL)
     assert lab.tokenizer is None and not lab.use_in_model("Hi")
     assert "no tokenizer: pass AttentionLab(model, tokenizer=...)" in lab.error
+
+
+def test_a_flex_variant_defined_in_two_lines_appears_with_its_block_mask():
+    """``flex_variant`` registers mods as an implementation: the lab's menu lists it, draws its block mask with its
+    sparsity, and compares it with vanilla given the same mask."""
+    import workbench as wb
+    from workbench.core.operations.attention import block_mask as mods
+
+    lab = AttentionLab(**{**SMALL, "seq_len": 128})
+    try:
+        wb.flex_variant("window_32", mask_mod=mods.sliding_window(32), block_q=16, block_k=16)
+        lab._refresh_button.click()
+        assert "window_32" in lab.implementations
+        lab._impl.value = "window_32"
+        lab._window.value = 32  # the reference sees the same window
+        assert not lab.error, lab.error
+        assert lab.comparison.impl.kernel_path == "flex/native" and lab.comparison.max_abs_diff < 2e-5
+        html = lab._capabilities.value
+        # 8 x 8 tiles of 16: row i sees its diagonal tile (partial), tile i - 1 whole (full) and i - 2 in part:
+        # 1 + 2 + 6 x 3 = 21 of 64 visited, 43 empty
+        assert 'class="wb-attention-block-mask"' in html and "<svg" in html and "sparsity 67.2%" in html
+        wb.flex_variant("window_32", mask_mod=mods.sliding_window(16), block_q=16, block_k=16)  # the cell re-run
+        lab._refresh_button.click()
+        assert "sliding_window(16)" in lab._capabilities.value
+        with pytest.raises(ValueError, match="built-in implementation"):
+            wb.flex_variant("flash", mask_mod=mods.causal)
+    finally:
+        OperationRegistry.unregister("window_32")
+        lab.close()

@@ -413,9 +413,23 @@ class AttentionLab(widgets.VBox):
     def _capabilities_html(self) -> str:
         caps = OperationRegistry.capabilities(self.impl)
         features = ", ".join(sorted(caps.features)) or "none"
-        return (f'<div class="wb-attention-capabilities" style="{_NOTE}"><b>{escape(self.impl)}</b>: '
+        text = (f'<div class="wb-attention-capabilities" style="{_NOTE}"><b>{escape(self.impl)}</b>: '
                 f"{escape(caps.description or '(no description)')} · features: {escape(features)} · dtypes: "
                 f"{escape(', '.join(caps.dtypes))}</div>")
+        return text + self._block_mask_html()
+
+    def _block_mask_html(self) -> str:
+        """A flex implementation's block mask at the lab's T: its picture and sparsity."""
+        from workbench.core.operations.attention.flex import FlexAttention
+
+        impl = OperationRegistry.get(self.impl)
+        if not issubclass(impl, FlexAttention):
+            return ""
+        t = self.inputs()[0].shape[1]
+        mask = impl().block_mask_for(t, t)
+        if mask is None:
+            return ""
+        return f'<div class="wb-attention-block-mask" style="{_NOTE}">{mask._repr_html_()}</div>'
 
     def _update_head_options(self) -> None:
         heads = self.inputs()[0].shape[2]

@@ -230,3 +230,31 @@ def test_kernels_that_cannot_serve_a_call_say_so():
     assert flex.cudnn_serves(call) is None and flex.pallas_serves(call, 16, 16) is None
     lengths = OperationRegistry.create("flex").prepare(q, q, q, kv_lengths=jnp.array([3], jnp.int32))
     assert "kv_lengths" in flex.cudnn_serves(lengths) and "kv_lengths" in flex.pallas_serves(lengths, 16, 16)
+
+
+@pytest.mark.parametrize("mod_kind", ["window", "streaming", "prefix_lm", "alibi"])
+def test_with_kv_lengths_a_mod_sees_each_row_s_positions(mod_kind):
+    """A decode-like call (3 queries against 20 cache slots, rows filled to 9 and 20): query i of row b is at
+    position kv_lengths[b] - 3 + i, for the mods as for ``causal``."""
+    rng = np.random.default_rng(11)
+    t, s, lengths = 3, 20, np.array([9, 20], np.int32)
+    q = rng.normal(size=(2, t, 4, 8)).astype(np.float32)
+    k, v = (rng.normal(size=(2, s, 2, 8)).astype(np.float32) for _ in range(2))
+    pos = lengths[:, None, None] - t + np.arange(t)[None, :, None]  # (B, T, 1)
+    key = np.arange(s)[None, None, :]
+    kw, ref = {}, {}
+    if mod_kind == "window":
+        kw["mask_mod"], dense = bm.sliding_window(4), (pos >= key) & (pos - key < 4)
+    elif mod_kind == "streaming":
+        kw["mask_mod"], dense = bm.streaming(3, 2), (pos >= key) & ((pos - key < 3) | (key < 2))
+    elif mod_kind == "prefix_lm":
+        kw["mask_mod"], dense = bm.prefix_lm(6), (key < 6) | (pos >= key)
+    else:
+        kw["score_mod"], dense = bm.alibi(4), np.broadcast_to(pos >= key, (2, t, s))
+        slopes = np.array([2.0 ** (-8.0 * (i + 1) / 4) for i in range(4)])
+        ref["bias"] = slopes[None, :, None, None] * (key - pos)[:, None]
+        kw["causal"] = True
+    out = OperationRegistry.create("flex", OperationMetadata(options={"block_q": 4, "block_k": 8}))(
+        jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), kv_lengths=jnp.asarray(lengths), **kw)
+    expected, _ = reference_attention(q, k, v, mask=dense[:, None], kv_lengths=lengths, **ref)
+    np.testing.assert_allclose(np.asarray(out.attention_outputs, np.float64), expected, atol=2e-5)

@@ -10,7 +10,8 @@ The calling convention's options are built-in mods: ``causal`` and ``sliding_win
 block mask) when positions are static (no ``kv_lengths``); ``kv_lengths``, segment ids, a dense ``mask`` and
 ``bias`` apply inside each tile; ``logits_soft_cap`` and ``bias`` come before the ``score_mod``; ``sinks`` join
 the softmax's denominator. A mod's ``q_idx`` is the query's position (``S - T`` added to its index, as ``causal``
-aligns here).
+aligns here; with ``kv_lengths``, ``kv_lengths[b] - T`` added, as a decode step against a cache needs, and then no
+tile is known empty before the call: every tile is partial).
 
 Kernels (option ``kernel``, default ``"auto"``; the one that ran is the output's ``kernel_path``): on CPU and TPU
 the native blockwise path here; on a GPU, cuDNN (``jax.nn.dot_product_attention(implementation="cudnn")``) for
@@ -78,7 +79,7 @@ class FlexAttention(AttentionImplMixin, OperationImpl):
 
     def block_sizes(self, t: int, s: int) -> tuple[int, int]:
         """``(block_q, block_k)`` from the options, clipped to ``(T, S)``."""
-        opts = self.metadata.options
+        opts = self.options
         sizes = {"block_q": opts.get("block_q", DEFAULT_BLOCK_Q), "block_k": opts.get("block_k", DEFAULT_BLOCK_K)}
         for name, size in sizes.items():
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
@@ -87,7 +88,7 @@ class FlexAttention(AttentionImplMixin, OperationImpl):
 
     def kernel(self) -> str:
         """The ``kernel`` option: ``"auto"`` (default), ``"native"``, ``"pallas"`` or ``"cudnn"``."""
-        kernel = self.metadata.options.get("kernel", "auto")
+        kernel = self.options.get("kernel", "auto")
         if kernel not in KERNELS:
             raise ValueError(f"flex: option kernel must be one of {KERNELS}; got {kernel!r}")
         return kernel
@@ -98,9 +99,26 @@ class FlexAttention(AttentionImplMixin, OperationImpl):
     def forward_gpu(self, query, key, value, **kwargs) -> AttentionOutput:
         return self._run("gpu", query, key, value, **kwargs)
 
+    variant_options: tp.ClassVar[dict[str, tp.Any]] = {}  # a flex_variant's mods and blocks
+
+    @property
+    def options(self) -> dict[str, tp.Any]:
+        """The variant's options (:func:`flex_variant`) under the metadata's."""
+        return {**self.variant_options, **self.metadata.options}
+
+    def block_mask_for(self, t: int, s: int) -> bm.BlockMask | None:
+        """The block mask this implementation's mask mod gives ``t`` queries by ``s`` keys (None without one), as
+        the lab draws it."""
+        opts = self.options
+        if opts.get("block_mask") is not None:
+            return opts["block_mask"]
+        if opts.get("mask_mod") is None:
+            return None
+        return bm.create_block_mask(opts["mask_mod"], None, None, t, s, *self.block_sizes(t, s))
+
     def _run(self, platform: str, query, key, value, *, score_mod=None, mask_mod=None, block_mask=None,
              **kwargs) -> AttentionOutput:
-        opts = self.metadata.options
+        opts = self.options
         score_mod = score_mod if score_mod is not None else opts.get("score_mod")
         mask_mod = mask_mod if mask_mod is not None else opts.get("mask_mod")
         block_mask = block_mask if block_mask is not None else opts.get("block_mask")
@@ -140,6 +158,34 @@ class FlexAttention(AttentionImplMixin, OperationImpl):
         return AttentionOutput(out, None, kernel_path=path)
 
 
+def flex_variant(name: str, *, score_mod: bm.ScoreMod | None = None, mask_mod: bm.MaskMod | None = None,
+                 description: str | None = None, **options: tp.Any) -> type[FlexAttention]:
+    """Register ``flex`` with these mods (and ``options``: ``block_q``, ``block_k``, ``kernel``) as the attention
+    implementation ``name``: it appears in the registry, the attention lab's menu and ``with_attention(name)``.
+    Registering the same name again replaces it (re-running a notebook cell)."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"flex_variant: name must be an identifier-like string; got {name!r}")
+    if name in {n for n in OperationRegistry.list_implementations(include_aliases=True)} and not issubclass(
+            OperationRegistry.get(name), FlexAttention):
+        raise ValueError(f"flex_variant: {name!r} is a built-in implementation; choose another name")
+    unknown = sorted(set(options) - {"block_q", "block_k", "kernel"})
+    if unknown:
+        raise ValueError(f"flex_variant: unknown options {unknown}; it takes score_mod, mask_mod, block_q, block_k, "
+                         f"kernel")
+    for what, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"flex_variant: {what} must be a function; got {fn!r}")
+    mods = " and ".join(f"{w} {bm._name(f)}" for w, f in (("score_mod", score_mod), ("mask_mod", mask_mod)) if f)
+    text = description or f"flex with {mods or 'no mods'}"
+    cls = type(f"Flex_{name}", (FlexAttention,), {
+        "variant_options": {"score_mod": score_mod, "mask_mod": mask_mod, **options},
+        "capabilities": dataclasses.replace(FlexAttention.capabilities, description=text),
+        "get_impl_name": classmethod(lambda c: name),
+        "__doc__": text,
+    })
+    return OperationRegistry.register(cls, override=True)
+
+
 def cudnn_serves(call: AttentionCall) -> str | None:
     """Why cuDNN (``jax.nn``'s) cannot run ``call`` as plain attention, or None when it can."""
     vis = call.visibility
@@ -155,7 +201,7 @@ def cudnn_serves(call: AttentionCall) -> str | None:
 
 def pallas_serves(call: AttentionCall, block_q: int, block_k: int) -> str | None:
     """Why the Pallas kernel cannot run ``call``, or None when it can."""
-    b, t, s, h, kv, d = call.shape
+    _, t, s, _, _, d = call.shape
     vis = call.visibility
     extras = {"kv_lengths": vis.kv_lengths, "segment ids": vis.q_segment_ids, "a dense mask": vis.mask,
               "a bias": call.bias, "sinks": call.sinks}
@@ -217,6 +263,12 @@ def call_block_mask(call: AttentionCall, mask_mod: bm.MaskMod | None, block_mask
         mods.append(bm.causal)
     if static:
         vis = dataclasses.replace(vis, causal=False, sliding_window=None)
+    if not static and mods:
+        # positions differ per batch row (kv_lengths): no tile can be known empty or full before the call
+        (user,) = mods
+        nq, nk = -(-t // block_q), -(-s // block_k)
+        every = np.full((1, 1, nq, nk), bm.PARTIAL, np.int8)
+        return bm.BlockMask(user, (1, 1, t, s), block_q, block_k, every), vis
     if block_mask is not None and len(mods) == 1:
         return block_mask, vis
     mod = _everything if not mods else mods[0]
@@ -249,16 +301,32 @@ def flex_attention(call: AttentionCall, *, score_mod: bm.ScoreMod | None = None,
     k_NBKsD, v_NBKsD = (split_blocks(keys_to_tiles(x), nk, axis=2) for x in (call.key, call.value))
     score = None if score_mod is None else bm.vectorize_score(score_mod)
     visible_of = bm.vectorize_mask(mask.mask_mod) if masked else None
-    b_idx, h_idx, offset = jnp.arange(b), jnp.arange(h), s - t
+    b_idx, h_idx = jnp.arange(b), jnp.arange(h)
+    lengths = call.visibility.kv_lengths  # after padding: None, or each row's keys
+    per_row = vis.kv_lengths is not None  # the caller's kv_lengths: each row's query positions differ
     # a mask the same for every batch row and head is evaluated once per tile, then broadcast
-    mb_idx, mh_idx = jnp.arange(mask.shape[0]), jnp.arange(mask.shape[1])
+    mb_idx, mh_idx = jnp.arange(1 if not per_row else mask.shape[0]), jnp.arange(mask.shape[1])
+    if per_row and mask.shape[0] == 1:
+        mb_idx = jnp.zeros((b,), jnp.int32)  # one evaluation per row: positions differ, b does not matter
+
+    def mask_tile(q_idx: Array, k_idx: Array) -> Array:
+        """``(B|1, H|1, tq, tk)``: the mask mod at the tile's query positions."""
+        if not per_row:
+            return visible_of(mb_idx, mh_idx, q_idx + (s - t), k_idx)
+        pos_Bt = lengths[:, None] - t + q_idx[None]
+        return jax.vmap(lambda bi, row: visible_of(bi[None], mh_idx, row, k_idx)[0])(mb_idx, pos_Bt)
+
+    def score_tile(logit_BHts: Array, q_idx: Array, k_idx: Array) -> Array:
+        if not per_row:
+            return score(logit_BHts, b_idx, h_idx, q_idx + (s - t), k_idx)
+        pos_Bt = lengths[:, None] - t + q_idx[None]
+        return jax.vmap(lambda x, bi, row: score(x[None], bi[None], h_idx, row, k_idx)[0])(logit_BHts, b_idx, pos_Bt)
     to_heads = lambda x: x.reshape(x.shape[0], h, *x.shape[3:])
     hook = _TILE_HOOK
 
     def query_block(_, xs):
         q_BKGTD, q_start, idx_N, kind_N = xs
         q_idx = q_start + jnp.arange(block_q)
-        q_pos = q_idx + offset
 
         @jax.checkpoint
         def key_block(carry, ys):
@@ -272,9 +340,9 @@ def flex_attention(call: AttentionCall, *, score_mod: bm.ScoreMod | None = None,
                     jax.debug.callback(hook, q_start // block_q, k_block)
                 logit, visible = logits(q_BKGTD, k_BKSD, call, q_idx, k_idx)
                 if score is not None:
-                    logit = score(to_heads(logit), b_idx, h_idx, q_pos, k_idx).reshape(logit.shape)
+                    logit = score_tile(to_heads(logit), q_idx, k_idx).reshape(logit.shape)
                 if apply_mask:
-                    m = group_heads(visible_of(mb_idx, mh_idx, q_pos, k_idx), kv)
+                    m = group_heads(mask_tile(q_idx, k_idx), kv)
                     visible = m if visible is None else visible & m
                 return fold_logits(c, logit, visible, v_BKSD)
 
@@ -292,4 +360,5 @@ def flex_attention(call: AttentionCall, *, score_mod: bm.ScoreMod | None = None,
     return o_NBtHD.swapaxes(0, 1).reshape(b, nq * block_q, h, call.value_dim)[:, :t]
 
 
-__all__ = ["KERNELS", "FlexAttention", "call_block_mask", "cudnn_serves", "flex_attention", "pallas_serves"]
+__all__ = ["KERNELS", "FlexAttention", "call_block_mask", "cudnn_serves", "flex_attention", "flex_variant",
+           "pallas_serves"]
