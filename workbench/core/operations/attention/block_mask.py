@@ -24,6 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
+# measured on this CPU (benchmarks/flex.py): 128 x 256 tiles balance causal and sparse masks
+DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K = 128, 256
 KIND_NAMES = {EMPTY: "empty", PARTIAL: "partial", FULL: "full"}
 _COLORS = {EMPTY: "#f4f4f4", PARTIAL: "#9ecae1", FULL: "#3182bd"}
 
@@ -194,7 +196,7 @@ def _check_int(name: str, value: tp.Any, allow_none: bool = False) -> int | None
 
 
 def create_block_mask(mask_mod: MaskMod, B: int | None, H: int | None, T: int, S: int,
-                      block_q: int = 128, block_k: int = 128) -> BlockMask:
+                      block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K) -> BlockMask:
     """The :class:`BlockMask` of ``mask_mod`` over ``B`` batch rows and ``H`` heads (None: the same for all) of
     ``T`` queries by ``S`` keys, in ``block_q x block_k`` tiles. Cached by ``(mask_mod, B, H, T, S, blocks)``."""
     if not callable(mask_mod):

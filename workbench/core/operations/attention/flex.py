@@ -56,8 +56,7 @@ from workbench.core.operations.attention.common import (
 from workbench.core.operations.attention.flash import all_varying, pad_call, split_blocks
 from workbench.core.operations.base import AttentionOutput, Capabilities, OperationImpl, OperationRegistry
 
-DEFAULT_BLOCK_Q = 128
-DEFAULT_BLOCK_K = 256  # measured on this CPU (benchmarks/flex.py): 128 x 256 tiles balance causal and sparse masks
+DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K = bm.DEFAULT_BLOCK_Q, bm.DEFAULT_BLOCK_K
 MOD_OPTIONS = ("score_mod", "mask_mod", "block_mask")
 KERNELS = ("auto", "native", "pallas", "cudnn")
 _TILE_HOOK: tp.Callable[[Array, Array], None] | None = None  # tests count visited tiles through it
