@@ -74,6 +74,7 @@ notebooks: $(VENV)/.test-installed
 benchmarks: $(VENV)/.test-installed
 	$(BIN)/python benchmarks/import_time.py
 	$(BIN)/python benchmarks/attention.py
+	$(BIN)/python benchmarks/flex.py
 	$(BIN)/python benchmarks/parallel_linear.py
 	$(BIN)/python benchmarks/generate.py
 	$(BIN)/python benchmarks/load.py
