@@ -255,6 +255,7 @@ def sliding_window(window: int) -> MaskMod:
         return (q_idx >= kv_idx) & (q_idx - kv_idx < window)
 
     sliding_window_mask.__name__ = f"sliding_window({window})"
+    sliding_window_mask.window = window  # kernels that take a window (TPU splash attention) read it
     return sliding_window_mask
 
 

@@ -13,13 +13,14 @@ the softmax's denominator. A mod's ``q_idx`` is the query's position (``S - T`` 
 aligns here; with ``kv_lengths``, ``kv_lengths[b] - T`` added, as a decode step against a cache needs, and then no
 tile is known empty before the call: every tile is partial).
 
-Kernels (option ``kernel``, default ``"auto"``; the one that ran is the output's ``kernel_path``): on CPU and TPU
-the native blockwise path here; on a GPU, cuDNN (``jax.nn.dot_product_attention(implementation="cudnn")``) for
-plain causal / sliding-window / full attention in bfloat16 or float16, else the block-sparse Pallas kernel of
-:mod:`.flex_pallas` (Triton), else (``kv_lengths``, segment ids, a dense mask, a bias, sinks, ragged blocks) the
-native path, its ``kernel_path`` saying why. ``kernel="pallas"`` on CPU runs that kernel in Pallas' interpret
-mode (how CI tests it); ``"cudnn"`` and ``"pallas"`` raise where they cannot serve a call. The TPU's splash
-attention is not wired in yet.
+Kernels (option ``kernel``, default ``"auto"``; the one that ran is the output's ``kernel_path``): on CPU the
+native blockwise path here; on a TPU, JAX's splash attention (:mod:`.flex_splash`) for full / causal / sliding-window
+masks with ``T == S`` and no score mod, else the native path, its ``kernel_path`` saying why; on a GPU, cuDNN
+(``jax.nn.dot_product_attention(implementation="cudnn")``) for plain causal / sliding-window / full attention in
+bfloat16 or float16, else the block-sparse Pallas kernel of :mod:`.flex_pallas` (Triton), else (``kv_lengths``,
+segment ids, a dense mask, a bias, sinks, ragged blocks) the native path, its ``kernel_path`` saying why.
+``kernel="pallas"`` and ``kernel="splash"`` on CPU run those kernels in Pallas' interpret mode (how CI tests them);
+``"cudnn"``, ``"pallas"`` and ``"splash"`` raise where they cannot serve a call.
 
 Mods and a prebuilt ``block_mask`` come from ``OperationMetadata(options={...})`` (``with_attention("flex",
 score_mod=..., mask_mod=...)``) or as call arguments, which win. A block mask built without ``B`` / ``H`` (None)
@@ -54,11 +55,12 @@ from workbench.core.operations.attention.common import (
     tile_finish,
 )
 from workbench.core.operations.attention.flash import all_varying, pad_call, split_blocks
+from workbench.core.operations.attention.flex_splash import flex_attention_splash, splash_mask, splash_serves
 from workbench.core.operations.base import AttentionOutput, Capabilities, OperationImpl, OperationRegistry
 
 DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K = bm.DEFAULT_BLOCK_Q, bm.DEFAULT_BLOCK_K
 MOD_OPTIONS = ("score_mod", "mask_mod", "block_mask")
-KERNELS = ("auto", "native", "pallas", "cudnn")
+KERNELS = ("auto", "native", "pallas", "cudnn", "splash")
 _TILE_HOOK: tp.Callable[[Array, Array], None] | None = None  # tests count visited tiles through it
 
 
@@ -70,7 +72,8 @@ class FlexAttention(AttentionImplMixin, OperationImpl):
         features=ALL_FEATURES - {RETURN_WEIGHTS},
         description="score_mod / mask_mod in plain jnp (PyTorch FlexAttention's convention), block-sparse: visits "
                     "only the key blocks its BlockMask lists; GPU: cuDNN for plain masks, else a Pallas (Triton) "
-                    "kernel; options score_mod, mask_mod, block_mask, block_q, block_k, kernel")
+                    "kernel; TPU: splash attention for plain masks; options score_mod, mask_mod, block_mask, "
+                    "block_q, block_k, kernel")
 
     @classmethod
     def get_impl_name(cls):
@@ -86,7 +89,7 @@ class FlexAttention(AttentionImplMixin, OperationImpl):
         return min(sizes["block_q"], t), min(sizes["block_k"], s)
 
     def kernel(self) -> str:
-        """The ``kernel`` option: ``"auto"`` (default), ``"native"``, ``"pallas"`` or ``"cudnn"``."""
+        """The ``kernel`` option: ``"auto"`` (default), ``"native"``, ``"pallas"``, ``"cudnn"`` or ``"splash"``."""
         kernel = self.options.get("kernel", "auto")
         if kernel not in KERNELS:
             raise ValueError(f"flex: option kernel must be one of {KERNELS}; got {kernel!r}")
@@ -97,6 +100,9 @@ class FlexAttention(AttentionImplMixin, OperationImpl):
 
     def forward_gpu(self, query, key, value, **kwargs) -> AttentionOutput:
         return self._run("gpu", query, key, value, **kwargs)
+
+    def forward_tpu(self, query, key, value, **kwargs) -> AttentionOutput:
+        return self._run("tpu", query, key, value, **kwargs)
 
     variant_options: tp.ClassVar[dict[str, tp.Any]] = {}  # a flex_variant's mods and blocks
 
@@ -140,7 +146,17 @@ class FlexAttention(AttentionImplMixin, OperationImpl):
             out = jax.nn.dot_product_attention(call.query, call.key, call.value, scale=call.scale,
                                                implementation="cudnn", **args)
             return AttentionOutput(out if rows is None else jnp.where(rows, out, 0), None, kernel_path="flex/cudnn")
-        if kernel == "pallas" or (kernel == "auto" and platform == "gpu"):
+        if kernel == "splash" or (kernel == "auto" and platform == "tpu"):
+            why = splash_serves(call, mask_mod, score_mod, block_mask)
+            if why is None:
+                out = flex_attention_splash(call, *splash_mask(call, mask_mod, block_mask),
+                                            interpret=platform != "tpu")
+                path = "flex/splash" + ("" if platform == "tpu" else " (interpret)")
+                return AttentionOutput(out, None, kernel_path=path)
+            if kernel == "splash":
+                raise ValueError(f"flex: splash attention does not serve {why}; use kernel='native' (or 'auto')")
+            path = f"flex/native (splash does not serve {why})"
+        elif kernel == "pallas" or (kernel == "auto" and platform == "gpu"):
             why = pallas_serves(call, block_q, block_k)
             if why is None:
                 out = flex_attention_pallas_call(call, score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask,
