@@ -72,3 +72,17 @@ def test_sigint_during_the_loop_then_the_next_call_works(model_and_reference):
         timer.join()
         signal.signal(signal.SIGINT, previous)
     np.testing.assert_array_equal(np.asarray(model.generate(IDS, CONFIG).sequences), reference)
+
+
+def test_an_interrupt_that_lands_in_jax_s_callback_code_is_raised_as_it_was():
+    """The signal may land in JAX's wrapper around the streamer's callback, outside the streamer: XLA then reports
+    "CpuCallback error ... KeyboardInterrupt", which generate raises as the KeyboardInterrupt it was (seen once in
+    CI); other runtime errors pass through."""
+    import jax
+
+    from workbench.core.models.generation import _interrupt_as_raised
+
+    with pytest.raises(KeyboardInterrupt), _interrupt_as_raised():
+        raise jax.errors.JaxRuntimeError("INTERNAL: CpuCallback error calling callback: ...\nKeyboardInterrupt: ")
+    with pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE_EXHAUSTED"), _interrupt_as_raised():
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: out of memory")

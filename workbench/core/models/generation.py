@@ -16,6 +16,7 @@ as on Auto axes (:func:`~workbench.core.mesh.call_on_auto_axes`), their outputs 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -73,6 +74,18 @@ class _StreamSlot:
             # (the cache consistent) and generate raises it as it was
             self.error = e
             return np.bool_(True)
+
+
+@contextlib.contextmanager
+def _interrupt_as_raised() -> tp.Iterator[None]:
+    """A kernel interrupt that lands in JAX's own host-callback code (the main thread runs the streamer's callback
+    on CPU) surfaces as XLA's "CpuCallback error"; raise it as the KeyboardInterrupt it was."""
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as e:
+        if "KeyboardInterrupt" in str(e):
+            raise KeyboardInterrupt from e
+        raise
 
 
 def _stream(streamer, tokens) -> bool:
@@ -184,7 +197,8 @@ def generate(model: nnx.Module, input_ids, generation_config: GenerationConfig |
     if streamer is not None and hasattr(streamer, "put"):
         streamer.put(np.asarray(args[1]))
     t0 = time.perf_counter()
-    s, cache = jax.block_until_ready(run_prefill(*args))
+    with _interrupt_as_raised():
+        s, cache = jax.block_until_ready(run_prefill(*args))
     timings["prefill"] = time.perf_counter() - t0
     state = args[0]
     # the decode loop's inputs are the prefill's outputs, so the prefill's signature determines their avals
@@ -192,12 +206,14 @@ def generate(model: nnx.Module, input_ids, generation_config: GenerationConfig |
                                 lambda: _decode_entry(programs, streamer is not None, (state, s, cache)), timings)
     t0 = time.perf_counter()
     if slot is None:
-        s, cache = jax.block_until_ready(run_decode(state, s, cache))
+        with _interrupt_as_raised():
+            s, cache = jax.block_until_ready(run_decode(state, s, cache))
     else:
         with slot.lock:  # two threads streaming through one program take turns
             slot.streamer, slot.error = streamer, None
             try:
-                s, cache = jax.block_until_ready(run_decode(state, s, cache))
+                with _interrupt_as_raised():
+                    s, cache = jax.block_until_ready(run_decode(state, s, cache))
             finally:
                 slot.streamer, error, slot.error = None, slot.error, None
         if error is not None:
