@@ -212,6 +212,21 @@ def prepare(impl: str, supported: frozenset[str], query: Array, key: Array, valu
     return AttentionCall(query, key, value, vis, bias, logits_soft_cap, scale, return_weights, sinks)
 
 
+def call_extras(call: AttentionCall, *names: str) -> list[str]:
+    """Which of the optional inputs ``names`` (``"kv_lengths"``, ``"segment ids"``, ``"a dense mask"``, ``"a bias"``,
+    ``"sinks"``, ``"a soft cap"``, ``"values of another head dim"``) ``call`` uses, in that order: what a kernel that
+    lacks them names when it cannot serve the call."""
+    vis = call.visibility
+    present = {"kv_lengths": vis.kv_lengths is not None, "segment ids": vis.q_segment_ids is not None,
+               "a dense mask": vis.mask is not None, "a bias": call.bias is not None,
+               "sinks": call.sinks is not None, "a soft cap": call.logits_soft_cap is not None,
+               "values of another head dim": call.value_dim != call.shape[5]}
+    unknown = sorted(set(names) - set(present))
+    if unknown:
+        raise ValueError(f"call_extras: unknown inputs {unknown}; known: {list(present)}")
+    return [n for n in names if present[n]]
+
+
 def unsupported(impl: str, feature: str) -> ValueError:
     """The error for a feature ``impl`` does not support, listing the implementations that do."""
     others = [n for n in OperationRegistry.supporting(feature) if n != impl]

@@ -47,6 +47,7 @@ from workbench.core.operations.attention.common import (
     AttentionImplMixin,
     SoftmaxCarry,
     Visibility,
+    call_extras,
     fold_logits,
     group_heads,
     keys_to_tiles,
@@ -59,7 +60,6 @@ from workbench.core.operations.attention.flex_splash import flex_attention_splas
 from workbench.core.operations.base import AttentionOutput, Capabilities, OperationImpl, OperationRegistry
 
 DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K = bm.DEFAULT_BLOCK_Q, bm.DEFAULT_BLOCK_K
-MOD_OPTIONS = ("score_mod", "mask_mod", "block_mask")
 KERNELS = ("auto", "native", "pallas", "cudnn", "splash")
 _TILE_HOOK: tp.Callable[[Array, Array], None] | None = None  # tests count visited tiles through it
 
@@ -180,7 +180,7 @@ def flex_variant(name: str, *, score_mod: bm.ScoreMod | None = None, mask_mod: b
     Registering the same name again replaces it (re-running a notebook cell)."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"flex_variant: name must be an identifier-like string; got {name!r}")
-    if name in {n for n in OperationRegistry.list_implementations(include_aliases=True)} and not issubclass(
+    if name in OperationRegistry.list_implementations(include_aliases=True) and not issubclass(
             OperationRegistry.get(name), FlexAttention):
         raise ValueError(f"flex_variant: {name!r} is a built-in implementation; choose another name")
     unknown = sorted(set(options) - {"block_q", "block_k", "kernel"})
@@ -203,10 +203,7 @@ def flex_variant(name: str, *, score_mod: bm.ScoreMod | None = None, mask_mod: b
 
 def cudnn_serves(call: AttentionCall) -> str | None:
     """Why cuDNN (``jax.nn``'s) cannot run ``call`` as plain attention, or None when it can."""
-    vis = call.visibility
-    extras = {"kv_lengths": vis.kv_lengths, "segment ids": vis.q_segment_ids, "a dense mask": vis.mask,
-              "a bias": call.bias, "sinks": call.sinks, "a soft cap": call.logits_soft_cap}
-    used = [name for name, x in extras.items() if x is not None]
+    used = call_extras(call, "kv_lengths", "segment ids", "a dense mask", "a bias", "sinks", "a soft cap")
     if used:
         return ", ".join(used)
     if call.query.dtype not in (jnp.bfloat16, jnp.float16):
@@ -216,13 +213,9 @@ def cudnn_serves(call: AttentionCall) -> str | None:
 
 def pallas_serves(call: AttentionCall, block_q: int, block_k: int) -> str | None:
     """Why the Pallas kernel cannot run ``call``, or None when it can."""
-    _, t, s, _, _, d = call.shape
-    vis = call.visibility
-    extras = {"kv_lengths": vis.kv_lengths, "segment ids": vis.q_segment_ids, "a dense mask": vis.mask,
-              "a bias": call.bias, "sinks": call.sinks}
-    used = [name for name, x in extras.items() if x is not None]
-    if call.value_dim != d:
-        used.append("values of another head dim")
+    _, t, s, *_ = call.shape
+    used = call_extras(call, "kv_lengths", "segment ids", "a dense mask", "a bias", "sinks",
+                       "values of another head dim")
     if t % block_q or s % block_k:
         used.append(f"T={t}, S={s} not multiples of the blocks {block_q} x {block_k}")
     return ", ".join(used) or None

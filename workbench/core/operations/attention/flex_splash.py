@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from workbench.core.operations.attention import block_mask as bm
-from workbench.core.operations.attention.common import Array, AttentionCall, Visibility
+from workbench.core.operations.attention.common import Array, AttentionCall, Visibility, call_extras
 
 MASK_KINDS = ("full", "causal", "window")
 BLOCKS = (512, 256, 128)  # splash wants key blocks a multiple of 128 (TPU lanes)
@@ -65,13 +65,9 @@ def splash_mask(call: AttentionCall, mask_mod: bm.MaskMod | None, block_mask: bm
 def splash_serves(call: AttentionCall, mask_mod: bm.MaskMod | None, score_mod: bm.ScoreMod | None,
                   block_mask: bm.BlockMask | None) -> str | None:
     """Why splash attention cannot run ``call`` with these mods, or None when it can."""
-    _, t, s, _, _, d = call.shape
-    vis = call.visibility
-    extras = {"a score_mod": score_mod, "kv_lengths": vis.kv_lengths, "a dense mask": vis.mask,
-              "a bias": call.bias, "sinks": call.sinks}
-    used = [name for name, x in extras.items() if x is not None]
-    if call.value_dim != d:
-        used.append("values of another head dim")
+    _, t, s, *_ = call.shape
+    used = (["a score_mod"] if score_mod is not None else []) + call_extras(
+        call, "kv_lengths", "a dense mask", "a bias", "sinks", "values of another head dim")
     if t != s:
         used.append(f"T={t} != S={s} (splash aligns its masks top-left, ours bottom-right)")
     elif t % BLOCKS[-1]:
