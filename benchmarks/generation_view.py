@@ -35,7 +35,7 @@ def main() -> None:
     else:
         from transformers import AutoTokenizer
 
-        from workbench.core.models.checkpoint import from_pretrained
+        from workbench.core.models.auto import from_pretrained
         from workbench.models import local_checkpoint
 
         path = local_checkpoint()

@@ -301,7 +301,7 @@ def test_real_smollm2_answers_in_chat_like_transformers(smollm2_dir, hf):
     import torch
     import transformers
 
-    from workbench.core.models.checkpoint import from_pretrained
+    from workbench.core.models.auto import from_pretrained
 
     question = "What is the capital of France?"
     ids = chat_ids(hf, question)

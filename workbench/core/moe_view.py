@@ -60,7 +60,7 @@ def token_groups(batch: int, length: int, mesh: Mesh | None, partition_axis: Par
     n = batch * length
     if mesh is None:
         return 1, 1, n
-    from workbench.core.models.causal_lm import ACTIVATION_AXES
+    from workbench.core.models.block import ACTIVATION_AXES
     from workbench.core.models.moe_alltoall import token_split
 
     pa = partition_axis or PartitionAxis()

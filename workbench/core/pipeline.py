@@ -192,7 +192,7 @@ def _run_pipeline(parts: _Parts, schedule: PipelineSchedule, mesh: jax.sharding.
     staged = _stage_layers(parts.layers, config)
     scan, remat = model0.scan_layers, model0.remat
 
-    from workbench.core.models.causal_lm import ACTIVATION_AXES
+    from workbench.core.models.block import ACTIVATION_AXES
 
     act_spec = (model0.partition_axis or PartitionAxis()).resolve(ACTIVATION_AXES, shape=x_mBTD.shape[1:], mesh=mesh)
     act_spec = _drop_unit_axes(act_spec, mesh)

@@ -12,12 +12,12 @@ from __future__ import annotations
 from workbench._lazy import lazy_exports
 
 _LAZY = {
-    "from_pretrained": "workbench.core.models.checkpoint",
+    "from_pretrained": "workbench.core.models.auto",
     "save_pretrained": "workbench.core.models.checkpoint",
     "CausalLM": "workbench.core.models.causal_lm",
     "SequenceClassifier": "workbench.core.models.causal_lm",
     "ModelConfig": "workbench.core.models.config",
-    "GenerationConfig": "workbench.core.models.generation",
+    "GenerationConfig": "workbench.core.models.generation_config",
     "as_tokenizer": "workbench.core.models.tokenizer",
     "tiny": "workbench.core.models.presets",
     "tiny_config": "workbench.core.models.presets",

@@ -17,7 +17,8 @@ from flax import nnx
 
 from tests.core.models.tiny_llama import tiny_model
 from workbench.core.models import checkpoint
-from workbench.core.models.checkpoint import from_pretrained, save_pretrained
+from workbench.core.models.auto import from_pretrained
+from workbench.core.models.checkpoint import save_pretrained
 from workbench.core.models.config import SUPPORTED_MODEL_TYPES
 
 SMALL_SHARDS = 20_000  # bytes: the tiny Llama (~160 KB in float32) in several shards

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.core.models.hf_reference import batch, hf_model, torch
-from workbench.core.models.checkpoint import from_pretrained
+from workbench.core.models.auto import from_pretrained
 from workbench.core.models.generation_config import HF_DEFAULTS, GenerationConfig
 
 

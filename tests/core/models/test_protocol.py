@@ -10,7 +10,7 @@ from flax import nnx
 from tests.core.models.hf_reference import FAMILIES
 from workbench.core.mesh import make_mesh
 from workbench.core.models import BaseModuleProtocol, CausalLM, ModelConfig
-from workbench.core.models.protocol import ModelMethods
+from workbench.core.models.model_methods import ModelMethods
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +104,14 @@ def test_inputs_for_generation_round_trip(model):
     nxt = model.update_inputs_for_generation(out, {"input_ids": out.logits[:, -1].argmax(-1)})
     assert nxt["input_ids"].shape == (1, 1) and int(nxt["cache"].index) == 3
     assert int(model(**nxt).cache.index) == 4
+
+
+def test_is_classifier_reads_the_class_or_the_model(model):
+    from workbench.core.models import SequenceClassifier
+    from workbench.core.models.protocol import check_model_class, is_classifier
+
+    assert not is_classifier(CausalLM) and not is_classifier(model) and is_classifier(SequenceClassifier)
+    assert not model.classifier and check_model_class(SequenceClassifier) is SequenceClassifier
+    for wrong in (model, ModelConfig, nnx.Linear, "CausalLM"):
+        with pytest.raises(TypeError, match="model_cls must be a workbench model class"):
+            check_model_class(wrong)

@@ -14,7 +14,7 @@ from flax import nnx
 from tests.core.models.hf_reference import batch, hf_forward, hf_model
 from workbench.core.axes import LAYERS
 from workbench.core.models import CausalLM, ModelConfig
-from workbench.core.models.block import DecoderBlock
+from workbench.core.models.decoder import DecoderBlock
 from workbench.core.models.hf_convert import hf_state_dict
 from workbench.core.models.presets import tiny, tiny_config
 from workbench.core.models.stack import REMAT_POLICIES, layer_kinds
@@ -27,7 +27,7 @@ def highest_precision():
 
 
 def ours_from(hf) -> CausalLM:
-    from workbench.core.models.hf_convert import from_hf_state_dict
+    from workbench.core.models.auto import from_hf_state_dict
 
     config = ModelConfig.from_hf(hf.config.to_dict())
     return from_hf_state_dict(config, {k: v.detach().numpy() for k, v in hf.state_dict().items()},

@@ -20,7 +20,7 @@ import numpy as np
 from tests.core.models import numpy_reference
 from tests.core.models.hf_reference import batch, hf_model, torch
 from workbench.core.mesh import make_mesh
-from workbench.core.models.checkpoint import from_pretrained
+from workbench.core.models.auto import from_pretrained
 from workbench.core.models.generation import GenerationConfig
 
 

@@ -19,11 +19,11 @@ _LAZY = {
     "PagedKVCache": "workbench.core.models.cache",
     "BaseModuleProtocol": "workbench.core.models.protocol",
     "hf_state_dict": "workbench.core.models.hf_convert",
-    "GenerationConfig": "workbench.core.models.generation",
+    "GenerationConfig": "workbench.core.models.generation_config",
     "GenerationOutput": "workbench.core.models.generation",
     "generate": "workbench.core.models.generation",
     "MoE": "workbench.core.models.moe",
-    "from_pretrained": "workbench.core.models.checkpoint",
+    "from_pretrained": "workbench.core.models.auto",
     "save_pretrained": "workbench.core.models.checkpoint",
     "tiny": "workbench.core.models.presets",
     "tiny_config": "workbench.core.models.presets",
@@ -39,8 +39,8 @@ _LAZY = {
     "make_train_step": "workbench.core.models.training",
     "train": "workbench.core.models.training",
     "causal_lm_loss": "workbench.core.models.loss",
-    "DecoderBlock": "workbench.core.models.block",
-    "from_hf_state_dict": "workbench.core.models.hf_convert",
+    "DecoderBlock": "workbench.core.models.decoder",
+    "from_hf_state_dict": "workbench.core.models.auto",
 }
 
 __all__ = sorted(_LAZY)

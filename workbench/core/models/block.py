@@ -1,14 +1,11 @@
-"""ONE decoder block for every family: norm, attention (GQA, bias / q-k norm / sliding-window
-switches, rotary or none; or multi-head latent attention, ``mla.py``), norm, MLP (SwiGLU, GELU or a
-mixture of experts), each with a residual.
+"""The pieces of the decoder block: norms, attention (GQA, bias / q-k norm / sliding-window switches,
+rotary or none) and the dense MLP (SwiGLU or GELU); :mod:`.decoder` puts them together.
 
 Attention runs through ``OperationRegistry`` by name (BTHD layout), so swapping the
 implementation is a string change. Kernels carry semantic axes (``ColumnWise`` for q/k/v and
 gate/up, ``RowWise`` for o and down), which a ``PartitionAxis`` resolves into PartitionSpecs.
 With a KV cache the cache object writes the new keys and values and runs attention over
 what it holds (see ``cache.py``); the block does not know which kind of cache it has.
-Nothing in a block depends on its layer index: per-layer differences (the sliding window) are
-call arguments, so the model stacks one block's parameters and scans them (``stack.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +16,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from workbench.core.axes import MODE_TRAIN, TP, DynamicShardingAxes, Replicated
+from workbench.core.axes import (
+    BATCH,
+    EMPTY,
+    MODE_TRAIN,
+    QUERY_LENGTH,
+    TP,
+    DynamicShardingAxes,
+    PartitionAxis,
+    Replicated,
+)
 from workbench.core.linear import ColumnParallelLinear, RowParallelLinear
 from workbench.core.models.config import ModelConfig
 from workbench.core.models.rope import apply_rope
@@ -27,6 +33,9 @@ from workbench.core.operations import OperationMetadata, OperationRegistry
 from workbench.core.operations.attention.common import accumulation_dtype
 
 Array = jax.Array
+# Hidden states between blocks: batch over the data axes, sequence over sp (not in decode: mode from dim 1),
+# features whole (tensor-parallel layers all-reduce back to replicated features, Megatron style).
+ACTIVATION_AXES = DynamicShardingAxes((BATCH, QUERY_LENGTH, EMPTY), 1)
 
 if tp.TYPE_CHECKING:
     from workbench.core.models.cache import LayerCache
@@ -83,8 +92,6 @@ class AttentionContext:
     attn_options: tuple[tuple[str, tp.Any], ...] = ()
 
     def operation_metadata(self) -> OperationMetadata:
-        from workbench.core.axes import PartitionAxis
-
         pa = self.partition_axis or PartitionAxis()
         return OperationMetadata(mesh=self.mesh, partition_axis=pa, sequence_axis_name=pa.sequence_parallel_axis,
                                  options=dict(self.attn_options))
@@ -175,88 +182,3 @@ class MLP(nnx.Module):
             gate = jax.nn.silu(gate) if self.gate_act == "silu" else jax.nn.gelu(gate, approximate=True)
             return self.down_proj(gate * self.up_proj(x_BTD))
         return self.down_proj(jax.nn.gelu(self.up_proj(x_BTD), approximate=not self.exact_gelu))
-
-
-def make_mlp(config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Module:
-    if config.mlp_type != "moe":
-        return MLP(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    from workbench.core.models.moe import MoE
-
-    c = config
-    return MoE(c.hidden_size, c.expert_intermediate_size, c.num_local_experts, c.num_experts_per_tok,
-               routing=c.moe_routing, router_bias=c.moe_router_bias, expert_bias=c.moe_expert_bias,
-               activation=c.moe_activation, swiglu_alpha=c.swiglu_alpha, swiglu_limit=c.swiglu_limit,
-               norm_topk_prob=c.moe_norm_topk_prob, n_group=c.moe_n_group, topk_group=c.moe_topk_group,
-               routed_scaling_factor=c.moe_routed_scaling,
-               shared_intermediate_size=c.moe_shared_experts * c.expert_intermediate_size, dtype=dtype,
-               param_dtype=param_dtype, rngs=rngs)
-
-
-def make_attention(config: ModelConfig, *, attn_mechanism: str, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Module:
-    """:class:`Attention`, or multi-head latent attention when ``config.kv_lora_rank`` is set (DeepSeek-V3)."""
-    if not config.mla:
-        return Attention(config, attn_mechanism=attn_mechanism, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    from workbench.core.models.mla import MLAttention
-
-    return MLAttention(config, attn_mechanism=attn_mechanism, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-
-
-class DecoderBlock(nnx.Module):
-    """Pre-norm residual block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``; with ``sandwich_norms``
-    (Gemma) ``x + norm(attn(norm(x)))``, then ``x + norm(mlp(norm(x)))``. Norm names follow Hugging
-    Face: ``post_attention_layernorm`` is the pre-MLP norm without sandwich norms, the norm of the
-    attention output with them (then ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm``).
-
-    A model holds its blocks stacked (see :mod:`.stack`): one ``DecoderBlock`` whose parameters
-    have a leading ``layers`` axis; indexing the stack gives a one-layer block like this one.
-    """
-
-    def __init__(self, config: ModelConfig, *, attn_mechanism: str = "vanilla", dtype=jnp.float32,
-                 param_dtype=jnp.float32, rngs: nnx.Rngs):
-        self.input_layernorm = make_norm(config, param_dtype=param_dtype)
-        self.self_attn = make_attention(config, attn_mechanism=attn_mechanism, dtype=dtype, param_dtype=param_dtype,
-                                        rngs=rngs)
-        self.post_attention_layernorm = make_norm(config, param_dtype=param_dtype)
-        self.mlp = make_mlp(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        if config.sandwich_norms:
-            self.pre_feedforward_layernorm = make_norm(config, param_dtype=param_dtype)
-            self.post_feedforward_layernorm = make_norm(config, param_dtype=param_dtype)
-        else:
-            self.pre_feedforward_layernorm = self.post_feedforward_layernorm = nnx.data(None)
-        self.moe = config.mlp_type == "moe"
-        self.num_layers: int | None = None  # set on a stack of layers (stack.stack_blocks)
-
-    def __len__(self) -> int:
-        from workbench.core.models.stack import num_stacked
-
-        return num_stacked(self)
-
-    def __getitem__(self, index: int) -> DecoderBlock:
-        """Layer ``index`` of a stack, as a one-layer block holding copies of its parameter slices."""
-        from workbench.core.models.stack import layer_view
-
-        return layer_view(self, index)
-
-    def __iter__(self) -> tp.Iterator[DecoderBlock]:
-        return (self[i] for i in range(len(self)))
-
-    def __call__(self, x_BTD: Array, cos_BTD: Array | None, sin_BTD: Array | None, mask_B1TS: Array | None, *,
-                 sliding_window: int | None = None, cache: LayerCache | None = None
-                 ) -> tuple[Array, tp.Any, Array | None]:
-        """New hidden states, the cache arrays after this layer, and router logits ``(B*T, E)`` for a MoE."""
-        attn_BTD, kv = self.self_attn(self.input_layernorm(x_BTD), cos_BTD, sin_BTD, mask_B1TS,
-                                      sliding_window=sliding_window, cache=cache)
-        sandwich = self.pre_feedforward_layernorm is not None
-        if sandwich:
-            x_BTD = x_BTD + self.post_attention_layernorm(attn_BTD)
-            h_BTD = self.pre_feedforward_layernorm(x_BTD)
-        else:
-            x_BTD = x_BTD + attn_BTD
-            h_BTD = self.post_attention_layernorm(x_BTD)
-        if self.moe:
-            mlp_BTD, router_NE = self.mlp(h_BTD)
-        else:
-            mlp_BTD, router_NE = self.mlp(h_BTD), None
-        if sandwich:
-            mlp_BTD = self.post_feedforward_layernorm(mlp_BTD)
-        return x_BTD + mlp_BTD, kv, router_NE

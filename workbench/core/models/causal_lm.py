@@ -24,23 +24,25 @@ from workbench.core.axes import (
     RowWise,
 )
 from workbench.core.linear import ColumnParallelLinear
-from workbench.core.models.block import Attention, DecoderBlock, make_norm
+from workbench.core.mesh import as_auto, call_on_auto_axes, explicit_mesh_of
+from workbench.core.models.block import ACTIVATION_AXES, Attention, make_norm
 from workbench.core.models.cache import KVCache, PagedKVCache, kv_layout
 from workbench.core.models.config import ModelConfig
+from workbench.core.models.decoder import DecoderBlock
 from workbench.core.models.generation_config import GenerationConfig
 from workbench.core.models.mla import MLAttention
-from workbench.core.models.protocol import ModelMethods
+from workbench.core.models.model_methods import ModelMethods
+from workbench.core.models.moe import MoE, check_strategy
+from workbench.core.models.moe_alltoall import capacity
 from workbench.core.models.rope import attention_factor, cos_sin, inv_frequencies
+from workbench.core.models.sharding import with_mesh
 from workbench.core.models.stack import check_remat, run_layers, stack_blocks
 from workbench.core.operations import OperationRegistry
 from workbench.core.operations.attention.common import SINKS, SOFT_CAP, VALUE_DIM, unsupported
 
 Array = jax.Array
 AUTO_ATTENTION = {"cpu": "vanilla", "gpu": "sdpa", "tpu": "flash"}
-# Hidden states between blocks: batch over the data axes, sequence over sp (not in decode: mode from dim 1),
-# features whole (tensor-parallel layers all-reduce back to replicated features, Megatron style).
 KEEP = object()  # with_options: leave this option as it is
-ACTIVATION_AXES = DynamicShardingAxes((BATCH, QUERY_LENGTH, EMPTY), 1)
 # Logits as a forward on Explicit axes types them (on Auto axes XLA chooses): rows as the hidden states, vocab over tp.
 LOGITS_AXES = DynamicShardingAxes((BATCH, QUERY_LENGTH, VOCAB), 1)
 
@@ -143,9 +145,6 @@ class CausalLM(ModelMethods, nnx.Module):
         """A model running its layers scanned or unrolled, with another remat policy, or another MoE strategy
         (``"dense"``, ``"ragged"``, ``"alltoall"``; see :mod:`.moe`) and all-to-all ``capacity_factor``
         (None: never drop); parameters shared."""
-        from workbench.core.models.moe import MoE, check_strategy
-        from workbench.core.models.moe_alltoall import capacity
-
         graphdef, state = nnx.split(self)
         model = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
         if moe_strategy is not None or capacity_factor is not KEEP:
@@ -201,8 +200,6 @@ class CausalLM(ModelMethods, nnx.Module):
         On Explicit axes every array needs a type: an unplaced cache would be laid out by XLA on its way
         into a step but typed replicated on its way out, and donating it would then fail.
         """
-        from workbench.core.mesh import explicit_mesh_of
-
         mesh = explicit_mesh_of(nnx.state(self, nnx.Param))
         if mesh is None:
             return cache
@@ -361,9 +358,6 @@ def _call(model: CausalLM, method: str, input_ids, attention_mask, cache):
     :func:`workbench.core.mesh.call_on_auto_axes` on the model's mesh made Auto, and the outputs are
     typed back: logits as ``LOGITS_AXES`` resolve, a cache as it came in, router logits replicated.
     """
-    from workbench.core.mesh import as_auto, call_on_auto_axes, explicit_mesh_of
-    from workbench.core.models.sharding import with_mesh
-
     args = (input_ids, attention_mask, cache)
     own = getattr(model, "mesh", None)
     typed = {m.abstract_mesh: m for m in map(explicit_mesh_of, jax.tree.leaves((nnx.state(model, nnx.Param), args)))
@@ -423,6 +417,8 @@ def compiled_call(model: CausalLM, method: str, input_ids, attention_mask, cache
 class SequenceClassifier(CausalLM):
     """The Llama-family trunk with a ``score`` head ``(D, num_labels)`` read at each row's last
     token (Hugging Face ``*ForSequenceClassification``; with left padding that is column -1)."""
+
+    classifier = True
 
     def __init__(self, config: ModelConfig, *, num_labels: int, rngs: nnx.Rngs, **kwargs: tp.Any):
         if not isinstance(num_labels, int) or num_labels < 1:

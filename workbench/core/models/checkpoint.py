@@ -30,7 +30,19 @@ import numpy as np
 from workbench.core.axes import MODE_TRAIN
 from workbench.core.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
 from workbench.core.models.generation_config import GenerationConfig
-from workbench.core.models.hf_convert import load_model, param_table
+from workbench.core.models.hf_convert import (
+    convert_into,
+    fuse,
+    host_buffer,
+    load_model,
+    moe_tensor_names,
+    param_table,
+    place_on_default_device,
+    to_checkpoint_columns,
+)
+from workbench.core.models.protocol import check_model_class, is_classifier
+from workbench.core.models.safetensors_mmap import MappedSafetensors
+from workbench.core.models.sharding import param_specs, path_str
 
 SAFE_WEIGHTS = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
@@ -54,8 +66,6 @@ class SafetensorsReader:
     """
 
     def __init__(self, directory: str | os.PathLike):
-        from workbench.core.models.safetensors_mmap import MappedSafetensors
-
         directory = pathlib.Path(directory)
         self._stack = contextlib.ExitStack()
         if (directory / SAFE_WEIGHTS).is_file():
@@ -185,8 +195,6 @@ def assemble_layers(shape: tuple[int, ...], dtype: np.dtype, sharding, read, num
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from workbench.core.models.hf_convert import convert_into
-
     spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
     layer_sharding = NamedSharding(sharding.mesh, P(*spec[1:]))
     stack = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)()
@@ -201,9 +209,6 @@ def assemble_layers(shape: tuple[int, ...], dtype: np.dtype, sharding, read, num
 def _placer(mesh, specs: dict[str, tp.Any] | None):
     """``place(path, var, read, num_layers)`` for :func:`load_model`: each parameter onto its NamedSharding."""
     from jax.sharding import NamedSharding
-
-    from workbench.core.models.hf_convert import convert_into, host_buffer, place_on_default_device
-    from workbench.core.models.sharding import path_str
 
     if mesh is None:
         return place_on_default_device
@@ -222,9 +227,10 @@ def _placer(mesh, specs: dict[str, tp.Any] | None):
 
 def from_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, param_dtype=None, mesh=None,
                     partition_axis=None, mode: str = MODE_TRAIN, rules=None, attn_mechanism: str = "auto",
-                    model_cls: type | None = None, strict: bool = True, num_labels: int | None = None,
+                    model_cls: type, strict: bool = True, num_labels: int | None = None,
                     progress: bool = True):
-    """A model (default :class:`CausalLM`) from a local Hugging Face directory (``config.json`` +
+    """A model of ``model_cls`` (``CausalLM.from_pretrained`` passes its class; :mod:`.auto`'s
+    ``from_pretrained`` defaults to :class:`CausalLM`) from a local Hugging Face directory (``config.json`` +
     ``model.safetensors`` or a sharded ``model.safetensors.index.json``).
 
     ``dtype`` is the computation dtype, ``param_dtype`` (default ``dtype``) the stored one. With a
@@ -239,12 +245,8 @@ def from_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, param_dtype=N
     """
     from flax import nnx
 
-    from workbench.core.models.causal_lm import CausalLM, SequenceClassifier
-
     directory = checkpoint_dir(path)
-    model_cls = CausalLM if model_cls is None else model_cls
-    if not (isinstance(model_cls, type) and issubclass(model_cls, CausalLM)):
-        raise TypeError(f"model_cls must be CausalLM or a subclass (e.g. SequenceClassifier); got {model_cls!r}")
+    check_model_class(model_cls)
     for name, value in (("dtype", dtype), ("param_dtype", param_dtype)):
         if value is not None and not jnp.issubdtype(jnp.dtype(value), jnp.floating):
             raise ValueError(f"{name} must be a floating dtype such as jnp.float32 or jnp.bfloat16; got {value!r}")
@@ -256,7 +258,7 @@ def from_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, param_dtype=N
     config = _model_config(directory / "config.json", hf)
     kwargs: dict[str, tp.Any] = dict(attn_mechanism=attn_mechanism, dtype=dtype,
                                      param_dtype=dtype if param_dtype is None else param_dtype)
-    if issubclass(model_cls, SequenceClassifier):
+    if is_classifier(model_cls):
         kwargs["num_labels"] = num_labels if num_labels is not None else len(hf.get("id2label") or {}) or None
         if kwargs["num_labels"] is None:
             raise ValueError(f"{directory / 'config.json'} has no id2label; pass num_labels= for a SequenceClassifier")
@@ -264,8 +266,6 @@ def from_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, param_dtype=N
         raise ValueError("num_labels is for model_cls=SequenceClassifier; a CausalLM has no labels")
     specs = None
     if mesh is not None:
-        from workbench.core.models.sharding import param_specs
-
         abstract = nnx.eval_shape(lambda: model_cls(config, rngs=nnx.Rngs(0), **kwargs))
         specs = param_specs(abstract, mesh, partition_axis, mode, rules)
     elif partition_axis is not None or rules is not None:
@@ -304,14 +304,11 @@ def hf_tensor_plan(model, dtype=None) -> list[CheckpointTensor]:
     gathering only the parameters it needs; ``dtype`` (default: each parameter's) is the one written."""
     from flax import nnx
 
-    from workbench.core.models.causal_lm import SequenceClassifier
-    from workbench.core.models.hf_convert import fuse, moe_tensor_names, to_checkpoint_columns
-
     config = getattr(model, "config", None)
     if not isinstance(config, ModelConfig):
         raise TypeError(f"expected a workbench model (CausalLM, SequenceClassifier); got {type(model).__name__}")
     params = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
-    table = param_table(config, classifier=isinstance(model, SequenceClassifier))
+    table = param_table(config, classifier=is_classifier(model))
     if set(params) != set(table):
         extra = sorted(".".join(map(str, p)) for p in set(params) ^ set(table))
         raise ValueError(f"the model's parameters do not fit the Hugging Face layout ({extra[:4]}); merge LoRA "
@@ -401,10 +398,8 @@ def _write_tensor(f: tp.BinaryIO, value: np.ndarray) -> None:
 
 
 def _hf_config(model, dtype: np.dtype) -> dict[str, tp.Any]:
-    from workbench.core.models.causal_lm import SequenceClassifier
-
     hf = model.config.to_hf()
-    if isinstance(model, SequenceClassifier):
+    if is_classifier(model):
         arch = hf["architectures"][0].replace("ForCausalLM", "").replace("LMHeadModel", "")
         hf["architectures"] = [f"{arch}ForSequenceClassification"]
         hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(model.num_labels)}
@@ -554,9 +549,7 @@ def to_torch(model):
     import torch
     import transformers
 
-    from workbench.core.models.causal_lm import SequenceClassifier
-
-    auto = (transformers.AutoModelForSequenceClassification if isinstance(model, SequenceClassifier)
+    auto = (transformers.AutoModelForSequenceClassification if is_classifier(model)
             else transformers.AutoModelForCausalLM)
     with tempfile.TemporaryDirectory(prefix="workbench-to-torch-") as tmp:
         save_pretrained(model, tmp, dtype=np.float32, progress=False)

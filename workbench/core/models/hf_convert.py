@@ -30,6 +30,7 @@ import numpy as np
 
 from workbench.core.models.config import ModelConfig
 from workbench.core.models.moe import from_hf_experts
+from workbench.core.models.protocol import check_model_class, is_classifier
 
 Path = tuple[str | int, ...]
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
@@ -390,10 +391,10 @@ def place_on_default_device(path: Path, var: tp.Any, read: Read, num_layers: int
     return jax.device_put(buf)
 
 
-def load_model(config: ModelConfig, reader: Reader, *, model_cls: type | None = None, strict: bool = True,
+def load_model(config: ModelConfig, reader: Reader, *, model_cls: type, strict: bool = True,
                place: Place | None = None, progress: tp.Callable[[tp.Iterable], tp.Iterable] | None = None,
                **model_kwargs: tp.Any):
-    """A model of ``model_cls`` (default :class:`CausalLM`) holding the tensors ``reader`` has.
+    """A model of ``model_cls`` (:class:`CausalLM`, :class:`SequenceClassifier`) holding the tensors ``reader`` has.
 
     Parameters are read one (layer slice) at a time: ``place(path, abstract_param, read, num_layers)``
     builds each stored array, calling ``read(i)`` for layer ``i``'s slice of a stacked parameter
@@ -404,13 +405,11 @@ def load_model(config: ModelConfig, reader: Reader, *, model_cls: type | None = 
     """
     from flax import nnx
 
-    from workbench.core.models.causal_lm import CausalLM, SequenceClassifier
-
-    model_cls = model_cls or CausalLM
+    check_model_class(model_cls)
     abstract = nnx.eval_shape(lambda: model_cls(config, rngs=nnx.Rngs(0), **model_kwargs))
     graphdef, state = nnx.split(abstract)
     flat = dict(nnx.to_flat_state(state))
-    table = param_table(config, classifier=issubclass(model_cls, SequenceClassifier))
+    table = param_table(config, classifier=is_classifier(model_cls))
     if set(flat) != set(table):
         raise ValueError(f"internal: parameters {sorted(set(flat) ^ set(table))[:4]} have no checkpoint entry")
     place = place or place_on_default_device
@@ -461,17 +460,16 @@ def load_model(config: ModelConfig, reader: Reader, *, model_cls: type | None = 
     return nnx.merge(graphdef, state)
 
 
-def from_hf_state_dict(config: ModelConfig, state_dict: tp.Mapping[str, tp.Any], *, strict: bool = True,
-                       **model_kwargs: tp.Any):
-    """A :class:`CausalLM` (or ``model_cls=SequenceClassifier``) from a HF ``state_dict`` (name -> tensor)."""
-    return load_model(config, state_dict, strict=strict, **model_kwargs)
+def from_hf_state_dict(config: ModelConfig, state_dict: tp.Mapping[str, tp.Any], *, model_cls: type,
+                       strict: bool = True, **model_kwargs: tp.Any):
+    """A model of ``model_cls`` from a HF ``state_dict`` (name -> tensor); :mod:`.auto`'s
+    ``from_hf_state_dict`` defaults to :class:`CausalLM`."""
+    return load_model(config, state_dict, model_cls=model_cls, strict=strict, **model_kwargs)
 
 
 def hf_state_dict(model) -> dict[str, np.ndarray]:
     """The checkpoint tensors of ``model`` (host NumPy copies), named as ``transformers`` saves them."""
     from flax import nnx
 
-    from workbench.core.models.causal_lm import SequenceClassifier
-
     flat = {path: np.asarray(var.get_value()) for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
-    return to_hf_tensors(model.config, flat, classifier=isinstance(model, SequenceClassifier))
+    return to_hf_tensors(model.config, flat, classifier=is_classifier(model))

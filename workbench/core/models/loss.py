@@ -15,6 +15,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from workbench.core.mesh import call_on_auto_axes, explicit_mesh_of
+
 Array = jax.Array
 
 
@@ -29,8 +31,6 @@ def causal_lm_loss(logits_BTV: Array, labels_BT: Array, *, ignore_index: int = -
     accumulation, as in Hugging Face). Labels outside ``[0, V)`` other than ``ignore_index``
     are not checked under jit (their loss is meaningless); Hugging Face raises.
     """
-    from workbench.core.mesh import call_on_auto_axes, explicit_mesh_of
-
     logits_BTV, labels_BT = jnp.asarray(logits_BTV), jnp.asarray(labels_BT)
     mesh = explicit_mesh_of((logits_BTV, labels_BT, num_items_in_batch))
     if mesh is not None:  # the target lookup is a gather Explicit axes call ambiguous: run it as on Auto axes

@@ -48,8 +48,10 @@ from workbench.core.axes import (
     DynamicShardingAxes,
     ExpertColumnWise,
     ExpertRowWise,
+    PartitionAxis,
     RowWise,
 )
+from workbench.core.models.block import ACTIVATION_AXES
 from workbench.core.models.moe_alltoall import Dispatch, alltoall
 
 __all__ = ["STRATEGIES", "MoE", "RouterReplicated", "from_hf_experts", "from_hf_moe", "from_legacy_experts",
@@ -225,8 +227,6 @@ class MoE(nnx.Module):
         return "alltoall" if on_ep else "dense"
 
     def _partition_axis(self):
-        from workbench.core.axes import PartitionAxis
-
         return self.partition_axis or PartitionAxis()
 
     def _alltoall(self, x_BTD: Array, weights_NK: Array, experts_NK: Array) -> Array:
@@ -242,8 +242,6 @@ class MoE(nnx.Module):
             _, weights_NK, experts_NK = self.route(x_BTD.reshape(B * T, D), self.router_kernel[...].astype(x_BTD.dtype))
         pa, token_spec = self._partition_axis(), jax.sharding.PartitionSpec()
         if self.mesh is not None:
-            from workbench.core.models.causal_lm import ACTIVATION_AXES
-
             token_spec = pa.resolve(ACTIVATION_AXES, shape=x_BTD.shape, mesh=self.mesh)
         K = self.num_experts_per_tok
         return alltoall(x_BTD, weights_NK.reshape(B, T, K), experts_NK.reshape(B, T, K), self.experts(),

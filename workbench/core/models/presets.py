@@ -21,11 +21,11 @@ import typing as tp
 
 import jax.numpy as jnp
 
+from workbench.core.models.config import ModelConfig
 from workbench.core.models.tokenizer import ByteTokenizer
 
 if tp.TYPE_CHECKING:
     from workbench.core.models.causal_lm import CausalLM
-    from workbench.core.models.config import ModelConfig
 
 TINY_VOCAB = 264
 _TOKENS = dict(pad_token_id=ByteTokenizer.pad_token_id, bos_token_id=ByteTokenizer.bos_token_id,
@@ -140,8 +140,6 @@ def full_config_dict(name: str) -> dict[str, tp.Any]:
 
 def full_config(name: str) -> ModelConfig:
     """The :class:`ModelConfig` of the full-size model ``name``, e.g. for ``CausalLM.lazy_init(config)``."""
-    from workbench.core.models.config import ModelConfig
-
     return ModelConfig.from_hf(full_config_dict(name))
 
 
@@ -176,10 +174,9 @@ def tiny(family: str = "llama", *, seed: int = 0, vocab_size: int | None = None,
     ``attn_mechanism`` is any registered attention name, or "auto" (``CausalLM`` picks one for
     the default backend). ``overrides`` go to :func:`tiny_config`.
     """
-    from flax import nnx
+    from flax import nnx  # here, not at the top: the configs and FAMILIES load without flax
 
     from workbench.core.models.causal_lm import CausalLM
-    from workbench.core.models.config import ModelConfig
 
     config = ModelConfig.from_hf(tiny_config(family, vocab_size=vocab_size, **overrides))
     return CausalLM(config, rngs=nnx.Rngs(seed), attn_mechanism=attn_mechanism, dtype=dtype)

@@ -1,17 +1,14 @@
-"""``BaseModuleProtocol``: what every workbench model offers, and ``ModelMethods``, the mixin
-that implements it for :class:`CausalLM` by delegating to one small module per concern
-(cache.py, generation.py, sharding.py, checkpoint.py, lora.py, quantize.py, training.py).
+"""``BaseModuleProtocol``: what every workbench model offers (the typing contract), and
+:func:`is_classifier`, the one question checkpoint and conversion code ask of a model class.
 
-Every method returns new objects; none mutates the model it is called on.
+:class:`.model_methods.ModelMethods` implements the contract for :class:`.causal_lm.CausalLM` by
+delegating to one small module per concern. Every method returns new objects; none mutates the
+model it is called on.
 """
 
 from __future__ import annotations
 
 import typing as tp
-
-import jax
-import jax.numpy as jnp
-from flax import nnx
 
 from workbench.core.axes import MODE_TRAIN
 
@@ -25,6 +22,7 @@ class BaseModuleProtocol(tp.Protocol):
 
     config: ModelConfig
     base_model_prefix: str
+    classifier: bool  # a class attribute: a score head in place of the language-model head
 
     # call and loss
     def __call__(self, input_ids, attention_mask=None, *, cache=None): ...
@@ -85,267 +83,20 @@ class BaseModuleProtocol(tp.Protocol):
     def printify_nnx(self) -> None: ...
 
 
-class ModelMethods:
-    """The :class:`BaseModuleProtocol` methods shared by the model classes (a mixin)."""
-
-    config: ModelConfig
-    base_model_prefix = "model"
-
-    # ----- call and loss
-    def compute_loss(self, input_ids, attention_mask=None, labels=None, *, router_aux_loss_coef: float = 0.0,
-                     router_z_loss_coef: float = 0.0) -> tuple[jax.Array, tp.Any]:
-        """Mean next-token cross-entropy (Hugging Face ``ForCausalLMLoss``) and the model output.
-
-        ``labels=None`` uses ``input_ids``, ignoring (-100) padded positions and the first token
-        after padding: its prediction would come from a padded position, whose logits mean nothing.
-        A MoE model adds ``router_aux_loss_coef`` times the Switch load-balancing loss (as transformers
-        does with ``output_router_logits=True``) and ``router_z_loss_coef`` times the router z-loss
-        (:mod:`.moe_losses`), over the real tokens of ``attention_mask``.
-        """
-        from workbench.core.models.loss import causal_lm_loss, labels_from
-
-        out = self(input_ids, attention_mask)
-        if labels is None:
-            labels = labels_from(input_ids, attention_mask)
-            if attention_mask is not None:
-                real_BT = jnp.asarray(attention_mask).astype(bool)
-                after_pad_BT = jnp.pad(~real_BT[:, :-1], ((0, 0), (1, 0)))
-                labels = jnp.where(after_pad_BT, -100, labels)
-        loss, _ = causal_lm_loss(out.logits, jnp.asarray(labels))
-        if router_aux_loss_coef or router_z_loss_coef:
-            loss = loss + self._router_losses(out.router_logits, attention_mask, router_aux_loss_coef,
-                                              router_z_loss_coef)
-        return loss, out
-
-    def _router_losses(self, router_logits, attention_mask, aux_coef: float, z_coef: float) -> jax.Array:
-        from workbench.core.models.moe_losses import load_balancing_loss, router_z_loss
-
-        config = self.config
-        if router_logits is None:
-            raise ValueError(f"router losses need a mixture of experts; this {config.model_type} model has none: "
-                             f"leave router_aux_loss_coef and router_z_loss_coef at 0")
-        if aux_coef and config.moe_routing == "sigmoid_grouped":
-            raise ValueError("DeepSeek-V3 balances its experts without an auxiliary loss: leave router_aux_loss_coef "
-                             "at 0 and move the router's correction bias with moe_losses.update_correction_bias")
-        total = jnp.zeros((), jnp.float32)
-        if aux_coef:
-            total += aux_coef * load_balancing_loss(router_logits, config.num_experts_per_tok, attention_mask)
-        if z_coef:
-            total += z_coef * router_z_loss(router_logits, attention_mask)
-        return total
-
-    def prepare_inputs_for_call(self, input_ids, attention_mask=None, **kwargs) -> dict:
-        """``input_ids``/``attention_mask`` as int32 arrays, checked (mask defaults to ones)."""
-        input_ids = jnp.asarray(input_ids, jnp.int32)
-        mask = jnp.ones_like(input_ids) if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
-        return {"input_ids": input_ids, "attention_mask": mask, **kwargs}
-
-    def can_generate(self) -> bool:
-        """False for a classifier (a ``score`` head, no language-model head)."""
-        return not hasattr(self, "score")
-
-    @property
-    def config_class(self) -> type:
-        from workbench.core.models.config import ModelConfig
-
-        return ModelConfig
-
-    def get_static_arguments(self) -> tuple:
-        """Arguments a compiled call treats as static (none: the graphdef carries the structure)."""
-        return ()
-
-    # ----- generation
-    def generate(self, input_ids, generation_config=None, attention_mask=None, prng_key=None, streamer=None,
-                 cache=None):
-        """Greedy, sampling or beam search; see :func:`workbench.core.models.generation.generate`."""
-        if not self.can_generate():
-            raise ValueError(f"{type(self).__name__} has no language-model head; use a CausalLM to generate")
-        from workbench.core.models.generation import generate
-
-        return generate(self, input_ids, generation_config=generation_config, attention_mask=attention_mask,
-                        prng_key=prng_key, streamer=streamer, cache=cache)
-
-    def prepare_inputs_for_generation(self, input_ids, max_length: int, attention_mask=None) -> dict:
-        """The prefill inputs: ids, mask and a fresh cache of ``max_length`` tokens."""
-        inputs = self.prepare_inputs_for_call(input_ids, attention_mask)
-        return inputs | {"cache": self.init_cache(inputs["input_ids"].shape[0], max_length)}
-
-    def update_inputs_for_generation(self, output, inputs: dict) -> dict:
-        """The next decode step's inputs: ``inputs["input_ids"]`` (B, 1) new tokens and the output's cache."""
-        ids = jnp.asarray(inputs["input_ids"], jnp.int32).reshape(-1, 1)
-        return {"input_ids": ids, "attention_mask": jnp.ones_like(ids), "cache": output.cache}
-
-    def create_cache_metadata(self, batch_size: int, max_length: int) -> dict:
-        """Shapes and bytes of the contiguous cache ``init_cache`` would build (nothing allocated);
-        ``keys_shape`` is one layer's ``(B, S, KV, D)`` (the cache stacks ``layers`` of them); ``value_dim``
-        is set when the values are the keys' first channels (MLA's latent, stored once)."""
-        cache = jax.eval_shape(lambda: self.init_cache(batch_size, max_length))
-        keys = cache.keys
-        return {"kind": "contiguous", "layers": keys.shape[0], "keys_shape": tuple(keys.shape[1:]),
-                "dtype": str(keys.dtype), "value_dim": cache.value_dim,
-                "nbytes": keys.size * keys.dtype.itemsize * (1 if cache.values is None else 2)}
-
-    def create_paged_metadata(self, **kwargs) -> dict:
-        """Shapes and bytes of the paged cache ``init_ragged_pages(**kwargs)`` would build."""
-        cache = jax.eval_shape(lambda: self.init_ragged_pages(**kwargs))
-        pages = cache.key_pages
-        return {"kind": "paged", "layers": pages.shape[0], "pages_shape": tuple(pages.shape[1:]),
-                "num_pages": pages.shape[1], "page_size": pages.shape[2],
-                "page_table_shape": tuple(cache.page_table.shape), "dtype": str(pages.dtype),
-                "value_dim": cache.value_dim,
-                "nbytes": pages.size * pages.dtype.itemsize * (1 if cache.value_pages is None else 2)}
-
-    # ----- parameters
-    @property
-    def graphdef(self):
-        return nnx.graphdef(self)
-
-    @property
-    def graphstate(self) -> nnx.State:
-        return nnx.state(self, nnx.Param)
-
-    @property
-    def graphother(self) -> nnx.State:
-        return nnx.split(self, nnx.Param, ...)[2]
-
-    def split_params(self) -> tuple[tp.Any, nnx.State, nnx.State]:
-        """``(graphdef, params, other)``."""
-        return nnx.split(self, nnx.Param, ...)
-
-    def split_params_dict(self) -> dict:
-        """The parameters as a nested dict of arrays."""
-        return nnx.to_pure_dict(self.graphstate)
-
-    def merge_params(self, params: nnx.State):
-        """A new model with ``params`` in place of this one's."""
-        graphdef, _, other = self.split_params()
-        return nnx.merge(graphdef, params, other)
-
-    def merge_params_dict(self, params: dict):
-        state = self.graphstate
-        nnx.replace_by_pure_dict(state, params)
-        return self.merge_params(state)
-
-    def params_sharding(self, mesh, partition_axis=None, mode=MODE_TRAIN, rules=None) -> nnx.State:
-        from workbench.core.models.sharding import params_sharding
-
-        return params_sharding(self, mesh, partition_axis, mode, rules)
-
-    def shard_model(self, mesh, partition_axis=None, mode=MODE_TRAIN, rules=None):
-        from workbench.core.models.sharding import shard_model
-
-        return shard_model(self, mesh, partition_axis, mode, rules)
-
-    def gather_model(self):
-        from workbench.core.models.sharding import gather_model
-
-        return gather_model(self)
-
-    @classmethod
-    def lazy_init(cls, config, *, mesh=None, partition_axis=None, mode=MODE_TRAIN, rules=None, **kwargs):
-        """An abstract model (``ShapeDtypeStruct`` parameters with shardings when ``mesh`` is given)."""
-        from workbench.core.models.sharding import lazy_init
-
-        return lazy_init(lambda: cls(config, rngs=nnx.Rngs(0), **kwargs), mesh, partition_axis, mode, rules)
-
-    def to_dtype(self, dtype):
-        """A copy whose floating parameters are ``dtype`` (computation dtype unchanged)."""
-        graphdef, params, other = self.split_params()
-        cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
-        return nnx.merge(graphdef, jax.tree.map(cast, params), other)
-
-    def half(self):
-        return self.to_dtype(jnp.bfloat16)
-
-    def float(self):
-        return self.to_dtype(jnp.float32)
-
-    def to_state(self, optimizer=None):
-        """A train state (graphdef, params, optimizer state, step); see ``training.to_state``."""
-        from workbench.core.models.training import to_state
-
-        return to_state(self, optimizer) if optimizer is not None else to_state(self)
-
-    # ----- adapters and quantization
-    def apply_lora_to_layers(self, rank: int, pattern: str = ".*", **kwargs):
-        from workbench.core.models.lora import apply_lora_to_layers
-
-        return apply_lora_to_layers(self, rank, pattern, **kwargs)
-
-    def split_lora_params(self):
-        from workbench.core.models.lora import split_lora_params
-
-        return split_lora_params(self)
-
-    def merge_lora_params(self, lora_state):
-        from workbench.core.models.lora import merge_lora_params
-
-        return merge_lora_params(self, lora_state)
-
-    def unwrap_lora_to_layers(self):
-        from workbench.core.models.lora import unwrap_lora_to_layers
-
-        return unwrap_lora_to_layers(self)
-
-    def quantize(self, **kwargs):
-        from workbench.core.models.quantize import quantize
-
-        return quantize(self, **kwargs)
-
-    # ----- I/O
-    @classmethod
-    def from_pretrained(cls, path, **kwargs):
-        from workbench.core.models.checkpoint import from_pretrained
-
-        return from_pretrained(path, model_cls=cls, **kwargs)
-
-    def save_pretrained(self, path, **kwargs):
-        from workbench.core.models.checkpoint import save_pretrained
-
-        return save_pretrained(self, path, **kwargs)
-
-    def push_to_hub(self, repo_id: str, **kwargs):
-        from workbench.core.models.checkpoint import push_to_hub
-
-        return push_to_hub(self, repo_id, **kwargs)
-
-    def to_torch(self):
-        from workbench.core.models.checkpoint import to_torch
-
-        return to_torch(self)
-
-    def get_torch_loader(self):
-        """A function ``torch state_dict -> model of this config`` (the loading used by tests)."""
-        from workbench.core.models.hf_convert import from_hf_state_dict
-
-        return lambda state_dict: from_hf_state_dict(self.config, state_dict, model_cls=type(self))
-
-    def transform_fn(self, state_dict) -> dict:
-        """HF checkpoint tensors -> parameter arrays by path (what loading does), as a flat dict."""
-        from workbench.core.models.hf_convert import load_param, param_table
-
-        return {path: load_param(self.config, path, entry, state_dict)
-                for path, entry in param_table(self.config, classifier=hasattr(self, "score")).items()}
-
-    def pure_transform_fn(self, state_dict) -> dict:
-        """:meth:`transform_fn` as a nested dict ready for ``nnx.replace_by_pure_dict``."""
-        return nnx.traversals.unflatten_mapping(self.transform_fn(state_dict))
-
-    # ----- text views
-    def get_module_repr(self) -> str:
-        """One line per parameter: path, shape, dtype, semantic axes."""
-        lines = [f"{type(self).__name__}({self.config.model_type}, {self.num_params():,} parameters)"]
-        for path, var in nnx.to_flat_state(nnx.state(self, nnx.Param)):
-            axes = getattr(var, "semantic_axes", None)
-            lines.append(f"  {'/'.join(map(str, path))}: {tuple(var.shape)} {var.dtype} "
-                         f"{'' if axes is None else list(axes.axes)}")
-        return "\n".join(lines)
-
-    def prettify_nnx(self) -> str:
-        return self.get_module_repr()
-
-    def printify_nnx(self) -> None:
-        print(self.get_module_repr())
-
-    def num_params(self) -> int:
-        return sum(x.size for x in jax.tree.leaves(nnx.state(self, nnx.Param)))
+def is_classifier(model_or_class: tp.Any) -> bool:
+    """True for a sequence classifier (a ``score`` head instead of a language-model head): a model
+    instance or its class."""
+    return bool(getattr(model_or_class, "classifier", False))
+
+
+def check_model_class(model_cls: tp.Any) -> type:
+    """``model_cls`` if it is a workbench model class (an ``nnx.Module`` with the contract's class-level
+    methods), else a ``TypeError`` saying what to pass."""
+    from flax import nnx
+
+    needed = ("from_pretrained", "save_pretrained", "generate", "config_class")
+    if not (isinstance(model_cls, type) and issubclass(model_cls, nnx.Module)
+            and all(hasattr(model_cls, name) for name in needed)):
+        raise TypeError(f"model_cls must be a workbench model class such as CausalLM or SequenceClassifier; "
+                        f"got {model_cls!r}")
+    return model_cls

@@ -19,6 +19,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from workbench.core.axes import LAYERS, MODE_TRAIN, DimDecision, DynamicShardingAxes, PartitionAxis
+from workbench.core.models.block import AttentionContext
+from workbench.core.models.moe import MoE
 
 Rules = tp.Sequence[tuple[str, tp.Any]]
 
@@ -125,8 +127,6 @@ def with_mesh(model: nnx.Module, mesh: jax.sharding.Mesh | None, partition_axis:
     pa = None if mesh is None else (partition_axis or PartitionAxis())
     if hasattr(new, "mesh"):
         new.mesh, new.partition_axis = mesh, pa
-    from workbench.core.models.block import AttentionContext
-    from workbench.core.models.moe import MoE
 
     for _, module in nnx.iter_modules(new):
         # the alltoall MoE strategy and sequence-parallel attention run shard_maps over this mesh

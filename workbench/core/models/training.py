@@ -26,6 +26,8 @@ from jax.sharding import PartitionSpec as P
 from workbench.core.axes import BATCH, LENGTH, PartitionAxis
 from workbench.core.compile_cache import PROGRAMS, signature
 from workbench.core.models.loss import causal_lm_loss, labels_from
+from workbench.core.models.moe_losses import expert_counts
+from workbench.core.models.tokenizer import ByteTokenizer
 from workbench.core.zero import check_zero_stage, state_sharding
 
 Batch = dict[str, tp.Any]
@@ -143,8 +145,6 @@ def _loss(state: TrainState, params: nnx.State, batch: Batch, router: tuple[floa
           ) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
     """The loss (cross-entropy, plus the router losses weighted by ``router = (aux, z)`` coefficients) and
     ``(num_tokens, extra metrics)``: for a MoE model its tokens per expert per layer (``expert_load``)."""
-    from workbench.core.models.moe_losses import expert_counts
-
     model = nnx.merge(state.graphdef, params, state.other)
     mask = batch.get("attention_mask")
     out = model(batch["input_ids"], mask)
@@ -264,8 +264,6 @@ def train(model: nnx.Module, text_or_ids: str | tp.Sequence[int] | np.ndarray, *
     """
     if isinstance(text_or_ids, str):
         if tokenizer is None:
-            from workbench.core.models.tokenizer import ByteTokenizer
-
             tokenizer = ByteTokenizer()
         ids = np.asarray(tokenizer.encode(text_or_ids), np.int32)
     else:
