@@ -35,7 +35,8 @@ from workbench.core.attention_lab import (
 )
 from workbench.core.operations import OperationRegistry
 from workbench.core.operations.attention.common import RETURN_WEIGHTS
-from workbench.widgets._html import error_html, escape, format_bytes, html_table
+from workbench.widgets._errors import InlineError
+from workbench.widgets._html import escape, format_bytes, html_table
 
 __all__ = ["AttentionLab", "comparison_html", "model_comparison_html"]
 
@@ -96,7 +97,7 @@ def _show(out: widgets.Output, fig: go.Figure) -> None:
     out.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
 
 
-class AttentionLab(widgets.VBox):
+class AttentionLab(InlineError, widgets.VBox):
     """Compare a registered attention implementation with a reference, live.
 
     Without ``query``/``key``/``value`` the lab draws its own inputs (sequence length and GQA ratio
@@ -134,7 +135,6 @@ class AttentionLab(widgets.VBox):
         self.tokenizer = tokenizer if tokenizer is not None or model is None else self._default_tokenizer(model)
         self.comparison: Comparison | None = None
         self.model_result: ModelComparison | None = None
-        self.error = ""
         self._syncing = False
         self._inputs_cache: dict[tuple, tuple] = {}
         self._weights_key: tuple | None = None
@@ -171,7 +171,6 @@ class AttentionLab(widgets.VBox):
         if self._user_inputs is not None:
             self._seq_len.disabled = self._gqa.disabled = True
             self._seq_len.tooltip = self._gqa.tooltip = "fixed by the query/key/value passed in"
-        self._error = widgets.HTML()
         self._results = widgets.HTML()
         self._results.add_class("wb-attention-results-box")
         self._head = widgets.Dropdown(description="head", layout=widgets.Layout(width="120px"),
@@ -189,7 +188,7 @@ class AttentionLab(widgets.VBox):
             self._capabilities,
             widgets.HBox([self._causal, self._window, self._soft_cap, self._dtype, self._seq_len, self._gqa],
                          layout=widgets.Layout(flex_flow="row wrap")),
-            self._error, self._results, self._head,
+            self._error_area(), self._results, self._head,
             widgets.HBox([self._weights_out, self._diff_out], layout=widgets.Layout(flex_flow="row wrap")),
             self._model_box,
         ]
@@ -286,13 +285,13 @@ class AttentionLab(widgets.VBox):
                 return False
         self._syncing = True
         try:
-            for control, value in values.items():
-                control.value = value
-        except Exception as e:  # a value the control itself refuses (e.g. a string for the window)
-            self._show_error(f"{type(e).__name__}: {e}")
-            return False
+            with self._guard() as failed:  # a value the control itself refuses (e.g. a string for the window)
+                for control, value in values.items():
+                    control.value = value
         finally:
             self._syncing = False
+        if failed:
+            return False
         return self.update()
 
     def refresh(self) -> bool:
@@ -310,12 +309,11 @@ class AttentionLab(widgets.VBox):
         """Recompute everything from the controls. False (with the reason inline) if that failed; the
         last valid results then stay on show."""
         self.refresh_implementations()
-        try:
+        with self._guard() as failed:
             options = self.options
             q, k, v = self.inputs()
             comparison = compare(self.impl, q, k, v, reference=self.reference, runs=self.runs, **options.kwargs())
-        except Exception as e:
-            self._show_error(f"{type(e).__name__}: {e}")
+        if failed:
             return False
         self.comparison = comparison
         self._classes = self._current_classes()
@@ -334,19 +332,18 @@ class AttentionLab(widgets.VBox):
             return False
         if prompt is not None:
             self._prompt.value = prompt
-        try:
+        with self._guard("use in model") as failed:
             if self.tokenizer is None:
                 raise ValueError("no tokenizer: pass AttentionLab(model, tokenizer=...) to encode the prompt")
             batch = self.tokenizer([self._prompt.value])
             result = model_comparison(self.model, self.impl, batch["input_ids"], batch["attention_mask"],
                                       reference=self.reference, max_new_tokens=self.max_new_tokens,
                                       tokenizer=self.tokenizer)
-        except Exception as e:
-            self._show_error(f"use in model: {type(e).__name__}: {e}")
+        if failed:
             return False
         self.model_result = result
         self._model_html.value = model_comparison_html(result)
-        self._show_error("")
+        self._clear_error()
         return True
 
     def close(self) -> None:
@@ -361,8 +358,7 @@ class AttentionLab(widgets.VBox):
     def _repr_html_(self) -> str:
         parts = [f'<div class="wb-attention-lab-static"><div style="{_NOTE}"><b>AttentionLab</b> · '
                  f"{escape(self._inputs_text())} · {escape(self._options_text())}</div>"]
-        if self.error:
-            parts.append(error_html(self.error))
+        parts.append(self._error_html())
         if self.comparison is not None:
             parts.append(comparison_html(self.comparison))
         if self.model_result is not None:
@@ -445,7 +441,7 @@ class AttentionLab(widgets.VBox):
     def _draw(self) -> bool:
         """Both heatmaps for the selected head (the weights only when their inputs changed)."""
         c, head = self.comparison, self.head
-        try:
+        with self._guard("heatmaps") as failed:
             q, k, _ = self.inputs()
             source = (self.impl if c.impl.ok and OperationRegistry.capabilities(self.impl).supports(RETURN_WEIGHTS)
                       else "vanilla")
@@ -466,10 +462,7 @@ class AttentionLab(widgets.VBox):
                 title = f"|{c.impl.name} − {c.reference.name}|, head {head} (max {c.max_abs_diff:.2e})"
             self.difference_figure = heatmap(z, title, "Reds", "head_dim")
             _show(self._diff_out, self.difference_figure)
-        except Exception as e:
-            self._show_error(f"heatmaps: {type(e).__name__}: {e}")
-            return False
-        return True
+        return not failed
 
     def _on_control(self, change: dict) -> None:
         if not self._syncing:
@@ -479,11 +472,7 @@ class AttentionLab(widgets.VBox):
         if not self._syncing and self.comparison is not None:
             self.refresh_implementations()
             if self._draw() and self.error.startswith("heatmaps:"):
-                self._show_error("")  # only the heatmaps' own error: a bad edit elsewhere stays said
-
-    def _show_error(self, message: str) -> None:
-        self.error = message
-        self._error.value = error_html(message)
+                self._clear_error()  # only the heatmaps' own error: a bad edit elsewhere stays said
 
     def _install_cell_hook(self) -> None:
         """Re-read the registry after every notebook cell (so later registrations show up)."""
@@ -501,10 +490,8 @@ class AttentionLab(widgets.VBox):
             if lab is None:
                 shell.events.unregister("post_run_cell", after_cell)
                 return
-            try:
+            with lab._guard("refresh"):  # never break the user's cell
                 lab.refresh()
-            except Exception as e:  # never break the user's cell
-                lab._show_error(f"refresh: {type(e).__name__}: {e}")
 
         shell.events.register("post_run_cell", after_cell)
         self._cell_hook = (shell, after_cell)

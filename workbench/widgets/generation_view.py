@@ -21,7 +21,8 @@ import numpy as np
 from workbench.core.cache_view import cache_fill, streamed_fill
 from workbench.core.token_stream import TokenStream, stable_text
 from workbench.widgets._cache_html import cache_html
-from workbench.widgets._html import error_html, escape
+from workbench.widgets._errors import InlineError, error_message
+from workbench.widgets._html import escape
 
 __all__ = ["GenerationView", "default_tokenizer"]
 
@@ -38,7 +39,7 @@ def default_tokenizer(model: tp.Any) -> tp.Any:
     return ByteTokenizer() if vocab is not None and ByteTokenizer.vocab_size <= vocab <= TINY_VOCAB else None
 
 
-class GenerationView(widgets.VBox):
+class GenerationView(InlineError, widgets.VBox):
     """Generate from a prompt with every GenerationConfig control, watching tokens and the KV cache.
 
     ``tokenizer`` encodes the prompt and decodes the tokens: ours, a Hugging Face tokenizer, or a local
@@ -74,7 +75,6 @@ class GenerationView(widgets.VBox):
         self._busy = False
         self._stream: TokenStream | None = None
         self._run_info: dict[str, tp.Any] = {}
-        self._error_text = ""
         self.output: tp.Any = None  # the last GenerationOutput
         small = lambda w: widgets.Layout(width=w)
         style = {"description_width": "initial"}
@@ -126,7 +126,6 @@ class GenerationView(widgets.VBox):
         self.stop_button.add_class("wb-gen-stop")
         self._status = widgets.HTML("")
         self._status.add_class("wb-gen-status")
-        self._error = widgets.HTML("")
         self._text = widgets.HTML("")
         self._text.add_class("wb-gen-text")
         self._cache = widgets.HTML("")
@@ -140,7 +139,7 @@ class GenerationView(widgets.VBox):
                          layout=wrap),
         ]
         super().__init__([self.prompt, *controls, widgets.HBox([self.generate_button, self.stop_button]),
-                          self._status, self._error, self._text, self._cache], **kwargs)
+                          self._status, self._error_area(), self._text, self._cache], **kwargs)
         self.add_class("wb-generation-view")
         self.generate_button.on_click(self._on_generate)
         self.stop_button.on_click(self._on_stop)
@@ -150,11 +149,6 @@ class GenerationView(widgets.VBox):
     def running(self) -> bool:
         """True from ``generate()`` until the run's results are on screen."""
         return self._busy
-
-    @property
-    def error(self) -> str:
-        """The inline error's text ('' when none)."""
-        return self._error_text
 
     @property
     def new_tokens(self) -> np.ndarray:
@@ -216,20 +210,18 @@ class GenerationView(widgets.VBox):
         if self.running:
             self._show_error("a generation is running: press stop first")
             return None
-        try:
+        with self._guard(catch=(ValueError, TypeError), clear=True) as failed:
             config = self.generation_config()
             ids, mask = self.prompt_inputs()
             self._check_length(ids.shape[1], config.max_new_tokens)
             cache, cache_desc = self._make_cache(ids.shape[0] * config.num_beams, config)
-        except (ValueError, TypeError) as e:
-            self._show_error(str(e))
+        if failed:
             return None
-        self._show_error("")
         streaming = config.num_beams == 1
-        try:  # the core's compile cache says whether this run compiles (a new model, config or shape)
+        # the core's compile cache says whether this run compiles (a new model, config or shape)
+        with self._guard(catch=(ValueError, TypeError)) as failed:
             compiling = not is_compiled(self.model, ids, config, mask, cache, streamer=streaming)
-        except (ValueError, TypeError) as e:
-            self._show_error(str(e))
+        if failed:
             return None
         # rendered on the stream's own thread: the compiled decode loop never waits for the widget
         stream = TokenStream(self._on_stream if streaming else None, min_interval_s=self._refresh_s,
@@ -265,7 +257,7 @@ class GenerationView(widgets.VBox):
 
     def _repr_html_(self) -> str:
         return (f'<div class="wb-generation-view-static"><div style="{_MONO}"><b>prompt</b>: '
-                f"{escape(self.prompt.value)}</div>{self._status.value}{self._error.value}{self._text.value}"
+                f"{escape(self.prompt.value)}</div>{self._status.value}{self._error_html()}{self._text.value}"
                 f"{self._cache.value}</div>")
 
     def __repr__(self) -> str:
@@ -320,7 +312,7 @@ class GenerationView(widgets.VBox):
                       f"{1e3 * t['decode']:.0f} ms ({rate:,.0f} tokens/s)")
             css = f"wb-gen-{how}"
         except Exception as e:  # shown inline; the kernel and the last good picture stay
-            self._show_error(f"generation failed: {type(e).__name__}: {e}")
+            self._show_error(error_message(e, "generation failed"))
         finally:
             # ready for the next run before the final status shows, so a client that sees it can press generate
             self._busy = False
@@ -402,7 +394,3 @@ class GenerationView(widgets.VBox):
     def _set_status(self, text: str, css: str = "") -> None:
         self._status_text, self._status_css = text, css
         self._status.value = f'<div class="wb-gen-state {css}" style="font-size:12px;color:#333">{escape(text)}</div>'
-
-    def _show_error(self, message: str) -> None:
-        self._error_text = message
-        self._error.value = error_html(message)

@@ -12,6 +12,7 @@ from workbench.core.advisor import Advice, Candidate, Constraints, advise
 from workbench.core.cost import format_seconds
 from workbench.core.ledger import KINDS
 from workbench.core.steps import OPTIMIZERS
+from workbench.widgets._errors import InlineError, error_message
 from workbench.widgets._html import error_html, escape, format_bytes
 
 __all__ = ["LayoutAdvisor", "advice_html"]
@@ -69,7 +70,7 @@ def advice_html(advice: Advice, *, top: int = 10, rejected: int = 5, selected: i
             f"the step takes the longest, plus the bubble)</div>{table}{missed}</div>")
 
 
-class LayoutAdvisor:
+class LayoutAdvisor(InlineError):
     """Inputs (tokens per step, sequence length, task, optimizer, constraints) that re-rank the layouts of
     ``model`` on ``cluster`` as they change; pick a row to confirm it with the compiler, open it in a
     :class:`~workbench.widgets.sharding_explorer.ShardingExplorer`, or export it as code. ``advisor.advice`` is
@@ -80,7 +81,6 @@ class LayoutAdvisor:
                  top: int = 10):
         self.model, self.cluster, self.top = model, cluster, top
         self.advice: Advice | None = None
-        self.error = ""
         self.explorer: tp.Any = None
         c = constraints or Constraints()
         w, style = widgets, {"description_width": "initial"}
@@ -101,7 +101,7 @@ class LayoutAdvisor:
         self._headroom = w.BoundedFloatText(c.headroom, min=0.0, max=0.9, step=0.05, description="HBM headroom",
                                             style=style, layout=w.Layout(width="170px"))
         self._fixed = dict(c.fixed)
-        self._status = w.HTML()
+        self._status = self._error_area()  # "ranking…", then the inline error or nothing
         self._table = w.HTML()
         self._table.add_class("wb-advisor-table")
         self._row = w.Dropdown(options=[], description="row", layout=w.Layout(width="420px"),
@@ -145,14 +145,13 @@ class LayoutAdvisor:
     def rank(self) -> bool:
         """Re-rank from the inputs."""
         self._status.value = '<div style="font-size:12px;color:#555">ranking…</div>'
-        try:
+        with self._guard(catch=(ValueError, TypeError)) as failed:
             advice = advise(self.model, self.cluster, batch_tokens=self._tokens.value, seq_len=self._seq.value,
                             task=self._task.value, optimizer=self._optimizer.value, constraints=self.constraints)
-        except (ValueError, TypeError) as e:
-            self._show_error(str(e))
+        if failed:
             return False
         self.advice = advice
-        self._show_error("")
+        self._clear_error()
         options = [(f"{i}: {c.label}", i) for i, c in enumerate(advice.ranked[:self.top], 1)]
         self._row.options = options
         self._row.value = options[0][1] if options else None
@@ -175,7 +174,7 @@ class LayoutAdvisor:
         try:
             self.advice.confirm_one(c)
         except Exception as e:  # a callback must not raise: say why
-            self._out.value = error_html(f"confirm: {type(e).__name__}: {e}")
+            self._out.value = error_html(error_message(e, "confirm"))
             return False
         self._out.value = _confirmed_html(c)
         options = [(f"{i}: {x.label}", i) for i, x in enumerate(self.advice.ranked[:self.top], 1)]
@@ -227,10 +226,6 @@ class LayoutAdvisor:
         if self.advice is not None:
             self._status.value = ""
             self._table.value = advice_html(self.advice, top=self.top, selected=self._row.value)
-
-    def _show_error(self, message: str) -> None:
-        self.error = message
-        self._status.value = error_html(message) if message else ""
 
     def _repr_mimebundle_(self, **kwargs: tp.Any) -> dict[str, tp.Any]:
         return {**self.widget._repr_mimebundle_(**kwargs), "text/plain": repr(self)}

@@ -17,7 +17,8 @@ from jax.sharding import Mesh
 
 from workbench.core.layout import MeshGrid, axis_size_choices, mesh_grid, reshape_mesh, set_axis_size
 from workbench.core.mesh import describe_mesh
-from workbench.widgets._html import TEXT_COLOR, device_color, error_html, escape
+from workbench.widgets._errors import InlineError, error_message
+from workbench.widgets._html import TEXT_COLOR, device_color, escape
 
 __all__ = ["MeshView", "mesh_html"]
 
@@ -63,7 +64,7 @@ def mesh_html(mesh: Mesh, rows: str | None = None, cols: str | None = None) -> s
             f'align-items:flex-start">{facets}</div></div>')
 
 
-class MeshView(widgets.VBox):
+class MeshView(InlineError, widgets.VBox):
     """The devices of ``mesh`` by axis, plus one dropdown per axis to reshape it.
 
     Each dropdown offers only the sizes that keep a valid factorisation of the device count,
@@ -98,10 +99,9 @@ class MeshView(widgets.VBox):
         self._apply_button = widgets.Button(description="apply", button_style="primary", icon="check",
                                             layout=widgets.Layout(width="90px"))
         self._status = widgets.HTML("")
-        self._error = widgets.HTML("")
         controls = widgets.HBox([*self._dropdowns.values(), self._rest, self._apply_button],
                                 layout=widgets.Layout(flex_flow="row wrap"))
-        super().__init__([self._picture, controls, self._status, self._error], **kwargs)
+        super().__init__([self._picture, controls, self._status, self._error_area()], **kwargs)
         self.add_class("wb-mesh-view")
         self.mesh = mesh
         self._refresh_options()
@@ -120,13 +120,6 @@ class MeshView(widgets.VBox):
         """The sizes the controls show (applied by ``apply``)."""
         return dict(self._pending)
 
-    @property
-    def error(self) -> str:
-        """The inline error's text ('' when none)."""
-        return self._error_text
-
-    _error_text = ""
-
     def on_change(self, fn: tp.Callable[[Mesh], tp.Any]) -> tp.Callable[[Mesh], tp.Any]:
         """Call ``fn(new_mesh)`` after each applied reshape; returns ``fn`` (usable as a decorator)."""
         self._callbacks.append(fn)
@@ -137,7 +130,7 @@ class MeshView(widgets.VBox):
 
         Returns False and shows the reason inline when the sizes leave no valid mesh.
         """
-        try:
+        with self._guard("invalid mesh shape", catch=ValueError) as failed:
             new = dict(self._pending)
             unknown = sorted(set(sizes) - set(new))
             if unknown:
@@ -152,24 +145,23 @@ class MeshView(widgets.VBox):
             new[rest] = self.n_devices
             for axis, size in sizes.items():
                 new = set_axis_size(self.n_devices, new, axis, size, rest)
-        except ValueError as e:
-            self._show_error(f"invalid mesh shape: {e}")
+        if failed:
             return False
         self._pending = new
-        self._show_error("")
+        self._clear_error()
         self._refresh_options()
         return True
 
     def apply(self) -> bool:
         """Build the mesh the controls show; on success update the picture and notify followers."""
         if self._pending == dict(self.mesh.shape):
-            self._show_error("")
+            self._clear_error()
             self._refresh_status()
             return True
-        try:
+        with self._guard("could not build the mesh", catch=(ValueError, RuntimeError),
+                         suffix=f"; still showing {describe_mesh(self.mesh)}") as failed:
             new = reshape_mesh(self.mesh, self._pending)
-        except (ValueError, RuntimeError) as e:
-            self._show_error(f"could not build the mesh: {e}; still showing {describe_mesh(self.mesh)}")
+        if failed:
             return False
         self.mesh = new
         self._picture.value = mesh_html(new, self._rows, self._cols)
@@ -179,7 +171,7 @@ class MeshView(widgets.VBox):
             try:
                 fn(new)
             except Exception as e:  # a follower's bug must not break this view
-                failures.append(f"{getattr(fn, '__qualname__', fn)}: {type(e).__name__}: {e}")
+                failures.append(error_message(e, f"{getattr(fn, '__qualname__', fn)}"))
         self._show_error("mesh applied, but a follower failed: " + "; ".join(failures) if failures else "")
         return True
 
@@ -193,12 +185,8 @@ class MeshView(widgets.VBox):
     def _on_size(self, axis: str, size: int) -> None:
         if self._syncing or size is None or size == self._pending[axis]:
             return
-        try:
+        with self._guard("invalid mesh shape", catch=ValueError, clear=True):
             self._pending = set_axis_size(self.n_devices, self._pending, axis, size, self._rest.value)
-        except ValueError as e:
-            self._show_error(f"invalid mesh shape: {e}")
-        else:
-            self._show_error("")
         self._refresh_options()
 
     def _on_rest(self, rest: str) -> None:
@@ -227,7 +215,3 @@ class MeshView(widgets.VBox):
             shape = ", ".join(f"{a}={n}" for a, n in self._pending.items())
             self._status.value = (f'<div class="wb-pending" style="font-size:12px;color:#555">pending: '
                                   f"{escape(shape)} (press apply)</div>")
-
-    def _show_error(self, message: str) -> None:
-        self._error_text = message
-        self._error.value = error_html(message)

@@ -15,6 +15,7 @@ import ipywidgets as widgets
 from workbench.core.axes import MODE_TRAIN, PartitionAxis
 from workbench.core.layout import format_spec
 from workbench.core.tree_view import ParamRow, SubtreeTotal, format_count, param_rows, subtree_totals
+from workbench.widgets._errors import InlineError, error_message
 from workbench.widgets._html import error_html, escape, format_bytes, typed_html
 
 __all__ = ["ModuleTree", "param_summary_html", "tree_totals_html"]
@@ -95,7 +96,7 @@ def param_summary_html(row: ParamRow) -> str:
     return f'<div class="wb-param-summary" style="{_MONO}">' + "<br>".join(lines) + "</div>"
 
 
-class ModuleTree(widgets.VBox):
+class ModuleTree(InlineError, widgets.VBox):
     """An NNX model as a treescope tree, with parameter counts per subtree and each parameter's sharding.
 
     ``mesh=None`` shows the specs the parameters are placed with (``shard_model`` / ``lazy_init(...,
@@ -111,7 +112,6 @@ class ModuleTree(widgets.VBox):
         self._by_path = {r.path: r for r in self._rows}
         self._totals = subtree_totals(self._rows)
         self._mesh = mesh
-        self._error_text = ""
         self._sharding_view: tp.Any = None
         self._header = widgets.HTML(self._header_html())
         self._tree = widgets.Output(layout=widgets.Layout(max_height="320px", overflow="auto",
@@ -127,7 +127,6 @@ class ModuleTree(widgets.VBox):
         self._summary = widgets.HTML("")
         self._detail = widgets.VBox([])
         self._detail.add_class("wb-param-detail")
-        self._error = widgets.HTML("")
         layers = getattr(getattr(model, "layers", None), "num_layers", None)
         self._layer = widgets.Dropdown(options=[("choose a layer…", -1)] + [(f"layer {i}", i) for i in
                                                                           range(layers or 0)],
@@ -154,7 +153,8 @@ class ModuleTree(widgets.VBox):
         tabs = widgets.Tab(children=children)
         for i, title in enumerate(("tree (treescope)", "parameter counts", "one layer", "experts")[:len(children)]):
             tabs.set_title(i, title)
-        super().__init__([self._header, tabs, self._choose, self._error, self._summary, self._detail], **kwargs)
+        super().__init__([self._header, tabs, self._choose, self._error_area(), self._summary, self._detail],
+                         **kwargs)
         self.add_class("wb-module-tree")
         self._choose.observe(self._on_choose, names="value")
         self._layer.observe(self._on_layer, names="value")
@@ -177,10 +177,6 @@ class ModuleTree(widgets.VBox):
     def sharding_view(self) -> tp.Any:
         """The ShardingView of the chosen parameter (None when none is shown)."""
         return self._sharding_view
-
-    @property
-    def error(self) -> str:
-        return self._error_text
 
     def select(self, path: str) -> bool:
         """Choose parameter ``path`` (what the dropdown does); False, with an inline error, if unknown."""
@@ -205,7 +201,7 @@ class ModuleTree(widgets.VBox):
     def _on_layer(self, change: dict) -> None:
         from IPython.display import HTML
 
-        self._show_error("")
+        self._clear_error()
         self._layer_tree.clear_output()
         if change["new"] < 0:
             return
@@ -214,7 +210,7 @@ class ModuleTree(widgets.VBox):
 
             html = treescope.render_to_html(self.model.layers[change["new"]], ignore_exceptions=True, compressed=True)
         except Exception as e:  # keep the widget usable whatever treescope does
-            html = error_html(f"cannot render layer {change['new']}: {type(e).__name__}: {e}")
+            html = error_html(error_message(e, f"cannot render layer {change['new']}"))
         self._layer_tree.append_display_data(HTML(html))
 
     def _repr_html_(self) -> str:
@@ -267,12 +263,12 @@ class ModuleTree(widgets.VBox):
 
             html = treescope.render_to_html(self.model, ignore_exceptions=True, compressed=True)
         except Exception as e:  # the counts and specs stay usable without the picture
-            html = error_html(f"treescope could not render this model: {type(e).__name__}: {e}")
+            html = error_html(error_message(e, "treescope could not render this model"))
         self._tree.append_display_data(HTML(html))
 
     def _on_choose(self, change: dict) -> None:
         path = change["new"]
-        self._show_error("")
+        self._clear_error()
         self._sharding_view = None
         if not path:
             self._summary.value, self._detail.children = "", ()
@@ -285,17 +281,12 @@ class ModuleTree(widgets.VBox):
                 "tree with ModuleTree(model, mesh=make_mesh(...)) to see how it would shard, or pass "
                 "shard_model(model, mesh)</div>"),)
             return
-        try:
+        with self._guard(f"cannot show the sharding of {path}") as failed:
             from workbench.widgets.sharding_view import ShardingView  # built lazily: only when chosen
 
             view = ShardingView((row.shape, row.dtype, row.sharding), mesh=row.sharding.mesh, name="W")
-        except Exception as e:  # keep the tree usable whatever the view does
+        if failed:  # the tree stays usable whatever the view does
             self._detail.children = ()
-            self._show_error(f"cannot show the sharding of {path}: {type(e).__name__}: {e}")
             return
         self._sharding_view = view
         self._detail.children = (view,)
-
-    def _show_error(self, message: str) -> None:
-        self._error_text = message
-        self._error.value = error_html(message)

@@ -33,6 +33,7 @@ from workbench.widgets._cluster_html import (
     parse_mesh_label,
     step_time_html,
 )
+from workbench.widgets._errors import InlineError
 from workbench.widgets._experts import ExpertsPanel, experts_html
 from workbench.widgets._explorer_rules import RulesEditor
 from workbench.widgets._html import error_html, escape, format_bytes
@@ -173,7 +174,7 @@ def export_html(code: str, json_text: str) -> str:
 
 
 # -- the widget ------------------------------------------------------------------------------------------
-class ShardingExplorer:
+class ShardingExplorer(InlineError):
     """Every parameter of ``model`` resolved on ``mesh``, with controls that change the rules live.
 
     ``model`` is a live model or an abstract one (``CausalLM.lazy_init(config)``); only shapes are
@@ -205,7 +206,6 @@ class ShardingExplorer:
         self.layout = explore.Layout.of(model, mesh, _pipelined(partition_axis, mesh), rules, mode)
         self.step_time: tp.Any = None  # cost.StepTime of the last compiled step on the cluster
         self._compiled_key: tuple | None = None
-        self.error = ""
         self.collectives: explore.StepCollectives | None = None
         self.experts: tp.Any = None  # moe_view.ExpertParallelSummary after "experts"
         self._experts_layout: explore.Layout | None = None
@@ -417,7 +417,7 @@ class ShardingExplorer:
     def _build(self, optimizer: bool, kv_on: bool, kv_b: int, kv_s: int, batch: tuple[int, int]) -> None:
         w = widgets
         self._title = w.HTML()
-        self._error = w.HTML()
+        self._error_area()
         self.editor = RulesEditor(self.layout, self._on_edit)
         self._optimizer = w.Checkbox(optimizer, description="AdamW state", indent=False)
         self._kv_on = w.Checkbox(kv_on, description="KV cache", indent=False, layout=w.Layout(width="90px"))
@@ -564,10 +564,9 @@ class ShardingExplorer:
         if self.cluster is not None:
             self._render_ledger()
             return
-        try:
+        with self._guard(catch=ValueError) as failed:
             memory = self.memory()
-        except ValueError as e:
-            self._show_error(str(e))
+        if failed:
             return
         self._chart.outputs = ({"output_type": "display_data", "metadata": {},
                                 "data": {"application/vnd.plotly.v1+json": memory_figure(memory, self.mesh),
@@ -646,23 +645,19 @@ class ShardingExplorer:
 
     def _try(self, build: tp.Callable[[], explore.Layout], what: str = "edit") -> bool:
         """Resolve a new layout; on success show it, else show why and keep the last valid one."""
-        try:
+        # a callback must not raise: say why, keep the last valid layout
+        with self._guard(plain=(ValueError, TypeError, KeyError, re.error),
+                         suffix=f" (still showing the last valid {'mesh' if what == 'mesh' else 'layout'})") as failed:
             new = build()
             d = explore.diff(self.layout, new, **self._memory_options())
-        except Exception as e:  # a callback must not raise: say why, keep the last valid layout
-            kind = "" if isinstance(e, ValueError | TypeError | KeyError | re.error) else f"{type(e).__name__}: "
-            self._show_error(f"{kind}{e} (still showing the last valid {'mesh' if what == 'mesh' else 'layout'})")
+        if failed:
             return False
         self.layout, self.last_diff = new, d
         self._changed = tuple(c.path for c in d.changed)
-        self._show_error("")
+        self._clear_error()
         self.editor.show(new)
         self._render()
         return True
-
-    def _show_error(self, message: str) -> None:
-        self.error = message
-        self._error.value = error_html(message)
 
     # -- display -----------------------------------------------------------------------------------------
     def _repr_mimebundle_(self, **kwargs: tp.Any) -> dict[str, tp.Any]:

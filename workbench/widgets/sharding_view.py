@@ -16,10 +16,10 @@ import ipywidgets as widgets
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from workbench.core.layout import ShardingLayout, format_spec, sharding_layout
+from workbench.widgets._errors import InlineError
 from workbench.widgets._html import (
     TEXT_COLOR,
     device_background,
-    error_html,
     escape,
     format_bytes,
     ids_text,
@@ -117,7 +117,7 @@ def _inputs(x: tp.Any, mesh: Mesh | AbstractMesh | None) -> tuple[tuple[int, ...
     return tuple(shape), dtype, spec, mesh
 
 
-class ShardingView(widgets.VBox):
+class ShardingView(InlineError, widgets.VBox):
     """Which block of an array each device holds, drawn for any rank, with a PartitionSpec editor.
 
     ``x`` is an array with a NamedSharding, or ``(shape, dtype, spec)`` with a PartitionSpec (then
@@ -135,7 +135,6 @@ class ShardingView(widgets.VBox):
         self._name = name
         self._layout = sharding_layout(shape, dtype, spec, mesh, fit=fit)  # a bad initial spec raises
         self._requested: str | PartitionSpec = spec  # the last accepted spec, before fitting
-        self._error_text = ""
         self._callbacks: list[tp.Callable[[ShardingLayout], tp.Any]] = []
         self._picture = widgets.HTML(sharding_html(self._layout, name))
         self._text = widgets.Text(value=format_spec(self._layout.spec), description="spec",
@@ -146,9 +145,8 @@ class ShardingView(widgets.VBox):
                                      layout=widgets.Layout(width="250px"))
         self._show = widgets.Button(description="show", button_style="primary", layout=widgets.Layout(width="80px"))
         self._show.add_class("wb-spec-show")
-        self._error = widgets.HTML("")
         controls = widgets.HBox([self._text, self._show, self._fit], layout=widgets.Layout(flex_flow="row wrap"))
-        super().__init__([self._picture, controls, self._error], **kwargs)
+        super().__init__([self._picture, controls, self._error_area()], **kwargs)
         self.add_class("wb-sharding-view")
         self._text.observe(lambda change: self.set_spec(change["new"]), names="value")
         self._show.on_click(lambda _: self.set_spec(self._text.value))
@@ -172,11 +170,6 @@ class ShardingView(widgets.VBox):
     def sharding(self) -> NamedSharding:
         """The NamedSharding on screen, e.g. for ``jax.device_put(x, view.sharding)``."""
         return self._layout.named_sharding()
-
-    @property
-    def error(self) -> str:
-        """The inline error's text ('' when none)."""
-        return self._error_text
 
     def notation(self) -> str:
         return self._layout.notation(self._name)
@@ -207,24 +200,18 @@ class ShardingView(widgets.VBox):
     # -- internals -----------------------------------------------------------------------------------
     def _update(self, spec: str | PartitionSpec, mesh: tp.Any, what: str) -> bool:
         old = self._layout
-        try:
+        with self._guard(what, catch=(ValueError, TypeError),
+                         suffix=f"\nstill showing {old.notation(self._name)} = {old.spec}") as failed:
             new = sharding_layout(old.shape, old.dtype, spec, mesh, fit=self._fit.value)
-        except (ValueError, TypeError) as e:
-            self._show_error(f"{what}: {e}\nstill showing {old.notation(self._name)} = {old.spec}")
+        if failed:
             return False
         self._layout, self._requested = new, spec
         self._picture.value = sharding_html(new, self._name)
-        self._show_error("")
+        self._clear_error()
         typed = spec if isinstance(spec, str) else format_spec(spec)
         if self._text.value != typed:
             self._text.value = typed  # re-enters set_spec with the same spec: harmless
         for fn in list(self._callbacks):
-            try:
+            with self._guard("layout shown, but a follower failed"):  # a follower's bug must not break this view
                 fn(new)
-            except Exception as e:  # a follower's bug must not break this view
-                self._show_error(f"layout shown, but a follower failed: {type(e).__name__}: {e}")
         return True
-
-    def _show_error(self, message: str) -> None:
-        self._error_text = message
-        self._error.value = error_html(message)
