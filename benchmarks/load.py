@@ -177,7 +177,8 @@ def split_ours(path, dtype, runs: int) -> dict[str, float]:
             t0 = time.perf_counter()
             loaded_config = ModelConfig.from_hf(json.loads(config_file.read_text()))
             with SafetensorsReader(path) as reader:
-                model = load_model(loaded_config, reader, model_cls=CausalLM, place=timed_place, dtype=dtype, param_dtype=dtype)
+                model = load_model(loaded_config, reader, model_cls=CausalLM, place=timed_place, dtype=dtype,
+                                   param_dtype=dtype)
             jax.block_until_ready(ours_params(model))
             runs_of["total"].append(time.perf_counter() - t0)
             runs_of["place"].append(spent["place"])

@@ -18,8 +18,8 @@ from jax.sharding import NamedSharding
 
 from tests.core.models.hf_reference import MAIN_FAMILIES, batch, hf_forward, hf_model, torch, transformers
 from workbench.core.mesh import make_mesh
-from workbench.core.models.causal_lm import CausalLM, SequenceClassifier
 from workbench.core.models.auto import from_pretrained
+from workbench.core.models.causal_lm import CausalLM, SequenceClassifier
 from workbench.core.models.checkpoint import hf_tensor_plan, save_pretrained, to_torch
 from workbench.core.models.hf_convert import hf_state_dict
 from workbench.core.models.sharding import param_specs, path_str
