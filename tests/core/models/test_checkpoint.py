@@ -21,7 +21,7 @@ from workbench.core.mesh import make_mesh
 from workbench.core.models.auto import from_pretrained
 from workbench.core.models.causal_lm import CausalLM, SequenceClassifier
 from workbench.core.models.checkpoint import hf_tensor_plan, save_pretrained, to_torch
-from workbench.core.models.hf_convert import hf_state_dict
+from workbench.core.models.hf_convert import hf_state_dict, ignorable
 from workbench.core.models.sharding import param_specs, path_str
 
 TOL = 1e-5
@@ -77,15 +77,18 @@ def test_round_trip_with_transformers(family, tmp_path):
     assert max_diff(hf_forward(torch_model, ids, mask).logits, want, mask) <= TOL
 
 
-@pytest.mark.parametrize("family", ["gpt2", "mixtral"])
-def test_streamed_tensors_equal_hf_state_dict(family, tmp_path):
+@pytest.mark.parametrize("family", ["gpt2", "mixtral", "gpt_oss"])
+def test_streamed_tensors_equal_what_transformers_saved(family, tmp_path):
+    """The save plan (and hf_state_dict, built on it) names and computes every tensor as transformers wrote it:
+    GPT-2's fused c_attn, Mixtral's per-expert w1/w3/w2, GPT-OSS's interleaved gate_up_proj."""
     hf = hf_model(family)
     hf.save_pretrained(tmp_path)
     ours = from_pretrained(tmp_path, progress=False)
+    saved = {name: value for name, value in safetensors.numpy.load_file(tmp_path / "model.safetensors").items()
+             if not ignorable(ours.config, name)}
     plan = {t.name: t.read() for t in hf_tensor_plan(ours)}
-    whole = hf_state_dict(ours)
-    assert set(plan) == set(whole)
-    for name, value in whole.items():
+    assert set(plan) == set(saved) == set(hf_state_dict(ours))
+    for name, value in saved.items():
         np.testing.assert_array_equal(plan[name], value, err_msg=name)
 
 

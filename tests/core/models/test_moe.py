@@ -10,8 +10,7 @@ from jax.sharding import NamedSharding
 from workbench.core.axes import HiddenStateSharding, PartitionAxis
 from workbench.core.inspect import collectives
 from workbench.core.mesh import make_mesh
-from workbench.core.models.moe import (
-    MoE,
+from workbench.core.models.hf_moe import (
     from_hf_experts,
     from_hf_moe,
     from_legacy_experts,
@@ -20,6 +19,7 @@ from workbench.core.models.moe import (
     to_hf_moe,
     to_legacy_experts,
 )
+from workbench.core.models.moe import MoE
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

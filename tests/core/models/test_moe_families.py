@@ -10,7 +10,8 @@ import pytest
 from flax import nnx
 
 from tests.core.models.hf_reference import torch, transformers
-from workbench.core.models.moe import MoE, from_hf_experts
+from workbench.core.models.hf_moe import from_hf_experts
+from workbench.core.models.moe import MoE
 
 D, F, E, K = 16, 24, 8, 2
 

@@ -10,11 +10,9 @@ one parameter at a time and streams it into its file. Paths are local: nothing i
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import functools
 import json
-import math
 import os
 import pathlib
 import re
@@ -31,14 +29,12 @@ from workbench.core.axes import MODE_TRAIN
 from workbench.core.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
 from workbench.core.models.generation_config import GenerationConfig
 from workbench.core.models.hf_convert import (
+    CheckpointTensor,
     convert_into,
-    fuse,
     host_buffer,
     load_model,
-    moe_tensor_names,
-    param_table,
     place_on_default_device,
-    to_checkpoint_columns,
+    tensor_plan,
 )
 from workbench.core.models.protocol import check_model_class, is_classifier
 from workbench.core.models.safetensors_mmap import MappedSafetensors
@@ -285,20 +281,6 @@ def from_pretrained(path: str | os.PathLike, *, dtype=jnp.float32, param_dtype=N
 
 
 # ----------------------------------------------------------------------------------------------- saving
-@dataclasses.dataclass(frozen=True)
-class CheckpointTensor:
-    """One checkpoint tensor to write: its name, shape, dtype and how to compute it (on the host)."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    read: tp.Callable[[], np.ndarray]
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
-
-
 def hf_tensor_plan(model, dtype=None) -> list[CheckpointTensor]:
     """The checkpoint tensors of ``model`` (names ``transformers`` writes), each computed on demand by
     gathering only the parameters it needs; ``dtype`` (default: each parameter's) is the one written."""
@@ -308,11 +290,6 @@ def hf_tensor_plan(model, dtype=None) -> list[CheckpointTensor]:
     if not isinstance(config, ModelConfig):
         raise TypeError(f"expected a workbench model (CausalLM, SequenceClassifier); got {type(model).__name__}")
     params = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
-    table = param_table(config, classifier=is_classifier(model))
-    if set(params) != set(table):
-        extra = sorted(".".join(map(str, p)) for p in set(params) ^ set(table))
-        raise ValueError(f"the model's parameters do not fit the Hugging Face layout ({extra[:4]}); merge LoRA "
-                         f"adapters (unwrap_lora_to_layers) or undo quantization before saving")
     held: dict[tuple, np.ndarray] = {}
 
     def get(path, layer) -> np.ndarray:  # one parameter (layer slice) on the host at a time
@@ -322,39 +299,7 @@ def hf_tensor_plan(model, dtype=None) -> list[CheckpointTensor]:
             held[(path, layer)] = np.asarray(jax.device_get(value if layer is None else value[layer]))
         return held[(path, layer)]
 
-    items = list(table.items())
-    first = next((k for k, (_, e) in enumerate(items) if e.layered), len(items))
-    layered = [(p, e) for p, e in items if e.layered]
-    units = [(p, e, None) for p, e in items[:first]]
-    units += [(p, e.at(i), i) for i in range(max(params[p].shape[0] for p, _ in layered)) for p, e in layered
-              if i < params[p].shape[0]]
-    units += [(p, e, None) for p, e in items[first:] if not e.layered]
-    out: list[CheckpointTensor] = []
-    qkv: dict[str, dict[int, tuple]] = {}
-    for path, entry, i in units:
-        shape = tuple(params[path].shape)[(0 if i is None else 1):]
-        dt = np.dtype(dtype if dtype is not None else params[path].dtype)
-        if entry.kind == "copy":
-            out.append(CheckpointTensor(entry.name, shape, dt,
-                                        lambda p=path, i=i, e=entry: to_checkpoint_columns(config, e, get(p, i))))
-        elif entry.kind == "transpose":
-            out.append(CheckpointTensor(entry.name, shape[::-1], dt,
-                                        lambda p=path, i=i, e=entry: to_checkpoint_columns(config, e, get(p, i)).T))
-        elif entry.kind in ("qkv", "interleave"):  # one fused tensor of 3 (q, k, v) or 2 (gate, up) parameters
-            parts = qkv.setdefault(entry.name, {})
-            parts[entry.part] = path
-            n = 3 if entry.kind == "qkv" else 2
-            if len(parts) == n:
-                paths = [parts[k] for k in range(n)]
-                out.append(CheckpointTensor(entry.name, (*shape[:-1], n * shape[-1]), dt,
-                                            lambda ps=paths, i=i: fuse([get(p, i) for p in ps])))
-        else:  # a router or experts: per-expert tensors, named as the family's checkpoints name them
-            for j, name in enumerate(moe_tensor_names(config, entry)):
-                if entry.kind == "router":
-                    out.append(CheckpointTensor(name, shape[::-1], dt, lambda p=path, i=i: get(p, i).T))
-                else:
-                    out.append(CheckpointTensor(name, shape[1:][::-1], dt, lambda p=path, i=i, j=j: get(p, i)[j].T))
-    return out
+    return tensor_plan(config, params, get, classifier=is_classifier(model), dtype=dtype)
 
 
 def parse_size(size: int | str) -> int:

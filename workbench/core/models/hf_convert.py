@@ -29,7 +29,13 @@ import typing as tp
 import numpy as np
 
 from workbench.core.models.config import ModelConfig
-from workbench.core.models.moe import from_hf_experts
+from workbench.core.models.hf_moe import (
+    EXPERT_KINDS,
+    FUSED_EXPERTS,
+    expected_expert_names,
+    moe_tensor_names,
+    read_experts,
+)
 from workbench.core.models.protocol import check_model_class, is_classifier
 
 Path = tuple[str | int, ...]
@@ -54,12 +60,6 @@ class Entry:
         if not self.layered:
             return self
         return dataclasses.replace(self, name=self.name.format(i=self.first + layer), layered=False, first=0)
-
-
-# Per-expert tensor names on disk: (module under the layer, names of gate / up / down)
-EXPERTS_ON_DISK = {"mixtral": ("block_sparse_moe", ("w1", "w3", "w2")),
-                   "qwen3_moe": ("mlp", ("gate_proj", "up_proj", "down_proj")),
-                   "deepseek_v3": ("mlp", ("gate_proj", "up_proj", "down_proj"))}
 
 
 def rope_columns(config: ModelConfig, rope: str) -> np.ndarray:
@@ -112,15 +112,14 @@ def _llama_layer_entries(config: ModelConfig) -> dict[Path, Entry]:
     if config.attention_sinks:
         out[("layers", "self_attn", "sinks")] = Entry(f"{hf}.self_attn.sinks", layered=True)
     if config.mlp_type == "moe" and config.model_type == "gpt_oss":  # fused (E, D, 2F), gate/up interleaved
-        mlp = f"{hf}.mlp"
+        mlp, (gate_up, down) = f"{hf}.mlp", FUSED_EXPERTS
         out[("layers", "mlp", "router_kernel")] = Entry(f"{mlp}.router.weight", "transpose", layered=True)
         out[("layers", "mlp", "router_bias")] = Entry(f"{mlp}.router.bias", layered=True)
         for part, name in enumerate(("gate", "up")):
-            out[("layers", "mlp", f"{name}_proj")] = Entry(f"{mlp}.experts.gate_up_proj", "interleave", part, True)
-            out[("layers", "mlp", f"{name}_bias")] = Entry(f"{mlp}.experts.gate_up_proj_bias", "interleave", part,
-                                                           True)
-        out[("layers", "mlp", "down_proj")] = Entry(f"{mlp}.experts.down_proj", layered=True)
-        out[("layers", "mlp", "down_bias")] = Entry(f"{mlp}.experts.down_proj_bias", layered=True)
+            out[("layers", "mlp", f"{name}_proj")] = Entry(f"{mlp}.{gate_up}", "interleave", part, True)
+            out[("layers", "mlp", f"{name}_bias")] = Entry(f"{mlp}.{gate_up}_bias", "interleave", part, True)
+        out[("layers", "mlp", "down_proj")] = Entry(f"{mlp}.{down}", layered=True)
+        out[("layers", "mlp", "down_bias")] = Entry(f"{mlp}.{down}_bias", layered=True)
     elif config.mlp_type == "moe":
         out[("layers", "mlp", "router_kernel")] = Entry(hf, "router", layered=True)
         for proj in ("gate", "up", "down"):
@@ -251,28 +250,14 @@ def load_layer(config: ModelConfig, entry: Entry, reader: Reader, layer: int | N
         return np.split(_read(reader, name, used), 3, axis=-1)[entry.part]
     if kind == "interleave":
         return _read(reader, name, used)[..., entry.part::2]
-    module, disk_names = EXPERTS_ON_DISK[config.model_type]
-    legacy = f"{name}.{module}"
-    if kind == "router":  # on disk under `module`; transformers 5's in-memory state dict under `mlp`
-        key = f"{legacy}.gate.weight" if f"{legacy}.gate.weight" in reader else f"{name}.mlp.gate.weight"
-        return _read(reader, key, used).T
-    which = ("gate", "up", "down").index(kind)
-    if f"{legacy}.experts.0.{disk_names[which]}.weight" in reader:  # one (out, in) tensor per expert
-        w = disk_names[which]
-        return np.stack([_read(reader, f"{legacy}.experts.{j}.{w}.weight", used).T
-                         for j in range(config.num_local_experts)])
-    fused = (f"{name}.mlp.experts.gate_up_proj", f"{name}.mlp.experts.down_proj")
-    return from_hf_experts(*(_read(reader, n, used) for n in fused))[which]
+    return read_experts(config, entry, lambda n: _read(reader, n, used), lambda n: n in reader)
 
 
 def expected_names(config: ModelConfig, entry: Entry, layer: int | None = None) -> str:
     """Human-readable checkpoint name(s) an entry reads, for error messages."""
     entry = entry.at(layer)
-    if entry.kind in ("router", "gate", "up", "down"):
-        module, (gate, up, down) = EXPERTS_ON_DISK[config.model_type]
-        w = {"router": "gate.weight", "gate": f"experts.*.{gate}.weight", "up": f"experts.*.{up}.weight",
-             "down": f"experts.*.{down}.weight"}[entry.kind]
-        return f"{entry.name}.{module}.{w}"
+    if entry.kind in EXPERT_KINDS:
+        return expected_expert_names(config, entry)
     return entry.name
 
 
@@ -286,27 +271,72 @@ def ignorable(config: ModelConfig, name: str) -> bool:
     return name.endswith(IGNORED_SUFFIXES) or (config.tie_word_embeddings and name == "lm_head.weight")
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckpointTensor:
+    """One checkpoint tensor to write: its name, shape, dtype and how to compute it (on the host)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    read: tp.Callable[[], np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def tensor_plan(config: ModelConfig, params: tp.Mapping[Path, tp.Any], get: tp.Callable[[Path, int | None], np.ndarray],
+                *, classifier: bool = False, dtype: tp.Any = None) -> list[CheckpointTensor]:
+    """The checkpoint tensors (the names ``transformers`` writes) of parameters ``params`` (path -> anything
+    with a shape and dtype), in the order a streaming writer wants them (layer by layer); ``get(path, layer)``
+    gives one parameter, or layer ``layer``'s slice of a stacked one, as NumPy when a tensor is read.
+    ``dtype`` (default: each parameter's) is the one written."""
+    table = param_table(config, classifier=classifier)
+    if set(params) != set(table):
+        extra = sorted(".".join(map(str, p)) for p in set(params) ^ set(table))
+        raise ValueError(f"the model's parameters do not fit the Hugging Face layout ({extra[:4]}); merge LoRA "
+                         f"adapters (unwrap_lora_to_layers) or undo quantization before saving")
+    items = list(table.items())
+    first = next((k for k, (_, e) in enumerate(items) if e.layered), len(items))
+    layered = [(p, e) for p, e in items if e.layered]
+    units = [(p, e, None) for p, e in items[:first]]
+    units += [(p, e.at(i), i) for i in range(max(params[p].shape[0] for p, _ in layered)) for p, e in layered
+              if i < params[p].shape[0]]
+    units += [(p, e, None) for p, e in items[first:] if not e.layered]
+    out: list[CheckpointTensor] = []
+    qkv: dict[str, dict[int, tuple]] = {}
+    for path, entry, i in units:
+        shape = tuple(params[path].shape)[(0 if i is None else 1):]
+        dt = np.dtype(dtype if dtype is not None else params[path].dtype)
+        if entry.kind == "copy":
+            out.append(CheckpointTensor(entry.name, shape, dt,
+                                        lambda p=path, i=i, e=entry: to_checkpoint_columns(config, e, get(p, i))))
+        elif entry.kind == "transpose":
+            out.append(CheckpointTensor(entry.name, shape[::-1], dt,
+                                        lambda p=path, i=i, e=entry: to_checkpoint_columns(config, e, get(p, i)).T))
+        elif entry.kind in ("qkv", "interleave"):  # one fused tensor of 3 (q, k, v) or 2 (gate, up) parameters
+            parts = qkv.setdefault(entry.name, {})
+            parts[entry.part] = path
+            n = 3 if entry.kind == "qkv" else 2
+            if len(parts) == n:
+                paths = [parts[k] for k in range(n)]
+                out.append(CheckpointTensor(entry.name, (*shape[:-1], n * shape[-1]), dt,
+                                            lambda ps=paths, i=i: fuse([get(p, i) for p in ps])))
+        else:  # a router or experts: per-expert tensors, named as the family's checkpoints name them
+            for j, name in enumerate(moe_tensor_names(config, entry)):
+                if entry.kind == "router":
+                    out.append(CheckpointTensor(name, shape[::-1], dt, lambda p=path, i=i: get(p, i).T))
+                else:
+                    out.append(CheckpointTensor(name, shape[1:][::-1], dt, lambda p=path, i=i, j=j: get(p, i)[j].T))
+    return out
+
+
 def to_hf_tensors(config: ModelConfig, params: tp.Mapping[Path, np.ndarray], *,
                   classifier: bool = False) -> dict[str, np.ndarray]:
     """Checkpoint tensors (the names ``transformers`` writes to disk) from parameter values by path."""
-    out: dict[str, np.ndarray] = {}
-    qkv: dict[str, list[np.ndarray | None]] = {}
-    for path, layered in param_table(config, classifier=classifier).items():
-        stacked = np.asarray(params[path])
-        for i in range(stacked.shape[0]) if layered.layered else (None,):
-            entry, value = layered.at(i), stacked if i is None else stacked[i]
-            value = to_checkpoint_columns(config, entry, value)
-            if entry.kind == "copy":
-                out[entry.name] = value
-            elif entry.kind == "transpose":
-                out[entry.name] = np.ascontiguousarray(value.T)
-            elif entry.kind in ("qkv", "interleave"):
-                qkv.setdefault(entry.name, [None] * (3 if entry.kind == "qkv" else 2))[entry.part] = value
-            else:
-                out |= {n: np.ascontiguousarray(v) for n, v in moe_tensors(config, entry, value).items()}
-    for name, parts in qkv.items():
-        out[name] = fuse(parts)
-    return out
+    arrays = {path: np.asarray(value) for path, value in params.items()}
+    get = lambda path, layer: arrays[path] if layer is None else arrays[path][layer]
+    return {t.name: np.ascontiguousarray(t.read()) for t in tensor_plan(config, arrays, get, classifier=classifier)}
 
 
 def fuse(parts: list[np.ndarray]) -> np.ndarray:
@@ -314,23 +344,6 @@ def fuse(parts: list[np.ndarray]) -> np.ndarray:
     if len(parts) == 3:
         return np.concatenate(parts, axis=-1)
     return np.stack(parts, axis=-1).reshape(*parts[0].shape[:-1], -1)
-
-
-def moe_tensor_names(config: ModelConfig, entry: Entry) -> list[str]:
-    """The on-disk names of one layer's router (one tensor) or experts (one per expert)."""
-    module, disk_names = EXPERTS_ON_DISK[config.model_type]
-    if entry.kind == "router":
-        return [f"{entry.name}.{module}.gate.weight"]
-    w = disk_names[("gate", "up", "down").index(entry.kind)]
-    return [f"{entry.name}.{module}.experts.{j}.{w}.weight" for j in range(config.num_local_experts)]
-
-
-def moe_tensors(config: ModelConfig, entry: Entry, value: tp.Any) -> dict[str, tp.Any]:
-    """One layer's router (``(D, E)``) or experts (``(E, in, out)``) as on-disk tensors, per expert."""
-    names = moe_tensor_names(config, entry)
-    if entry.kind == "router":
-        return {names[0]: value.T}
-    return {name: value[j].T for j, name in enumerate(names)}
 
 
 Read = tp.Callable[[int | None], np.ndarray]

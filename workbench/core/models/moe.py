@@ -24,8 +24,8 @@ Strategies, chosen by ``strategy`` (at construction, per call, or ``model.with_o
   same dispatch on one device.
 
 Parameter layouts (the contract the checkpoint converter maps onto): ``router_kernel (D, E)``,
-``gate_proj (E, D, F)``, ``up_proj (E, D, F)``, ``down_proj (E, F, D)``. :func:`from_hf_experts`,
-:func:`from_legacy_experts`, :func:`from_hf_moe` and their inverses convert HF tensors.
+``gate_proj (E, D, F)``, ``up_proj (E, D, F)``, ``down_proj (E, F, D)``. :mod:`.hf_moe` converts Hugging Face's
+tensors to and from them.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import typing as tp
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from flax.nnx.nn import dtypes
 
@@ -54,8 +53,7 @@ from workbench.core.axes import (
 from workbench.core.models.block import ACTIVATION_AXES
 from workbench.core.models.moe_alltoall import Dispatch, alltoall
 
-__all__ = ["STRATEGIES", "MoE", "RouterReplicated", "from_hf_experts", "from_hf_moe", "from_legacy_experts",
-           "load_hf_moe", "to_hf_experts", "to_hf_moe", "to_legacy_experts"]
+__all__ = ["STRATEGIES", "MoE", "RouterReplicated"]
 
 Array = jax.Array
 STRATEGIES = ("auto", "dense", "ragged", "alltoall")
@@ -303,89 +301,3 @@ def _ragged(x_ND, weights_NK, experts_NK, ex: Experts, precision) -> Array:
         ys_MD = ys_MD + ex.down_bias_ED[sorted_experts_M]
     y_NKD = ys_MD[jnp.argsort(order_M)].reshape(N, K, -1)
     return jnp.einsum("nkd,nk->nd", y_NKD, weights_NK.astype(y_NKD.dtype), precision=precision)
-
-
-# -- Hugging Face weights -------------------------------------------------------------------------
-def _xp(a: tp.Any) -> tp.Any:
-    return jnp if isinstance(a, jax.Array) else np
-
-
-def from_hf_experts(gate_up_proj_EXD: tp.Any, down_proj_EDF: tp.Any) -> tuple[tp.Any, tp.Any, tp.Any]:
-    """HF's fused ``experts.gate_up_proj (E, 2F, D)`` (gate rows first) and ``experts.down_proj (E, D, F)``
-    -> ours ``(gate (E, D, F), up (E, D, F), down (E, F, D))``. NumPy in, NumPy out; jax in, jax out."""
-    E, X, D = gate_up_proj_EXD.shape
-    if X % 2 or down_proj_EDF.shape != (E, D, X // 2):
-        raise ValueError(f"gate_up_proj {tuple(gate_up_proj_EXD.shape)} and down_proj {tuple(down_proj_EDF.shape)} "
-                         f"must be (E, 2F, D) and (E, D, F)")
-    F = X // 2
-    gate_up_EDX = gate_up_proj_EXD.swapaxes(1, 2)
-    return gate_up_EDX[..., :F], gate_up_EDX[..., F:], down_proj_EDF.swapaxes(1, 2)
-
-
-def to_hf_experts(gate_EDF: tp.Any, up_EDF: tp.Any, down_EFD: tp.Any) -> tuple[tp.Any, tp.Any]:
-    """Inverse of :func:`from_hf_experts`: ``(gate_up_proj (E, 2F, D), down_proj (E, D, F))``."""
-    xp = _xp(gate_EDF)
-    return xp.concatenate([gate_EDF, up_EDF], axis=2).swapaxes(1, 2), down_EFD.swapaxes(1, 2)
-
-
-def from_legacy_experts(tensors: tp.Mapping[str, tp.Any], prefix: str = "") -> tuple[tp.Any, tp.Any, tp.Any]:
-    """Per-expert on-disk tensors ``{prefix}{j}.w1.weight (F, D)`` (gate), ``w3`` (up), ``w2 (D, F)`` (down)
-    -> ours ``(gate (E, D, F), up (E, D, F), down (E, F, D))``. ``prefix`` ends with ``experts.``."""
-    E = 0
-    while f"{prefix}{E}.w1.weight" in tensors:
-        E += 1
-    names = [f"{prefix}{j}.{w}.weight" for j in range(E) for w in ("w1", "w2", "w3")]
-    missing = [n for n in names if n not in tensors]
-    if not E or missing:
-        raise ValueError(f"no complete per-expert weights under prefix {prefix!r}: missing "
-                         f"{missing[:3] or [prefix + '0.w1.weight']}; pass the prefix ending in 'experts.'")
-    stack = lambda w: _xp(tensors[f"{prefix}0.{w}.weight"]).stack(
-        [tensors[f"{prefix}{j}.{w}.weight"] for j in range(E)]).swapaxes(1, 2)
-    return stack("w1"), stack("w3"), stack("w2")
-
-
-def to_legacy_experts(gate_EDF: tp.Any, up_EDF: tp.Any, down_EFD: tp.Any, prefix: str = "") -> dict[str, tp.Any]:
-    """Inverse of :func:`from_legacy_experts`: ``{prefix}{j}.w1/w2/w3.weight`` per expert ``j``."""
-    out = {}
-    for j in range(gate_EDF.shape[0]):
-        out[f"{prefix}{j}.w1.weight"] = gate_EDF[j].T
-        out[f"{prefix}{j}.w2.weight"] = down_EFD[j].T
-        out[f"{prefix}{j}.w3.weight"] = up_EDF[j].T
-    return out
-
-
-def from_hf_moe(tensors: tp.Mapping[str, tp.Any], prefix: str = "") -> dict[str, tp.Any]:
-    """Our parameters (by name) from an HF MoE block's tensors under ``prefix`` (``model.layers.0.mlp.``
-    in transformers 5, ``...block_sparse_moe.`` on disk): router ``gate.weight (E, D)`` and the experts,
-    fused (``experts.gate_up_proj``, ``experts.down_proj``) or per expert (``experts.{j}.w1.weight`` ...)."""
-    router = f"{prefix}gate.weight"
-    if router not in tensors:
-        raise ValueError(f"no router weight {router!r}; pass the prefix of the MoE block (ending in '.')")
-    if f"{prefix}experts.gate_up_proj" in tensors:
-        experts = from_hf_experts(tensors[f"{prefix}experts.gate_up_proj"], tensors[f"{prefix}experts.down_proj"])
-    else:
-        experts = from_legacy_experts(tensors, f"{prefix}experts.")
-    return dict(zip(("router_kernel", "gate_proj", "up_proj", "down_proj"), (tensors[router].T, *experts),
-                    strict=True))
-
-
-def to_hf_moe(params: tp.Mapping[str, tp.Any], prefix: str = "", *, legacy: bool = False) -> dict[str, tp.Any]:
-    """Inverse of :func:`from_hf_moe`: fused transformers-5 names, or the per-expert on-disk ones."""
-    experts = params["gate_proj"], params["up_proj"], params["down_proj"]
-    out = {f"{prefix}gate.weight": params["router_kernel"].T}
-    if legacy:
-        return out | to_legacy_experts(*experts, prefix=f"{prefix}experts.")
-    gate_up, down = to_hf_experts(*experts)
-    return out | {f"{prefix}experts.gate_up_proj": gate_up, f"{prefix}experts.down_proj": down}
-
-
-def load_hf_moe(module: MoE, tensors: tp.Mapping[str, tp.Any], prefix: str = "") -> MoE:
-    """A copy of ``module`` holding the HF weights under ``prefix`` (cast to its param_dtype)."""
-    new = nnx.merge(*nnx.split(module))
-    for name, value in from_hf_moe(tensors, prefix).items():
-        old = getattr(new, name)
-        if tuple(value.shape) != tuple(old.shape):
-            raise ValueError(f"{name}: HF weights give shape {tuple(value.shape)} but the module has "
-                             f"{tuple(old.shape)}; build MoE with the checkpoint's sizes")
-        setattr(new, name, nnx.Param(jnp.asarray(value, new.param_dtype), semantic_axes=old.semantic_axes))
-    return new
