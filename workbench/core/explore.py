@@ -51,6 +51,12 @@ from workbench.core.layout import typed_notation
 from workbench.core.models.cache import kv_layout
 from workbench.core.models.sharding import explain_params, path_str, shard_model, with_mesh
 from workbench.core.pipeline_schedule import PipelineConfig
+from workbench.core.spec_text import format_axes, format_entry, parse_axes, parse_entry
+
+__all__ = ["INPUT_AXES", "KV_CACHE_AXES", "KV_CACHE_MODE", "ROLES", "ROLE_FIELDS", "STEP_KINDS", "Layout", "LayoutDiff",
+           "MemoryBreakdown", "ParamChange", "ParamLayout", "StepCollectives", "apply", "cluster_step_collectives",
+           "diff", "format_axes", "format_entry", "kv_cache_spec", "memory_per_device", "parse_axes", "parse_entry",
+           "step_collectives"]
 
 ROLES = (ax.DP, ax.FSDP, ax.EP, ax.TP, ax.SP)
 ROLE_FIELDS = tuple(PartitionAxis().field_for(role) for role in ROLES)
@@ -60,60 +66,6 @@ INPUT_AXES = (BATCH, LENGTH)
 KV_CACHE_AXES = (BATCH, KV_LENGTH, KV_HEAD, KV_HEAD_DIM)
 KV_CACHE_MODE = MODE_DECODE
 KVCacheSize = tuple[int, int, tp.Any]  # (batch, max_length, dtype)
-
-
-# -- text forms of axis entries (what the rules editor reads and writes) -------------------------------
-_NAMES = {ax.label(name): name for name in ax.semantic_names()}
-
-
-def format_entry(value: ax.AxisEntry) -> str:
-    """A PartitionAxis field value as text: ``None``, ``tp``, ``FSDP, DP`` (roles by their label)."""
-    if value is None:
-        return "None"
-    values = (value,) if isinstance(value, str) else value
-    return ", ".join(ax.label(v) if v in _NAMES.values() else v for v in values)
-
-
-def parse_entry(text: str) -> ax.AxisEntry:
-    """The inverse of :func:`format_entry`: ``"None"``/empty -> None, ``"FSDP, dp"`` -> ``(FSDP, "dp")``."""
-    tokens = [t for t in re.split(r"[,\s]+", text.strip().strip("()[]")) if t]
-    if not tokens or tokens == ["None"]:
-        return None
-    out = []
-    for token in tokens:
-        if token in _NAMES and _NAMES[token] not in ROLES:
-            raise ValueError(f"{token} is a semantic axis; a field maps to mesh axes (e.g. tp) or roles "
-                             f"(DP, FSDP, EP, TP, SP)")
-        out.append(_NAMES.get(token, token))
-    return out[0] if len(out) == 1 else tuple(out)
-
-
-def format_axes(axes: tp.Any) -> str:
-    """Semantic axes (a preset or a list) as text: ``[FSDP, SP], TP``."""
-    entries = axes.axes if hasattr(axes, "axes") else axes
-    return ", ".join(ax.label(e) if isinstance(e, str) or e is None else
-                     "[" + ", ".join(ax.label(n) for n in e) + "]" for e in entries)
-
-
-def parse_axes(text: str) -> tuple[ax.AxisEntry, ...]:
-    """Semantic axes from text, one entry per dimension: ``"[FSDP, SP], TP"``, ``"EMPTY, VOCAB"``."""
-    entries: list[ax.AxisEntry] = []
-    for group, name in re.findall(r"\[([^\]]*)\]|([^,\s\[\]]+)", text):
-        names = [n for n in re.split(r"[,\s]+", group) if n] if group or not name else [name]
-        resolved = tuple(_axis_name(n) for n in names)
-        entries.append(resolved[0] if len(resolved) == 1 else resolved or None)
-    if not entries:
-        raise ValueError("give one semantic axis per dimension, e.g. '[FSDP, SP], TP' or 'EMPTY, VOCAB'")
-    return tuple(entries)
-
-
-def _axis_name(token: str) -> str | None:
-    if token in ("EMPTY", "None", "_"):
-        return None
-    if token in _NAMES:
-        return _NAMES[token]
-    ax._check_name(token)  # raises with a close match
-    return token
 
 
 # -- the layout --------------------------------------------------------------------------------------
