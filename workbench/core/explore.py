@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import re
 import time
 import typing as tp
 
@@ -47,14 +46,14 @@ from workbench.core.axes import (
     PartitionAxis,
 )
 from workbench.core.inspect import Collective, summarize
-from workbench.core.layout import typed_notation
 from workbench.core.models.cache import kv_layout
-from workbench.core.models.sharding import explain_params, path_str, shard_model, with_mesh
+from workbench.core.models.sharding import path_str, shard_model, with_mesh
 from workbench.core.pipeline_schedule import PipelineConfig
+from workbench.core.rules import ParamPlacement, freeze_rules, mesh_sizes, reason_text, resolve_params, shard_shape
 from workbench.core.spec_text import format_axes, format_entry, parse_axes, parse_entry
 
 __all__ = ["INPUT_AXES", "KV_CACHE_AXES", "KV_CACHE_MODE", "ROLES", "ROLE_FIELDS", "STEP_KINDS", "Layout", "LayoutDiff",
-           "MemoryBreakdown", "ParamChange", "ParamLayout", "StepCollectives", "apply", "cluster_step_collectives",
+           "MemoryBreakdown", "ParamChange", "StepCollectives", "apply", "cluster_step_collectives",
            "diff", "format_axes", "format_entry", "kv_cache_spec", "memory_per_device", "parse_axes", "parse_entry",
            "step_collectives"]
 
@@ -69,52 +68,6 @@ KVCacheSize = tuple[int, int, tp.Any]  # (batch, max_length, dtype)
 
 
 # -- the layout --------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class ParamLayout:
-    """One parameter resolved on a mesh: its spec, the block each device holds, and why."""
-
-    path: str
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    axes: tuple[str, ...]
-    spec: PartitionSpec
-    shard_shape: tuple[int, ...]
-    bytes_per_device: int
-    reason: str
-    decisions: tuple[DimDecision, ...]
-
-    @property
-    def bytes(self) -> int:
-        """Unsharded size."""
-        return math.prod(self.shape) * self.dtype.itemsize
-
-    @property
-    def typed(self) -> str:
-        """Its type on Explicit axes: ``float32[264@tp,64@(fsdp,sp)]`` (see :func:`.layout.typed_notation`)."""
-        return typed_notation(self.shape, self.dtype, self.spec)
-
-
-def _reason(decisions: tp.Sequence[DimDecision]) -> str:
-    """The per-dimension reasons in one string; a rule suffix common to all dimensions is said once."""
-    rule = re.search(r" \(rule '.*'\)$", decisions[0].reason) if decisions else None
-    suffix = rule.group() if rule and all(d.reason.endswith(rule.group()) for d in decisions) else ""
-    strip = lambda r: r[: len(r) - len(suffix)] if suffix else r
-    if all(not d.chosen and d.semantic == "EMPTY" for d in decisions):
-        text = "replicated: no dimension is named for sharding (EMPTY)"
-    else:
-        text = " | ".join(f"dim{d.dim} {d.semantic}: {strip(d.reason)}" for d in decisions)
-    return text + suffix
-
-
-def _frozen_axes(axes: tp.Any) -> tp.Any:
-    """A rule's axes with lists turned into tuples (a preset stays a DynamicShardingAxes)."""
-    if isinstance(axes, ax.DynamicShardingAxes):
-        return ax.DynamicShardingAxes(_frozen_axes(axes.axes), axes.mode)
-    if isinstance(axes, list | tuple):
-        return tuple(_frozen_axes(a) if isinstance(a, list | tuple) else a for a in axes)
-    return axes
-
-
 def _check_plan(mesh: tp.Any, remat: str | None, pipeline: PipelineConfig | None, zero_stage: int) -> None:
     from workbench.core.zero import check_zero_stage
 
@@ -127,19 +80,11 @@ def _check_plan(mesh: tp.Any, remat: str | None, pipeline: PipelineConfig | None
         return
     if not isinstance(pipeline, PipelineConfig):
         raise TypeError(f"pipeline must be a PipelineConfig or None; got {pipeline!r}")
-    pp = _mesh_sizes(mesh).get("pp", 1)
+    pp = mesh_sizes(mesh).get("pp", 1)
     if pipeline.num_stages != pp:
         raise ValueError(f"the pipeline has num_stages={pipeline.num_stages} but the mesh's pp axis has size {pp}; "
                          f"use PipelineConfig(num_stages={pp}, ...) or a mesh with pp={pipeline.num_stages} "
                          f"(or pipeline=None)")
-
-
-def _shard_shape(decisions: tp.Sequence[DimDecision], sizes: dict[str, int]) -> tuple[int, ...]:
-    return tuple(d.size // math.prod(sizes[a] for a in d.chosen) for d in decisions)
-
-
-def _mesh_sizes(mesh: tp.Any) -> dict[str, int]:
-    return dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +103,7 @@ class Layout:
     partition_axis: PartitionAxis
     mode: str
     rules: tuple[tuple[str, tp.Any], ...]
-    params: tuple[ParamLayout, ...]
+    params: tuple[ParamPlacement, ...]
     config: tp.Any = None
     remat: str | None = None
     pipeline: PipelineConfig | None = None
@@ -179,26 +124,16 @@ class Layout:
         Rules are kept with lists turned into tuples (a layout is hashable data).
         """
         pa = PartitionAxis() if partition_axis is None else partition_axis
-        rules = tuple((pattern, _frozen_axes(axes)) for pattern, axes in rules or ())
+        rules = freeze_rules(rules)
         _check_plan(mesh, remat, pipeline, zero_stage)
-        decisions = explain_params(model, mesh, pa, mode, rules)
+        params = resolve_params(model, mesh, pa, mode, rules)
         for what, names, names_mode in (("the token batch", INPUT_AXES, mode), ("a KV cache", KV_CACHE_AXES,
                                                                                 KV_CACHE_MODE)):
             try:  # every mesh axis these name must exist, even before a step or a cache is sized
                 pa.explain(names, names_mode, mesh=mesh)
             except ValueError as err:
                 raise ValueError(f"{what} {format_axes(names)}: {err}") from None
-        sizes = _mesh_sizes(mesh)
-        params = []
-        for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-            name, dims = path_str(path), decisions[path_str(path)]
-            dtype = np.dtype(var.dtype)
-            shard = _shard_shape(dims, sizes)
-            params.append(ParamLayout(
-                path=name, shape=tuple(var.shape), dtype=dtype, axes=tuple(d.semantic for d in dims),
-                spec=PartitionSpec(*(d.spec_entry for d in dims)), shard_shape=shard,
-                bytes_per_device=math.prod(shard) * dtype.itemsize, reason=_reason(dims), decisions=tuple(dims)))
-        return cls(mesh, pa, mode, rules, tuple(params), getattr(model, "config", None), remat, pipeline,
+        return cls(mesh, pa, mode, rules, params, getattr(model, "config", None), remat, pipeline,
                    int(zero_stage))
 
     def replace(self, model: nnx.Module, **changes: tp.Any) -> Layout:
@@ -212,10 +147,10 @@ class Layout:
         return Layout.of(model, **{**settings, **changes})
 
     @functools.cached_property
-    def _index(self) -> dict[str, ParamLayout]:
+    def _index(self) -> dict[str, ParamPlacement]:
         return {p.path: p for p in self.params}
 
-    def __getitem__(self, path: str) -> ParamLayout:
+    def __getitem__(self, path: str) -> ParamPlacement:
         if path not in self._index:
             raise KeyError(f"no parameter {path!r}; paths look like {self.paths[:2]}")
         return self._index[path]
@@ -321,7 +256,7 @@ def kv_cache_spec(layout: Layout, batch: int, max_length: int) -> tuple[tuple[in
     the batch over ``(fsdp, dp)``, the cached length over ``sp``, the key/value heads over ``tp``.
     """
     shape, decisions = _kv_decisions(layout, batch, max_length)
-    return shape, PartitionSpec(*(d.spec_entry for d in decisions)), _reason(decisions)
+    return shape, PartitionSpec(*(d.spec_entry for d in decisions)), reason_text(decisions)
 
 
 def memory_per_device(layout: Layout, *, optimizer: str | None = "adamw",
@@ -345,8 +280,8 @@ def memory_per_device(layout: Layout, *, optimizer: str | None = "adamw",
     if kv_cache is not None:
         batch, max_length, dtype = kv_cache
         _, decisions = _kv_decisions(layout, batch, max_length)
-        kv_spec, kv_reason = PartitionSpec(*(d.spec_entry for d in decisions)), _reason(decisions)
-        block = _shard_shape(decisions, _mesh_sizes(layout.mesh))
+        kv_spec, kv_reason = PartitionSpec(*(d.spec_entry for d in decisions)), reason_text(decisions)
+        block = shard_shape(decisions, mesh_sizes(layout.mesh))
         arrays = 1 if layout.config.mla else 2  # MLA's values are the first channels of its keys
         kv = arrays * layout.config.num_hidden_layers * math.prod(block) * np.dtype(dtype).itemsize
     return MemoryBreakdown(layout.param_bytes, opt, kv, kv_spec, kv_reason)
