@@ -82,7 +82,7 @@ def test_abstract_model_gives_the_same_layout_and_allocates_nothing(llama):
     model = abstract()
     before = {id(x) for x in jax.live_arrays()}
     layout = explore.Layout.of(model, mesh)
-    memory = explore.memory_per_device(layout, kv_cache=(8, 256, jnp.float32))
+    memory = explore.layout_memory(layout, kv_cache=(8, 256, jnp.float32))
     explore.step_collectives(model, layout, batch=(8, 16))
     assert {id(x) for x in jax.live_arrays()} <= before
     live = explore.Layout.of(llama, mesh)
@@ -114,10 +114,10 @@ def test_bad_settings_raise_value_errors_that_say_what_to_change(kwargs, match):
         explore.Layout.of(abstract(), make_mesh(fsdp=4, tp=2), **kwargs)
 
 
-def test_memory_per_device_against_abstract_trees(llama):
+def test_layout_memory_against_abstract_trees(llama):
     mesh = make_mesh(dp=2, fsdp=2, tp=2)
     layout = explore.Layout.of(llama, mesh)
-    memory = explore.memory_per_device(layout, kv_cache=(8, 128, jnp.bfloat16))
+    memory = explore.layout_memory(layout, kv_cache=(8, 128, jnp.bfloat16))
     assert memory.total == memory.params + memory.optimizer + memory.kv_cache
     # optimizer: optax's own AdamW state (float32 model: float32 moments), placed as to_state places it
     shardings = layout.shardings()
@@ -139,7 +139,7 @@ def test_memory_per_device_against_abstract_trees(llama):
     reference = memory_per_device(kv_tree, NamedSharding(mesh, PartitionSpec(None, *spec)))
     assert set(reference.per_device.values()) == {memory.kv_cache}
     assert reference.logical == cache.keys.size * cache.keys.dtype.itemsize * 2
-    assert explore.memory_per_device(layout, optimizer=None).total == layout.param_bytes
+    assert explore.layout_memory(layout, optimizer=None).total == layout.param_bytes
 
 
 def test_diff_lists_changed_specs_and_the_memory_delta(llama):
@@ -150,7 +150,7 @@ def test_diff_lists_changed_specs_and_the_memory_delta(llama):
     want = [p.path for p, q in zip(old.params, new.params, strict=True) if p.spec != q.spec]
     assert [c.path for c in d.changed] == want and want
     assert all(c.new_spec == new[c.path].spec and c.old_spec == old[c.path].spec for c in d.changed)
-    assert d.delta == (explore.memory_per_device(new).total - explore.memory_per_device(old).total)
+    assert d.delta == (explore.layout_memory(new).total - explore.layout_memory(old).total)
     assert explore.diff(old, old).changed == () and explore.diff(old, old).delta == 0
     with pytest.raises(ValueError, match="same model"):
         explore.diff(old, explore.Layout.of(abstract("mixtral"), mesh))

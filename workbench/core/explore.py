@@ -3,7 +3,7 @@
 A :class:`Layout` resolves every parameter of a model (live or abstract: only shapes are read,
 nothing is allocated) through a :class:`PartitionAxis`, regex override rules and a runtime mode:
 its PartitionSpec, shard shape, bytes per device and the reason for each dimension.
-:func:`memory_per_device` adds AdamW state and a KV cache, :func:`diff` compares two layouts,
+:func:`layout_memory` adds AdamW state and a KV cache (a layout's memory per device), :func:`diff` compares two layouts,
 :func:`step_collectives` compiles one forward or train step from abstract inputs and lists the
 collectives XLA inserted, and :func:`apply` places a live model by a layout.
 
@@ -13,7 +13,7 @@ collectives XLA inserted, and :func:`apply` places a live model by a layout.
 >>> layout = Layout.of(model, make_mesh(dp=2, fsdp=2, tp=2))
 >>> layout["lm_head/kernel"].spec, layout["lm_head/kernel"].shard_shape
 (P(('fsdp', 'sp'), 'tp'), (32, 132))
->>> memory_per_device(layout, optimizer=None).params   # bytes on each of the 8 devices
+>>> layout_memory(layout, optimizer=None).params   # bytes on each of the 8 devices
 108800
 """
 
@@ -54,7 +54,7 @@ from workbench.core.spec_text import format_axes, format_entry, parse_axes, pars
 
 __all__ = ["INPUT_AXES", "KV_CACHE_AXES", "KV_CACHE_MODE", "ROLES", "ROLE_FIELDS", "STEP_KINDS", "Layout", "LayoutDiff",
            "MemoryBreakdown", "ParamChange", "StepCollectives", "apply", "cluster_step_collectives",
-           "diff", "format_axes", "format_entry", "kv_cache_spec", "memory_per_device", "parse_axes", "parse_entry",
+           "diff", "format_axes", "format_entry", "kv_cache_spec", "layout_memory", "parse_axes", "parse_entry",
            "step_collectives"]
 
 ROLES = (ax.DP, ax.FSDP, ax.EP, ax.TP, ax.SP)
@@ -259,8 +259,8 @@ def kv_cache_spec(layout: Layout, batch: int, max_length: int) -> tuple[tuple[in
     return shape, PartitionSpec(*(d.spec_entry for d in decisions)), reason_text(decisions)
 
 
-def memory_per_device(layout: Layout, *, optimizer: str | None = "adamw",
-                      kv_cache: KVCacheSize | None = None) -> MemoryBreakdown:
+def layout_memory(layout: Layout, *, optimizer: str | None = "adamw",
+                  kv_cache: KVCacheSize | None = None) -> MemoryBreakdown:
     """Bytes each device holds for the parameters, AdamW state and a KV cache, without allocating.
 
     ``optimizer="adamw"``: optax's AdamW state, two moments per parameter in the parameters' dtype with
@@ -314,13 +314,13 @@ class LayoutDiff:
 def diff(old: Layout, new: Layout, *, optimizer: str | None = None, kv_cache: KVCacheSize | None = None
          ) -> LayoutDiff:
     """What changed from ``old`` to ``new`` (layouts of the same model), memory counted as
-    :func:`memory_per_device` with ``optimizer`` and ``kv_cache``."""
+    :func:`layout_memory` with ``optimizer`` and ``kv_cache``."""
     if old.paths != new.paths:
         raise ValueError("diff compares two layouts of the same model; their parameter paths differ")
     changed = tuple(ParamChange(a.path, a.spec, b.spec, a.bytes_per_device, b.bytes_per_device)
                     for a, b in zip(old.params, new.params, strict=True)
                     if a.spec != b.spec or a.shard_shape != b.shard_shape)
-    memory = lambda layout: memory_per_device(layout, optimizer=optimizer, kv_cache=kv_cache)
+    memory = lambda layout: layout_memory(layout, optimizer=optimizer, kv_cache=kv_cache)
     return LayoutDiff(changed, memory(old), memory(new))
 
 

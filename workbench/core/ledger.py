@@ -55,7 +55,7 @@ Parts, per device (every device holds the same; specs divide their dimensions):
   (Gemma 3's and GPT-OSS's alternating sliding and full attention) run as a ``lax.switch`` in the scan, and XLA
   keeps the other branches' buffers too: measured about one layer's ``"none"`` set per further kind (XLA:TPU at
   every policy, XLA:CPU without remat; XLA:CPU's full-remat backward holds about a third of it);
-- ``kv_cache``: keys and values of every layer (:func:`workbench.core.explore.memory_per_device`);
+- ``kv_cache``: keys and values of every layer (:func:`workbench.core.explore.layout_memory`);
 - with a ``pipeline`` (a :class:`workbench.core.pipeline.PipelineConfig` on a ``pp`` mesh axis): the stacked
   layers' parameters, gradients and optimizer state divide by the stage count (the layout must split
   ``LAYERS`` over ``pp``: ``pipeline_partition_axis()``); ``activations`` are what the schedule keeps alive,
@@ -84,7 +84,7 @@ import typing as tp
 import numpy as np
 
 from workbench.core.axes import BATCH, LENGTH, MODE_DECODE, MODE_TRAIN, PartitionAxis
-from workbench.core.explore import Layout, memory_per_device
+from workbench.core.explore import Layout, layout_memory
 from workbench.core.steps import OPTIMIZERS
 
 KINDS = ("train", "prefill", "decode")
@@ -444,7 +444,7 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
     length = kv_length or t
     if layout.mode != MODE_TRAIN and kind == "decode" and layout.mode != MODE_DECODE:
         raise ValueError(f"a decode step's layout is resolved in decode mode; this one is {layout.mode!r}")
-    kv = memory_per_device(layout, optimizer=None, kv_cache=(b, length, dtype)).kv_cache
+    kv = layout_memory(layout, optimizer=None, kv_cache=(b, length, dtype)).kv_cache
     step_batch = batch if kind == "prefill" else (b, 1)
     sb, st, _ = _tokens_per_device(layout, step_batch, layout.mode)
     layers = [(prefix, layer_set(layout, prefix, t_kv=length, moe_strategy=moe["moe_strategy"], tokens=sb * st,

@@ -237,7 +237,7 @@ class ShardingExplorer:
 
     def memory(self) -> explore.MemoryBreakdown:
         """Bytes per device of the current layout, with the optimizer and KV cache the controls choose."""
-        return explore.memory_per_device(self.layout, **self._memory_options())
+        return explore.layout_memory(self.layout, **self._memory_options())
 
     def ledger(self) -> ledgers.Ledger:
         """The memory ledger of one step as the controls say (task, optimizer, remat, batch), against the
