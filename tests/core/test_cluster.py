@@ -15,8 +15,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from workbench.core.cluster import Cluster, parse_topology
-from workbench.core.virtual import ANALYSES, cluster_mesh, compile_on, compile_step, workers
+from workbench.core.cluster import Cluster, cluster_mesh, parse_topology
+from workbench.core.virtual import ANALYSES, compile_on, compile_step, workers
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
@@ -70,7 +70,7 @@ def test_valid_mesh_shapes_agree_with_jax_on_the_topology(topology):
     factorisation of the device count tried."""
     from jax.experimental import mesh_utils
 
-    from workbench.core.virtual import tpu_devices
+    from workbench.core.cluster import tpu_devices
 
     cluster = Cluster.tpu(topology)
     devices = tpu_devices(cluster.topology)
@@ -131,7 +131,7 @@ def test_gpu_cluster_compiles_in_a_reused_worker_with_its_device_count():
     assert {c.mesh_axes for c in a.collectives if c.kind == "all-gather"} == {("fsdp",)}
     pid = workers()[16]
     ANALYSES.clear()  # else the same program's analysis comes from the cache, not the worker
-    again = cluster.compile(_loss, *_matmul_args(cluster.mesh((4, 4), ("fsdp", "tp"))))
+    again = compile_on(cluster, _loss, *_matmul_args(cluster.mesh((4, 4), ("fsdp", "tp"))))
     assert again.memory == a.memory and not again.cached
     assert workers()[16] == pid  # reused
     assert jax.device_count() == 8  # this process is untouched
@@ -201,10 +201,10 @@ def test_tpu_aot_extra_pins_the_libtpu_jax_names():
 
 
 def test_without_libtpu_a_tpu_cluster_says_what_to_install(monkeypatch):
-    from workbench.core import virtual
+    from workbench.core.cluster import tpu_devices
 
     monkeypatch.setitem(sys.modules, "libtpu", None)  # import libtpu raises ImportError
-    virtual.tpu_devices.cache_clear()
+    tpu_devices.cache_clear()
     with pytest.raises(ImportError, match=r'pip install "jax-workbench\[tpu-aot\]"'):
-        virtual.tpu_devices("v5e:2x2")
-    virtual.tpu_devices.cache_clear()
+        tpu_devices("v5e:2x2")
+    tpu_devices.cache_clear()

@@ -83,8 +83,8 @@ def test_module_tree_rows_and_detail_line_show_the_type(placed, jax_types, mode)
     tree = ModuleTree(model)  # specs as placed
     values = params(model)
     for row in tree.rows:
-        assert row.source == "placed" and row.typed() == jax_types[row.path]
-        assert row.typed(on_mesh=True) == str(jax.typeof(values[row.path]))
+        assert row.source == "placed" and row.typed == jax_types[row.path]
+        assert row.typed_on_mesh == str(jax.typeof(values[row.path]))
     assert tree.select(Q_PROJ) and tree.error == ""
     (shown,) = typed_in(tree._summary.value)
     assert shown[0] == jax_types[Q_PROJ] and shown[1] == (mode == AxisType.Auto)

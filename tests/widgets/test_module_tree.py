@@ -39,6 +39,22 @@ def test_tree_counts_and_header(model):
     assert repr(tree) == f"ModuleTree(CausalLM, {model.num_params():,} parameters)"
 
 
+def test_the_explorer_and_the_tree_show_one_reason_per_parameter(model):
+    from workbench.core.explore import Layout
+    from workbench.widgets._html import escape
+    from workbench.widgets.module_tree import param_summary_html
+    from workbench.widgets.sharding_explorer import layout_html
+
+    mesh = make_mesh(dp=2, fsdp=2, tp=2)
+    table = dict(re.findall(r'<tr class="wb-param-row" data-path="([^"]*)".*?class="wb-reason"[^>]*>([^<]*)</td>',
+                            layout_html(Layout.of(model, mesh))))  # the explorer's "why" column
+    rows = param_rows(model, mesh)
+    assert list(table) == [escape(r.path) for r in rows]
+    for row in rows:
+        assert row.reason and table[escape(row.path)] == escape(row.reason), row.path
+        assert f"why: {escape(row.reason)}<" in param_summary_html(row), row.path
+
+
 def test_choosing_a_parameter_shows_its_sharding_view(model):
     from workbench.widgets.sharding_view import ShardingView
 
@@ -49,7 +65,7 @@ def test_choosing_a_parameter_shows_its_sharding_view(model):
     assert view.spec == param_specs(model, MESH)[Q] and view.mesh == MESH
     # the stacked (layers, in, out) kernel: every layer's slice split the same way, layers replicated
     assert view.sharding_layout.shape == (2, 64, 64) and view.sharding_layout.shard_shape == (2, 32, 16)
-    assert "dim 2 (TP): sharded 4 ways over tp" in tree._summary.value
+    assert "dim2 TP: sharded 4 ways over tp" in tree._summary.value
     # the view's spec editor is a what-if: the model and the tree's rows do not change
     assert view.set_spec("None, tp, None") and view.spec == P(None, "tp", None)
     assert {r.path: r.spec for r in tree.rows} == param_specs(model, MESH)

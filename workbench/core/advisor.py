@@ -6,7 +6,7 @@ the pipelines (1F1B and interleaved, ``m = p, 2p, 4p`` microbatches), and for a 
 (the optimizer state split over ``dp``, :mod:`workbench.core.zero`), and drops what makes no sense for this model
 and batch (a split that does not divide the heads, the experts, the layers or the batch; ``tp`` across GPU nodes
 unless allowed; more than ``max_split_axes`` split axes). Each remaining layout is resolved (the parameters'
-PartitionSpecs, :class:`~workbench.core.explore.Layout`), held against the chip's HBM by the memory ledger
+PartitionSpecs, :class:`~workbench.core.layout_plan.Layout`), held against the chip's HBM by the memory ledger
 (:func:`~workbench.core.ledger.ledger`), and timed by the analytic step model
 (:func:`~workbench.core.layout_cost.predict_step`): nothing is compiled. Layouts that fit are ranked by predicted
 step time, each with the reason it wins or loses in words; :meth:`Advice.confirm` compiles the top few on the
@@ -110,7 +110,7 @@ class Candidate:
     def layout(self, model: tp.Any, cluster: tp.Any = None) -> tp.Any:
         """This layout resolved on ``model`` (on ``cluster_mesh(cluster, ...)`` with a cluster, else an
         ``AbstractMesh``), carrying its remat policy and pipeline."""
-        from workbench.core.explore import Layout
+        from workbench.core.layout_plan import Layout
 
         mesh = _mesh(self.mesh_shape, cluster)
         mode = MODE_DECODE if self.ledger.kind == "decode" else MODE_TRAIN
@@ -323,8 +323,8 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
     """
     import jax.numpy as jnp
 
-    from workbench.core.explore import Layout
     from workbench.core.layout_cost import predict_step
+    from workbench.core.layout_plan import Layout
     from workbench.core.ledger import ledger
     from workbench.core.pipeline import pipeline_partition_axis
     from workbench.core.steps import OPTIMIZERS

@@ -14,8 +14,10 @@ inside a node and the inter-node network beside it. Build one with :meth:`Cluste
 >>> Cluster.h100(nodes=8).num_devices
 64
 
-:func:`workbench.core.virtual.compile_on` compiles a program for one (TPU: XLA's TPU compiler, ahead
-of time; else a worker process with as many simulated CPU devices).
+:func:`cluster_mesh` (or :meth:`Cluster.mesh`) gives the mesh to place a program's abstract arguments on
+(a TPU slice's compile-only devices, :func:`tpu_devices`), and :func:`workbench.core.virtual.compile_on`
+compiles the program for the cluster (TPU: XLA's TPU compiler, ahead of time; else a worker process with as
+many simulated CPU devices).
 """
 
 from __future__ import annotations
@@ -24,12 +26,18 @@ import dataclasses
 import functools
 import itertools
 import math
+import os
 import re
 import typing as tp
 
+import jax
+from jax.sharding import AbstractMesh, AxisType, Mesh
+
 from workbench.core._roofline import H100, H200, RING, SWITCH, TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, Hardware
+from workbench.core._xla_log import xla_log_lines
 
 PLATFORMS = ("tpu", "gpu", "cpu")
+TPU_AOT_HINT = 'pip install "jax-workbench[tpu-aot]"'
 MAX_SIMULATED_DEVICES = 1024
 
 
@@ -252,18 +260,9 @@ class Cluster:
                              f"shapes: {sorted(valid)}")
         return shape
 
-    def mesh(self, mesh_shape: tp.Sequence[int], axis_names: tp.Sequence[str]):
-        """The mesh to place abstract arguments on; see :func:`workbench.core.virtual.cluster_mesh`."""
-        from workbench.core.virtual import cluster_mesh
-
+    def mesh(self, mesh_shape: tp.Sequence[int], axis_names: tp.Sequence[str]) -> Mesh | AbstractMesh:
+        """The mesh to place abstract arguments on: :func:`cluster_mesh`."""
         return cluster_mesh(self, mesh_shape, axis_names)
-
-    def compile(self, fn: tp.Callable, *abstract_args: tp.Any, **options: tp.Any):
-        """Compile ``fn`` for this cluster from arguments placed on :meth:`mesh`; see
-        :func:`workbench.core.virtual.compile_on` (``donate_argnums``, ``out_shardings``)."""
-        from workbench.core.virtual import compile_on
-
-        return compile_on(self, fn, *abstract_args, **options)
 
     def __str__(self) -> str:
         parts = [f"{self.name}: {self.num_devices} devices"]
@@ -297,5 +296,55 @@ def _factorisations(n: int, ndim: int) -> tp.Iterator[tuple[int, ...]]:
                 yield (d, *rest)
 
 
-__all__ = ["MAX_SIMULATED_DEVICES", "PLATFORMS", "RING", "SWITCH", "TPU_GENERATIONS", "Cluster", "NetworkLevel",
-           "TorusAxis", "parse_topology"]
+# -- the mesh a cluster's programs are placed on ----------------------------------------------------------
+@functools.cache
+def tpu_devices(topology: str, slices: int = 1) -> tuple[jax.Device, ...]:
+    """The compile-only devices of a TPU topology (``libtpu`` describes the slice; nothing is allocated)."""
+    try:
+        import libtpu  # noqa: F401
+    except ImportError:
+        raise ImportError(f"compiling for a TPU cluster ({topology}) needs libtpu, XLA's TPU compiler: "
+                          f"{TPU_AOT_HINT}") from None
+    from jax.experimental import topologies
+
+    # Compiling touches no chip, so several processes (a notebook and a test worker, pytest -n 2) may load
+    # libtpu at once; without this the second fails on libtpu's /tmp/libtpu_lockfile.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    with xla_log_lines():  # libtpu complains that this host is not a TPU VM: true, and fine (kept, not shown)
+        kwargs = {"num_slices": slices} if slices > 1 else {}
+        topology_desc = topologies.get_topology_desc(topology_name=topology, platform="tpu", **kwargs)
+    # libtpu lists each TensorCore of a v4 chip; JAX runs v4 as one device per chip (megacore), and so do we
+    return tuple(d for d in topology_desc.devices if getattr(d, "core_on_chip", 0) == 0)
+
+
+def cluster_mesh(cluster: Cluster, mesh_shape: tp.Sequence[int], axis_names: tp.Sequence[str]
+                 ) -> Mesh | AbstractMesh:
+    """The mesh to place a program's abstract arguments on: a TPU cluster's compile-only devices laid on its
+    torus (a ``Mesh``), else an ``AbstractMesh`` that the worker makes concrete. Auto axes, as ``make_mesh``.
+    :func:`workbench.core.virtual.compile_on` compiles a program placed on it."""
+    shape, names = cluster.check_mesh_shape(mesh_shape), tuple(axis_names)
+    if len(names) != len(shape) or len(set(names)) != len(names):
+        raise ValueError(f"give one distinct axis name per mesh axis; got {names} for shape {shape}")
+    types = (AxisType.Auto,) * len(shape)
+    if cluster.platform != "tpu":
+        if cluster.num_devices > MAX_SIMULATED_DEVICES:
+            raise ValueError(f"{cluster.name} has {cluster.num_devices} devices; a worker simulates at most "
+                             f"{MAX_SIMULATED_DEVICES}")
+        return AbstractMesh(shape, names, axis_types=types)
+    from jax.experimental import mesh_utils
+
+    devices = tpu_devices(cluster.topology, cluster.slices)
+    try:
+        if cluster.slices > 1:
+            ici = (shape[0] // cluster.slices, *shape[1:])
+            grid = mesh_utils.create_hybrid_device_mesh(ici, (cluster.slices,) + (1,) * (len(shape) - 1), devices)
+        else:
+            grid = mesh_utils.create_device_mesh(shape, devices)
+    except (NotImplementedError, ValueError, AssertionError) as err:
+        raise ValueError(f"mesh shape {shape} does not map onto {cluster.name} ({err}); valid {len(shape)}-axis "
+                         f"shapes: {list(cluster.valid_mesh_shapes(len(shape)))}") from None
+    return Mesh(grid, names, axis_types=types)
+
+
+__all__ = ["MAX_SIMULATED_DEVICES", "PLATFORMS", "RING", "SWITCH", "TPU_AOT_HINT", "TPU_GENERATIONS", "Cluster",
+           "NetworkLevel", "TorusAxis", "cluster_mesh", "parse_topology", "tpu_devices"]

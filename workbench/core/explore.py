@@ -1,11 +1,12 @@
 """The sharding explorer's view model: a model's parameter layout on a mesh, and what it costs.
 
-A :class:`Layout` resolves every parameter of a model (live or abstract: only shapes are read,
-nothing is allocated) through a :class:`PartitionAxis`, regex override rules and a runtime mode:
-its PartitionSpec, shard shape, bytes per device and the reason for each dimension.
-:func:`memory_per_device` adds AdamW state and a KV cache, :func:`diff` compares two layouts,
-:func:`step_collectives` compiles one forward or train step from abstract inputs and lists the
-collectives XLA inserted, and :func:`apply` places a live model by a layout.
+A :class:`Layout` (from :mod:`workbench.core.layout_plan`) resolves every parameter of a model (live or
+abstract: only shapes are read, nothing is allocated) through a :class:`PartitionAxis`, regex override
+rules and a runtime mode: its PartitionSpec, shard shape, bytes per device and the reason
+(:class:`~workbench.core.rules.ParamPlacement`). :func:`layout_memory` counts a layout's memory per device
+(parameters, AdamW state, a KV cache), :func:`diff` compares two layouts, :func:`step_collectives` compiles
+one forward or train step from abstract inputs and lists the collectives XLA inserted, and :func:`apply`
+places a live model by a layout.
 
 >>> from workbench.core.mesh import make_mesh
 >>> from workbench.core.models import CausalLM, ModelConfig, tiny_config
@@ -13,325 +14,36 @@ collectives XLA inserted, and :func:`apply` places a live model by a layout.
 >>> layout = Layout.of(model, make_mesh(dp=2, fsdp=2, tp=2))
 >>> layout["lm_head/kernel"].spec, layout["lm_head/kernel"].shard_shape
 (P(('fsdp', 'sp'), 'tp'), (32, 132))
->>> memory_per_device(layout, optimizer=None).params   # bytes on each of the 8 devices
+>>> layout_memory(layout, optimizer=None).params   # bytes on each of the 8 devices
 108800
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
-import re
 import time
 import typing as tp
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from workbench.core import axes as ax
+from workbench.core import pipeline
 from workbench.core._xla_log import xla_log_lines as _xla_log_lines
 from workbench.core._xla_log import xla_warnings as _xla_warnings
-from workbench.core.axes import (
-    BATCH,
-    KV_HEAD,
-    KV_HEAD_DIM,
-    KV_LENGTH,
-    LENGTH,
-    MODE_DECODE,
-    MODE_TRAIN,
-    DimDecision,
-    PartitionAxis,
-)
-from workbench.core.inspect import Collective, summarize
-from workbench.core.layout import typed_notation
-from workbench.core.models.cache import kv_layout
-from workbench.core.models.sharding import explain_params, path_str, shard_model, with_mesh
-from workbench.core.pipeline_schedule import PipelineConfig
+from workbench.core.inspect import Collective, collectives_in, matmul_flops, summarize
+from workbench.core.layout_plan import INPUT_AXES, KVCacheSize, Layout, kv_cache_spec
+from workbench.core.ledger import kv_cache_bytes, optimizer_bytes
+from workbench.core.models.loss import causal_lm_loss, labels_from
+from workbench.core.models.sharding import path_str, shard_model, with_mesh
+from workbench.core.spec_text import format_axes, format_entry, parse_axes, parse_entry
+from workbench.core.virtual import compile_step
 
-ROLES = (ax.DP, ax.FSDP, ax.EP, ax.TP, ax.SP)
-ROLE_FIELDS = tuple(PartitionAxis().field_for(role) for role in ROLES)
-# The token batch of a step, and a KV cache: what they are resolved as (the cache in decode mode:
-# it exists only while generating, and prefill writes the same arrays decode reads).
-INPUT_AXES = (BATCH, LENGTH)
-KV_CACHE_AXES = (BATCH, KV_LENGTH, KV_HEAD, KV_HEAD_DIM)
-KV_CACHE_MODE = MODE_DECODE
-KVCacheSize = tuple[int, int, tp.Any]  # (batch, max_length, dtype)
-
-
-# -- text forms of axis entries (what the rules editor reads and writes) -------------------------------
-_NAMES = {ax.label(name): name for name in ax.semantic_names()}
-
-
-def format_entry(value: ax.AxisEntry) -> str:
-    """A PartitionAxis field value as text: ``None``, ``tp``, ``FSDP, DP`` (roles by their label)."""
-    if value is None:
-        return "None"
-    values = (value,) if isinstance(value, str) else value
-    return ", ".join(ax.label(v) if v in _NAMES.values() else v for v in values)
-
-
-def parse_entry(text: str) -> ax.AxisEntry:
-    """The inverse of :func:`format_entry`: ``"None"``/empty -> None, ``"FSDP, dp"`` -> ``(FSDP, "dp")``."""
-    tokens = [t for t in re.split(r"[,\s]+", text.strip().strip("()[]")) if t]
-    if not tokens or tokens == ["None"]:
-        return None
-    out = []
-    for token in tokens:
-        if token in _NAMES and _NAMES[token] not in ROLES:
-            raise ValueError(f"{token} is a semantic axis; a field maps to mesh axes (e.g. tp) or roles "
-                             f"(DP, FSDP, EP, TP, SP)")
-        out.append(_NAMES.get(token, token))
-    return out[0] if len(out) == 1 else tuple(out)
-
-
-def format_axes(axes: tp.Any) -> str:
-    """Semantic axes (a preset or a list) as text: ``[FSDP, SP], TP``."""
-    entries = axes.axes if hasattr(axes, "axes") else axes
-    return ", ".join(ax.label(e) if isinstance(e, str) or e is None else
-                     "[" + ", ".join(ax.label(n) for n in e) + "]" for e in entries)
-
-
-def parse_axes(text: str) -> tuple[ax.AxisEntry, ...]:
-    """Semantic axes from text, one entry per dimension: ``"[FSDP, SP], TP"``, ``"EMPTY, VOCAB"``."""
-    entries: list[ax.AxisEntry] = []
-    for group, name in re.findall(r"\[([^\]]*)\]|([^,\s\[\]]+)", text):
-        names = [n for n in re.split(r"[,\s]+", group) if n] if group or not name else [name]
-        resolved = tuple(_axis_name(n) for n in names)
-        entries.append(resolved[0] if len(resolved) == 1 else resolved or None)
-    if not entries:
-        raise ValueError("give one semantic axis per dimension, e.g. '[FSDP, SP], TP' or 'EMPTY, VOCAB'")
-    return tuple(entries)
-
-
-def _axis_name(token: str) -> str | None:
-    if token in ("EMPTY", "None", "_"):
-        return None
-    if token in _NAMES:
-        return _NAMES[token]
-    ax._check_name(token)  # raises with a close match
-    return token
-
-
-# -- the layout --------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class ParamLayout:
-    """One parameter resolved on a mesh: its spec, the block each device holds, and why."""
-
-    path: str
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    axes: tuple[str, ...]
-    spec: PartitionSpec
-    shard_shape: tuple[int, ...]
-    bytes_per_device: int
-    reason: str
-    decisions: tuple[DimDecision, ...]
-
-    @property
-    def bytes(self) -> int:
-        """Unsharded size."""
-        return math.prod(self.shape) * self.dtype.itemsize
-
-    @property
-    def typed(self) -> str:
-        """Its type on Explicit axes: ``float32[264@tp,64@(fsdp,sp)]`` (see :func:`.layout.typed_notation`)."""
-        return typed_notation(self.shape, self.dtype, self.spec)
-
-
-def _reason(decisions: tp.Sequence[DimDecision]) -> str:
-    """The per-dimension reasons in one string; a rule suffix common to all dimensions is said once."""
-    rule = re.search(r" \(rule '.*'\)$", decisions[0].reason) if decisions else None
-    suffix = rule.group() if rule and all(d.reason.endswith(rule.group()) for d in decisions) else ""
-    strip = lambda r: r[: len(r) - len(suffix)] if suffix else r
-    if all(not d.chosen and d.semantic == "EMPTY" for d in decisions):
-        text = "replicated: no dimension is named for sharding (EMPTY)"
-    else:
-        text = " | ".join(f"dim{d.dim} {d.semantic}: {strip(d.reason)}" for d in decisions)
-    return text + suffix
-
-
-def _frozen_axes(axes: tp.Any) -> tp.Any:
-    """A rule's axes with lists turned into tuples (a preset stays a DynamicShardingAxes)."""
-    if isinstance(axes, ax.DynamicShardingAxes):
-        return ax.DynamicShardingAxes(_frozen_axes(axes.axes), axes.mode)
-    if isinstance(axes, list | tuple):
-        return tuple(_frozen_axes(a) if isinstance(a, list | tuple) else a for a in axes)
-    return axes
-
-
-def _check_plan(mesh: tp.Any, remat: str | None, pipeline: PipelineConfig | None, zero_stage: int) -> None:
-    from workbench.core.zero import check_zero_stage
-
-    check_zero_stage(zero_stage)
-    if remat is not None:
-        from workbench.core.models.stack import check_remat
-
-        check_remat(remat)
-    if pipeline is None:
-        return
-    if not isinstance(pipeline, PipelineConfig):
-        raise TypeError(f"pipeline must be a PipelineConfig or None; got {pipeline!r}")
-    pp = _mesh_sizes(mesh).get("pp", 1)
-    if pipeline.num_stages != pp:
-        raise ValueError(f"the pipeline has num_stages={pipeline.num_stages} but the mesh's pp axis has size {pp}; "
-                         f"use PipelineConfig(num_stages={pp}, ...) or a mesh with pp={pipeline.num_stages} "
-                         f"(or pipeline=None)")
-
-
-def _shard_shape(decisions: tp.Sequence[DimDecision], sizes: dict[str, int]) -> tuple[int, ...]:
-    return tuple(d.size // math.prod(sizes[a] for a in d.chosen) for d in decisions)
-
-
-def _mesh_sizes(mesh: tp.Any) -> dict[str, int]:
-    return dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """Every parameter of a model resolved on ``mesh`` by ``partition_axis``, ``rules`` and ``mode``.
-
-    Build it with :meth:`of`. ``params`` are in the model's parameter order; ``layout[path]`` finds one.
-    ``config`` is the model's config (it sizes a KV cache), or None. ``remat`` (a policy name),
-    ``pipeline`` (a :class:`PipelineConfig` over the ``pp`` axis) and ``zero_stage`` (1: the optimizer state
-    split over ``dp`` too, :mod:`workbench.core.zero`) are what a plan carries beyond the parameters' specs;
-    they do not change them. :meth:`to_json` / :meth:`from_json` and :meth:`to_code` export a layout
-    (:mod:`workbench.core.layout_export`).
-    """
-
-    mesh: Mesh | jax.sharding.AbstractMesh
-    partition_axis: PartitionAxis
-    mode: str
-    rules: tuple[tuple[str, tp.Any], ...]
-    params: tuple[ParamLayout, ...]
-    config: tp.Any = None
-    remat: str | None = None
-    pipeline: PipelineConfig | None = None
-    zero_stage: int = 0
-
-    @classmethod
-    def of(cls, model: nnx.Module, mesh: Mesh | jax.sharding.AbstractMesh,
-           partition_axis: PartitionAxis | None = None, rules: tp.Sequence[tuple[str, tp.Any]] | None = None,
-           mode: str = MODE_TRAIN, *, remat: str | None = None, pipeline: PipelineConfig | None = None,
-           zero_stage: int = 0) -> Layout:
-        """Resolve ``model``'s parameters (arrays or ShapeDtypeStructs: only shapes are read).
-
-        Raises ``ValueError`` for what a user can get wrong: a rule that does not compile or names
-        the wrong number of dimensions, a field naming a mesh axis the mesh does not have (checked for
-        the parameters, the token batch ``(BATCH, LENGTH)`` and a KV cache, which the explorer shows too),
-        an unknown ``remat`` policy, a ``pipeline`` whose stage count is not the mesh's ``pp`` size, a
-        ``zero_stage`` other than 0 or 1.
-        Rules are kept with lists turned into tuples (a layout is hashable data).
-        """
-        pa = PartitionAxis() if partition_axis is None else partition_axis
-        rules = tuple((pattern, _frozen_axes(axes)) for pattern, axes in rules or ())
-        _check_plan(mesh, remat, pipeline, zero_stage)
-        decisions = explain_params(model, mesh, pa, mode, rules)
-        for what, names, names_mode in (("the token batch", INPUT_AXES, mode), ("a KV cache", KV_CACHE_AXES,
-                                                                                KV_CACHE_MODE)):
-            try:  # every mesh axis these name must exist, even before a step or a cache is sized
-                pa.explain(names, names_mode, mesh=mesh)
-            except ValueError as err:
-                raise ValueError(f"{what} {format_axes(names)}: {err}") from None
-        sizes = _mesh_sizes(mesh)
-        params = []
-        for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-            name, dims = path_str(path), decisions[path_str(path)]
-            dtype = np.dtype(var.dtype)
-            shard = _shard_shape(dims, sizes)
-            params.append(ParamLayout(
-                path=name, shape=tuple(var.shape), dtype=dtype, axes=tuple(d.semantic for d in dims),
-                spec=PartitionSpec(*(d.spec_entry for d in dims)), shard_shape=shard,
-                bytes_per_device=math.prod(shard) * dtype.itemsize, reason=_reason(dims), decisions=tuple(dims)))
-        return cls(mesh, pa, mode, rules, tuple(params), getattr(model, "config", None), remat, pipeline,
-                   int(zero_stage))
-
-    def replace(self, model: nnx.Module, **changes: tp.Any) -> Layout:
-        """The layout of ``model`` with some of ``mesh, partition_axis, rules, mode, remat, pipeline, zero_stage``
-        changed."""
-        settings = dict(mesh=self.mesh, partition_axis=self.partition_axis, rules=self.rules, mode=self.mode,
-                        remat=self.remat, pipeline=self.pipeline, zero_stage=self.zero_stage)
-        unknown = sorted(set(changes) - set(settings))
-        if unknown:
-            raise ValueError(f"Layout.replace takes {sorted(settings)}; got {unknown}")
-        return Layout.of(model, **{**settings, **changes})
-
-    @functools.cached_property
-    def _index(self) -> dict[str, ParamLayout]:
-        return {p.path: p for p in self.params}
-
-    def __getitem__(self, path: str) -> ParamLayout:
-        if path not in self._index:
-            raise KeyError(f"no parameter {path!r}; paths look like {self.paths[:2]}")
-        return self._index[path]
-
-    @property
-    def paths(self) -> tuple[str, ...]:
-        return tuple(p.path for p in self.params)
-
-    @property
-    def specs(self) -> dict[str, PartitionSpec]:
-        return {p.path: p.spec for p in self.params}
-
-    @property
-    def param_bytes(self) -> int:
-        """Parameter bytes on each device (every device holds the same: specs divide their dimensions)."""
-        return sum(p.bytes_per_device for p in self.params)
-
-    def shardings(self) -> dict[str, NamedSharding]:
-        return {p.path: NamedSharding(self.mesh, p.spec) for p in self.params}
-
-    def semantic_fields(self) -> tuple[str, ...]:
-        """The non-role PartitionAxis fields the parameters use in this mode, in first-use order."""
-        fields: dict[str, None] = {}
-        for p in self.params:
-            for d in p.decisions:
-                for f in (d.field or "").split(", "):
-                    if f and f not in ROLE_FIELDS:
-                        fields[f] = None
-        return tuple(fields)
-
-    # -- export (workbench.core.layout_export) -----------------------------------------------------------
-    def to_json(self, *, cluster: tp.Any = None) -> str:
-        """The layout as JSON that :meth:`from_json` reads back: mesh sizes, the cluster if given, the
-        PartitionAxis fields that differ from the default, rules, mode, remat and pipeline."""
-        from workbench.core import layout_export
-
-        return layout_export.to_json(self, cluster=cluster)
-
-    @classmethod
-    def from_json(cls, text: str, model: nnx.Module, *, mesh: tp.Any = None) -> Layout:
-        """The layout ``text`` (from :meth:`to_json`) describes, resolved on ``model``; ``mesh`` overrides the
-        mesh it would build (same axis sizes)."""
-        from workbench.core import layout_export
-
-        return layout_export.from_json(text, model, mesh=mesh)
-
-    def to_code(self, *, cluster: tp.Any = None, model_expr: str = "model") -> str:
-        """A Python snippet that rebuilds this layout, to paste after ``import workbench as wb``."""
-        from workbench.core import layout_export
-
-        return layout_export.to_code(self, cluster=cluster, model_expr=model_expr)
-
-    def editor_fields(self) -> dict[str, tuple[str, ...]]:
-        """The PartitionAxis fields that change what this layout shows, grouped: the roles, those the
-        parameters use, those of a step's token batch, and those of a KV cache."""
-        pa = self.partition_axis
-        by_names = lambda names, mode: tuple(dict.fromkeys(pa.field_for(n, mode) for n in names))
-        return {"roles": ROLE_FIELDS, "parameters": self.semantic_fields(),
-                "inputs": by_names(INPUT_AXES, self.mode), "kv_cache": by_names(KV_CACHE_AXES, KV_CACHE_MODE)}
-
-    def table(self) -> str:
-        """Plain text: one line per parameter (its type as on Explicit axes, ``float32[264@tp,64@(fsdp,sp)]``)."""
-        rows = [("path", "shape", "axes", "spec", "type", "shard", "bytes/device", "reason")]
-        rows += [(p.path, str(p.shape), ", ".join(p.axes), str(p.spec), p.typed, str(p.shard_shape),
-                  f"{p.bytes_per_device:,}", p.reason) for p in self.params]
-        widths = [max(len(r[i]) for r in rows) for i in range(7)]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:7], widths, strict=True)) + "  " + r[7]
-                         for r in rows)
+# Layout and the text forms of axes live in layout_plan and spec_text; the explorer's face re-exports them.
+__all__ = ["INPUT_AXES", "STEP_KINDS", "Layout", "LayoutDiff", "MemoryBreakdown", "ParamChange", "StepCollectives",
+           "apply", "cluster_step_collectives", "diff", "format_axes", "format_entry", "kv_cache_spec", "layout_memory",
+           "parse_axes", "parse_entry", "step_collectives"]
 
 
 # -- memory ------------------------------------------------------------------------------------------
@@ -350,53 +62,23 @@ class MemoryBreakdown:
         return self.params + self.optimizer + self.kv_cache
 
 
-def _kv_decisions(layout: Layout, batch: int, max_length: int) -> tuple[tuple[int, ...], list[DimDecision]]:
-    if layout.config is None:
-        raise ValueError("a KV cache is sized from the model's config; this layout has none (pass the model, "
-                         "not just its parameters)")
-    for name, value in (("batch", batch), ("max_length", max_length)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"KV cache {name} must be a positive int; got {value!r}")
-    kv = kv_layout(layout.config)  # MLA: one head of [latent ; rope key]
-    shape = (batch, max_length, kv.kv_heads, kv.key_dim)
-    return shape, layout.partition_axis.explain(KV_CACHE_AXES, KV_CACHE_MODE, shape=shape, mesh=layout.mesh)
-
-
-def kv_cache_spec(layout: Layout, batch: int, max_length: int) -> tuple[tuple[int, ...], PartitionSpec, str]:
-    """Shape ``(B, S, KV, D)`` of one layer's keys (or values), its spec and the reason.
-
-    The cache is resolved as ``(BATCH, KV_LENGTH, KV_HEAD, KV_HEAD_DIM)`` in decode mode: by default
-    the batch over ``(fsdp, dp)``, the cached length over ``sp``, the key/value heads over ``tp``.
-    """
-    shape, decisions = _kv_decisions(layout, batch, max_length)
-    return shape, PartitionSpec(*(d.spec_entry for d in decisions)), _reason(decisions)
-
-
-def memory_per_device(layout: Layout, *, optimizer: str | None = "adamw",
-                      kv_cache: KVCacheSize | None = None) -> MemoryBreakdown:
+def layout_memory(layout: Layout, *, optimizer: str | None = "adamw",
+                  kv_cache: KVCacheSize | None = None) -> MemoryBreakdown:
     """Bytes each device holds for the parameters, AdamW state and a KV cache, without allocating.
 
     ``optimizer="adamw"``: optax's AdamW state, two moments per parameter in the parameters' dtype with
     their shardings, plus its int32 step count (:func:`workbench.core.ledger.optimizer_bytes`, the one count
-    the ledger uses too). ``kv_cache=(batch, max_length, dtype)``: keys and values
-    of every layer, ``layers x 2 x (B, S, KV, D)`` (MLA: ``layers x (B, S, 1, C + R)``, values inside the
-    keys), sharded by :func:`kv_cache_spec`.
+    the ledger uses too). ``kv_cache=(batch, max_length, dtype)``: keys and values of every layer
+    (:func:`workbench.core.ledger.kv_cache_bytes`), sharded by :func:`~workbench.core.layout_plan.kv_cache_spec`.
     """
     if optimizer not in ("adamw", None):
         raise ValueError(f"optimizer must be 'adamw' or None; got {optimizer!r}")
-    opt = 0
-    if optimizer == "adamw":
-        from workbench.core.ledger import optimizer_bytes
-
-        opt = optimizer_bytes(layout, "adamw")
+    opt = optimizer_bytes(layout, "adamw") if optimizer == "adamw" else 0
     kv, kv_spec, kv_reason = 0, None, ""
     if kv_cache is not None:
         batch, max_length, dtype = kv_cache
-        _, decisions = _kv_decisions(layout, batch, max_length)
-        kv_spec, kv_reason = PartitionSpec(*(d.spec_entry for d in decisions)), _reason(decisions)
-        block = _shard_shape(decisions, _mesh_sizes(layout.mesh))
-        arrays = 1 if layout.config.mla else 2  # MLA's values are the first channels of its keys
-        kv = arrays * layout.config.num_hidden_layers * math.prod(block) * np.dtype(dtype).itemsize
+        _, kv_spec, kv_reason = kv_cache_spec(layout, batch, max_length)
+        kv = kv_cache_bytes(layout, batch, max_length, dtype)
     return MemoryBreakdown(layout.param_bytes, opt, kv, kv_spec, kv_reason)
 
 
@@ -427,13 +109,13 @@ class LayoutDiff:
 def diff(old: Layout, new: Layout, *, optimizer: str | None = None, kv_cache: KVCacheSize | None = None
          ) -> LayoutDiff:
     """What changed from ``old`` to ``new`` (layouts of the same model), memory counted as
-    :func:`memory_per_device` with ``optimizer`` and ``kv_cache``."""
+    :func:`layout_memory` with ``optimizer`` and ``kv_cache``."""
     if old.paths != new.paths:
         raise ValueError("diff compares two layouts of the same model; their parameter paths differ")
     changed = tuple(ParamChange(a.path, a.spec, b.spec, a.bytes_per_device, b.bytes_per_device)
                     for a, b in zip(old.params, new.params, strict=True)
                     if a.spec != b.spec or a.shard_shape != b.shard_shape)
-    memory = lambda layout: memory_per_device(layout, optimizer=optimizer, kv_cache=kv_cache)
+    memory = lambda layout: layout_memory(layout, optimizer=optimizer, kv_cache=kv_cache)
     return LayoutDiff(changed, memory(old), memory(new))
 
 
@@ -515,9 +197,6 @@ def step_collectives(model: nnx.Module, layout: Layout, *, kind: str = "forward"
     ``(BATCH, LENGTH)`` in the layout's mode.
     Nothing is allocated: ``jax.jit(...).lower(ShapeDtypeStructs).compile()``.
     """
-    from workbench.core.inspect import collectives_in, matmul_flops
-    from workbench.core.models.loss import causal_lm_loss, labels_from
-
     if kind not in STEP_KINDS:
         raise ValueError(f"kind must be one of {STEP_KINDS}; got {kind!r}")
     b, t = batch
@@ -534,8 +213,6 @@ def step_collectives(model: nnx.Module, layout: Layout, *, kind: str = "forward"
 
     sizes = dict(zip(layout.mesh.axis_names, layout.mesh.axis_sizes, strict=True))
     if sizes.get("pp", 1) > 1:  # a pp axis: the step runs as a pipeline (1F1B), its ppermutes over pp
-        from workbench.core import pipeline
-
         config = pipeline.default_config(layout.mesh, b)
         forward = lambda params, other, ids: pipeline.pipeline_logits(graphdef, params, other, ids, None, config,
                                                                       layout.mesh)
@@ -569,8 +246,6 @@ def cluster_step_collectives(model: nnx.Module, layout: Layout, cluster: tp.Any,
     layout may sit on an ``AbstractMesh`` of any size the cluster has. A train step updates with ``optimizer``
     (its state split over ``dp`` too with the layout's ``zero_stage=1``);
     ``.analysis`` keeps the whole :class:`~workbench.core.virtual.CompiledAnalysis` (memory, cost, HLO)."""
-    from workbench.core.virtual import compile_step
-
     if kind not in STEP_KINDS:
         raise ValueError(f"kind must be one of {STEP_KINDS}; got {kind!r}")
     if layout.mesh.size != cluster.num_devices:

@@ -8,7 +8,8 @@
 - :func:`mesh_grid` arranges a mesh's devices as 2-D grids (rows and columns from two axes, the
   other axes as facets), and :func:`mesh_factorizations` / :func:`axis_size_choices` /
   :func:`set_axis_size` / :func:`reshape_mesh` say which mesh shapes a device count allows.
-- :func:`parse_spec` / :func:`format_spec` read and write a spec as text (``"(fsdp, sp), tp"``).
+- :func:`parse_spec` / :func:`format_spec` read and write a spec as text (``"(fsdp, sp), tp"``; they live in
+  :mod:`workbench.core.spec_text`, with the semantic axes' reader).
 - :func:`typed_notation` writes the same array as JAX types it on Explicit axes: ``float32[8@fsdp,16@tp]``,
   what ``str(jax.typeof(x))`` prints (tests compare the two).
 
@@ -36,6 +37,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from workbench.core.axes import fit_spec
 from workbench.core.mesh import MESH_AXES, explicit_spec, make_mesh
+from workbench.core.spec_text import format_spec, parse_spec
 
 __all__ = ["BlockCell", "MeshCell", "MeshFacet", "MeshGrid", "ShardingLayout", "ShardingPanel", "axis_size_choices",
            "divisors", "format_spec", "mesh_factorizations", "mesh_grid", "parse_spec", "reshape_mesh",
@@ -63,108 +65,6 @@ def _axes(entry: Entry) -> tuple[str, ...]:
 
 def _dim_letter(dim: int) -> str:
     return _LETTERS[dim] if dim < len(_LETTERS) else f"D{dim}"
-
-
-# -- spec as text ------------------------------------------------------------------------------------
-def format_spec(spec: PartitionSpec) -> str:
-    """A spec as the text :func:`parse_spec` reads: ``P(('fsdp', 'sp'), None)`` -> ``"(fsdp, sp), None"``."""
-    parts = []
-    for entry in spec:
-        axes = _axes(entry)
-        parts.append("None" if not axes else axes[0] if isinstance(entry, str) else f"({', '.join(axes)})")
-    return ", ".join(parts)
-
-
-def parse_spec(text: str) -> PartitionSpec:
-    """A PartitionSpec from text: ``"fsdp, tp"``, ``"(fsdp, sp), None"``, ``"P('dp', None)"``, ``""``.
-
-    Names may be quoted or bare; a group of axes for one dimension is ``(a, b)`` or ``[a, b]``;
-    ``None`` (or ``_``, ``-``) leaves a dimension unsharded. Raises ``ValueError`` saying what to fix.
-
-    >>> parse_spec("(fsdp, sp), None")
-    P(('fsdp', 'sp'), None)
-    """
-    if not isinstance(text, str):
-        raise TypeError(f"parse_spec needs a str such as 'fsdp, tp'; got {type(text).__name__}")
-    body = text.strip()
-    for prefix in ("PartitionSpec(", "P("):
-        if body.startswith(prefix) and body.endswith(")"):
-            body = body[len(prefix):-1]
-            break
-    tokens = _tokens(text, body)
-    entries: list[Entry] = []
-    pos = 0
-
-    def fail(why: str) -> tp.NoReturn:
-        raise ValueError(f"cannot read {text!r} as a PartitionSpec: {why}; write mesh axes separated by commas, "
-                         f"a group of axes for one dimension as (a, b), None for an unsharded dimension, "
-                         f"e.g. '(fsdp, sp), tp'")
-
-    while pos < len(tokens):
-        kind, value = tokens[pos]
-        if kind == "name":
-            entries.append(None if value in _NONE else value)
-            pos += 1
-        elif kind == "open":
-            group: list[str] = []
-            pos += 1
-            while pos < len(tokens) and tokens[pos][0] != "close":
-                if tokens[pos][0] != "name" or tokens[pos][1] in _NONE:
-                    fail(f"a group holds mesh axis names only, found {tokens[pos][1]!r}")
-                group.append(tokens[pos][1])
-                pos += 1
-                if pos < len(tokens) and tokens[pos][0] == "comma":
-                    pos += 1
-                elif pos < len(tokens) and tokens[pos][0] != "close":
-                    fail(f"expected ',' or ')' after {group[-1]!r}")
-            if pos == len(tokens):
-                fail("a group is not closed")
-            pos += 1
-            entries.append(None if not group else group[0] if len(group) == 1 else tuple(group))
-        else:
-            fail(f"unexpected {value!r}")
-        if pos < len(tokens):
-            if tokens[pos][0] != "comma":
-                fail(f"expected ',' before {tokens[pos][1]!r}")
-            pos += 1
-    return PartitionSpec(*entries)
-
-
-_NONE = ("None", "_", "-")
-
-
-def _tokens(text: str, body: str) -> list[tuple[str, str]]:
-    """('name' | 'open' | 'close' | 'comma', text) tokens; bare names are identifiers, quoted ones anything."""
-    out, i = [], 0
-    while i < len(body):
-        ch = body[i]
-        if ch.isspace():
-            i += 1
-        elif ch in "([":
-            out.append(("open", ch))
-            i += 1
-        elif ch in ")]":
-            out.append(("close", ch))
-            i += 1
-        elif ch == ",":
-            out.append(("comma", ch))
-            i += 1
-        elif ch in "'\"":
-            end = body.find(ch, i + 1)
-            if end < 0:
-                raise ValueError(f"cannot read {text!r} as a PartitionSpec: unclosed quote")
-            out.append(("name", body[i + 1:end]))
-            i = end + 1
-        elif ch.isalpha() or ch in "_-":
-            j = i + 1
-            while j < len(body) and (body[j].isalnum() or body[j] in "_-."):
-                j += 1
-            out.append(("name", body[i:j]))
-            i = j
-        else:
-            raise ValueError(f"cannot read {text!r} as a PartitionSpec: unexpected {ch!r} at position {i}; "
-                             f"mesh axis names are identifiers such as fsdp or tp (quote any other name)")
-    return out
 
 
 # -- sharding layout ----------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """A layout exported: as JSON that reads back exactly, and as Python that rebuilds it.
 
-:func:`to_json` writes what a :class:`~workbench.core.explore.Layout` is made of (the mesh's axis sizes, the
-cluster it was planned for, the :class:`PartitionAxis` fields that differ from the default, the regex rules,
-the runtime mode, the remat policy and the pipeline) and :func:`from_json` resolves it again on a model.
-:func:`to_code` writes the same as a snippet to paste into a script.
-``Layout.to_json`` / ``Layout.from_json`` / ``Layout.to_code`` call these.
+:func:`to_json` writes what a :class:`~workbench.core.layout_plan.Layout` is made of (the mesh's axis sizes,
+the cluster it was planned for, the :class:`PartitionAxis` fields that differ from the default, the regex
+rules, the runtime mode, the remat policy and the pipeline) and :func:`plan_from_json` reads it back as the
+arguments of ``Layout.of`` (the mesh built). :func:`to_code` writes the same as a snippet to paste into a
+script. ``Layout.to_json`` / ``Layout.from_json`` / ``Layout.to_code`` call these; this module never
+imports ``Layout``, so the dependency points one way.
 
 >>> from workbench.core.explore import Layout
 >>> from workbench.core.mesh import make_mesh
@@ -29,13 +30,13 @@ from jax.sharding import AbstractMesh, AxisType
 
 from workbench.core import axes as ax
 from workbench.core.axes import MODE_TRAIN, RUNTIME_MODES, DynamicShardingAxes, PartitionAxis
+from workbench.core.cluster import INTER_NODE_PER_NODE, Cluster, cluster_mesh
 from workbench.core.mesh import MESH_AXES, make_mesh
 from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.zero import check_zero_stage
 
 if tp.TYPE_CHECKING:
-    from workbench.core.cluster import Cluster
-    from workbench.core.explore import Layout
+    from workbench.core.layout_plan import Layout
 
 FORMAT = "workbench.layout"
 VERSION = 1
@@ -77,16 +78,15 @@ def _dumps(doc: dict[str, tp.Any]) -> str:
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
-def from_json(text: str, model: tp.Any, *, mesh: tp.Any = None) -> Layout:
-    """The layout ``text`` describes, resolved on ``model``.
+def plan_from_json(text: str, *, mesh: tp.Any = None) -> dict[str, tp.Any]:
+    """What the layout ``text`` describes, as the keyword arguments of ``Layout.of`` besides the model:
+    ``mesh, partition_axis, rules, mode, remat, pipeline, zero_stage``.
 
     The mesh: ``mesh`` if given (its axis sizes must be the document's); else, for a named cluster,
     ``cluster_mesh(cluster, ...)``; else ``make_mesh`` on this process's first devices when there are
     enough of them, and an ``AbstractMesh`` of the same sizes (shapes only) when there are not.
     A ValueError says what to change for text that is not such a document.
     """
-    from workbench.core.explore import Layout
-
     doc = read(text)
     shape, types = doc["mesh"]
     cluster = None if doc["cluster"] is None else cluster_from_spec(doc["cluster"])
@@ -96,14 +96,11 @@ def from_json(text: str, model: tp.Any, *, mesh: tp.Any = None) -> Layout:
             raise ValueError(f"the mesh has axes {have} but the layout was exported on {shape}; pass a mesh with "
                              f"those axis sizes, or mesh=None to build it")
     elif cluster is not None:
-        from workbench.core.virtual import cluster_mesh
-
         mesh = cluster_mesh(cluster, tuple(shape.values()), tuple(shape))
     else:
         mesh = _local_mesh(shape, types)
-    pa = doc["partition_axis"]
-    return Layout.of(model, mesh, pa, doc["rules"], doc["mode"], remat=doc["remat"], pipeline=doc["pipeline"],
-                     zero_stage=doc["zero_stage"])
+    return {"mesh": mesh, **{k: doc[k] for k in ("partition_axis", "rules", "mode", "remat", "pipeline",
+                                                  "zero_stage")}}
 
 
 def read(text: str) -> dict[str, tp.Any]:
@@ -232,8 +229,6 @@ def _read_rule(doc: tp.Any) -> tuple[str, tp.Any]:
 def cluster_spec(cluster: Cluster, mesh: tp.Any = None) -> dict[str, tp.Any]:
     """``{"tpu": "v5p:4x4x4", "slices": 1}``, ``{"gpu": "h100", "nodes": 8, "gpus_per_node": 8}`` or
     ``{"cpu": 16}``; with ``mesh``, checked to map onto the cluster."""
-    from workbench.core.cluster import INTER_NODE_PER_NODE, Cluster
-
     if not isinstance(cluster, Cluster):
         raise TypeError(f"cluster must be a workbench.core.cluster.Cluster (Cluster.tpu(...), Cluster.h100(...)); "
                         f"got {cluster!r}")
@@ -258,8 +253,6 @@ def cluster_spec(cluster: Cluster, mesh: tp.Any = None) -> dict[str, tp.Any]:
 
 def cluster_from_spec(spec: tp.Any) -> Cluster:
     """The Cluster a :func:`cluster_spec` dict names; a ValueError saying what a spec looks like otherwise."""
-    from workbench.core.cluster import Cluster
-
     forms = {"tpu": ("tpu", "slices"), "gpu": ("gpu", "nodes", "gpus_per_node", "inter_node_bandwidth"),
              "cpu": ("cpu",)}
     kind = next((k for k in forms if isinstance(spec, dict) and k in spec), None)
@@ -417,5 +410,5 @@ def describe(layout: Layout) -> str:
     return ", ".join(parts)
 
 
-__all__ = ["FORMAT", "KEYS", "VERSION", "cluster_from_spec", "cluster_spec", "describe", "from_json", "read",
+__all__ = ["FORMAT", "KEYS", "VERSION", "cluster_from_spec", "cluster_spec", "describe", "plan_from_json", "read",
            "to_code", "to_json"]

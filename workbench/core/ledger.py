@@ -2,7 +2,7 @@
 
 Parts, per device (every device holds the same; specs divide their dimensions):
 
-- ``params``: each parameter's block (:class:`workbench.core.explore.Layout`);
+- ``params``: each parameter's block (:class:`workbench.core.layout_plan.Layout`);
 - ``grads``: a train step's gradients, one per parameter, its dtype and sharding (they live through the update);
   with ZeRO-1 split like the optimizer state: XLA slices each reduced gradient to the state's ``dp`` split and
   does not keep it whole (measured in :mod:`workbench.core.zero`), so the compiled step holds ZeRO-2's gradients;
@@ -55,7 +55,7 @@ Parts, per device (every device holds the same; specs divide their dimensions):
   (Gemma 3's and GPT-OSS's alternating sliding and full attention) run as a ``lax.switch`` in the scan, and XLA
   keeps the other branches' buffers too: measured about one layer's ``"none"`` set per further kind (XLA:TPU at
   every policy, XLA:CPU without remat; XLA:CPU's full-remat backward holds about a third of it);
-- ``kv_cache``: keys and values of every layer (:func:`workbench.core.explore.memory_per_device`);
+- ``kv_cache``: keys and values of every layer (:func:`kv_cache_bytes`);
 - with a ``pipeline`` (a :class:`workbench.core.pipeline.PipelineConfig` on a ``pp`` mesh axis): the stacked
   layers' parameters, gradients and optimizer state divide by the stage count (the layout must split
   ``LAYERS`` over ``pp``: ``pipeline_partition_axis()``); ``activations`` are what the schedule keeps alive,
@@ -84,8 +84,12 @@ import typing as tp
 import numpy as np
 
 from workbench.core.axes import BATCH, LENGTH, MODE_DECODE, MODE_TRAIN, PartitionAxis
-from workbench.core.explore import Layout, memory_per_device
+from workbench.core.layout_plan import Layout, kv_cache_decisions
+from workbench.core.models.moe_alltoall import capacity
+from workbench.core.pipeline import activation_stash_bytes
+from workbench.core.rules import shard_shape
 from workbench.core.steps import OPTIMIZERS
+from workbench.core.zero import state_split
 
 KINDS = ("train", "prefill", "decode")
 REMATS = ("none", "dots_saveable", "full")
@@ -147,8 +151,6 @@ class Ledger:
 def _state_block_bytes(layout: Layout, zero_stage: int | None) -> tp.Callable[[tp.Any], int]:
     """Bytes per device of an array shaped like a parameter and split like its optimizer state (the parameter's
     block, over ``dp`` too at ZeRO-1)."""
-    from workbench.core.zero import state_split
-
     zero = layout.zero_stage if zero_stage is None else zero_stage
     sizes = _axis_sizes(layout)
     if not zero or sizes.get("dp", 1) == 1:
@@ -184,6 +186,16 @@ def optimizer_bytes(layout: Layout, name: str, zero_stage: int | None = None) ->
         else:  # a full v like the parameter, v_row and v_col placeholders
             total += like_param(p) + 2 * item
     return total
+
+
+def kv_cache_bytes(layout: Layout, batch: int, max_length: int, dtype: tp.Any) -> int:
+    """Bytes per device of a KV cache: keys and values of every layer, ``layers x 2 x (B, S, KV, D)`` (MLA:
+    ``layers x (B, S, 1, C + R)``, values inside the keys), split as
+    :func:`~workbench.core.layout_plan.kv_cache_spec` says."""
+    _, decisions = kv_cache_decisions(layout, batch, max_length)
+    block = shard_shape(decisions, _axis_sizes(layout))
+    arrays = 1 if layout.config.mla else 2  # MLA's values are the first channels of its keys
+    return arrays * layout.config.num_hidden_layers * math.prod(block) * np.dtype(dtype).itemsize
 
 
 def _axis_sizes(layout: Layout) -> dict[str, int]:
@@ -252,8 +264,6 @@ def _expert_rows(layout: Layout, prefix: str, strategy: str, data_axes: set[str]
     (``E / ep`` without a capacity factor); ``ragged`` sorts the ``k`` copies of every token of the batch (GSPMD
     gathers the data axes for the global sort), as TPU and GPU kernels run ``ragged_dot`` (XLA:CPU lowers it to a
     masked dot over every expert, which this does not count)."""
-    from workbench.core.models.moe_alltoall import capacity
-
     c = layout.config
     gate = layout[prefix + "mlp/gate_proj"]
     if strategy == "alltoall":
@@ -444,7 +454,7 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
     length = kv_length or t
     if layout.mode != MODE_TRAIN and kind == "decode" and layout.mode != MODE_DECODE:
         raise ValueError(f"a decode step's layout is resolved in decode mode; this one is {layout.mode!r}")
-    kv = memory_per_device(layout, optimizer=None, kv_cache=(b, length, dtype)).kv_cache
+    kv = kv_cache_bytes(layout, b, length, dtype)
     step_batch = batch if kind == "prefill" else (b, 1)
     sb, st, _ = _tokens_per_device(layout, step_batch, layout.mode)
     layers = [(prefix, layer_set(layout, prefix, t_kv=length, moe_strategy=moe["moe_strategy"], tokens=sb * st,
@@ -460,8 +470,6 @@ def pipeline_activation_bytes(layout: Layout, pipeline: tp.Any, batch: tuple[int
                               compiler: str = "tpu", moe_strategy: str = "dense",
                               capacity_factor: float | None = None) -> tuple[int, int]:
     """``(kept, temporaries)`` bytes per device of a pipelined train step (see the module doc)."""
-    from workbench.core.pipeline import activation_stash_bytes
-
     sizes = _axis_sizes(layout)
     if sizes.get("pp", 1) != pipeline.num_stages:
         raise ValueError(f"PipelineConfig(num_stages={pipeline.num_stages}) but the layout's mesh has pp="

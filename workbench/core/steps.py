@@ -6,7 +6,7 @@ A step is a function and its ``ShapeDtypeStruct`` arguments placed on a mesh (no
   gradient and the optimizer's update, the state donated (updated in place, as a training loop does);
 - ``"forward"``: ``(params, other, ids) -> logits``, the forward pass of a prefill without a cache.
 
-Parameters are placed as :class:`workbench.core.explore.Layout` resolves them; optimizer moments shaped like
+Parameters are placed as :class:`workbench.core.layout_plan.Layout` resolves them; optimizer moments shaped like
 their parameter share its sharding, other optimizer state (counts, Adafactor's factored statistics) is
 replicated; the token ids are split as ``(BATCH, LENGTH)`` resolves.
 """
@@ -23,9 +23,13 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from workbench.core.axes import PartitionAxis
+from workbench.core import pipeline as pipelines
+from workbench.core.axes import BATCH, LENGTH, PartitionAxis
 from workbench.core.cluster import Cluster
+from workbench.core.layout_plan import Layout
 from workbench.core.mesh import MESH_AXES
+from workbench.core.models.loss import causal_lm_loss, labels_from
+from workbench.core.models.sharding import path_str, with_mesh
 from workbench.core.zero import check_zero_stage, state_sharding
 
 STEP_KINDS = ("train", "forward")
@@ -80,18 +84,11 @@ def abstract_step(model: nnx.Module, mesh: tp.Any, *, kind: str = "train", batch
     with ``pipeline`` (a ``PipelineConfig``; default :func:`workbench.core.pipeline.default_config`), the stacked
     layers split over ``pp`` unless ``partition_axis`` says otherwise. ``zero_stage=1`` splits the optimizer state
     over ``dp`` as well (:mod:`workbench.core.zero`)."""
-    from workbench.core.axes import BATCH, LENGTH
-    from workbench.core.explore import Layout
-    from workbench.core.models.loss import causal_lm_loss, labels_from
-    from workbench.core.models.sharding import path_str, with_mesh
-
     if kind not in STEP_KINDS:
         raise ValueError(f"kind must be one of {STEP_KINDS}; got {kind!r}")
     pa = partition_axis or PartitionAxis()
     pp = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True)).get("pp", 1)
     if pp > 1 and kind == "train":
-        from workbench.core import pipeline as pipelines
-
         pipeline = pipeline or pipelines.default_config(mesh, batch[0])
         if pa.layer_axis is None:
             pa = pipelines.pipeline_partition_axis(pa)

@@ -8,8 +8,9 @@
   ``AbstractMesh`` and exports it; the worker compiles it and returns the analysis. One worker per device
   count, reused; it exits with this process.
 
-:func:`cluster_mesh` gives the mesh to place abstract arguments on; :func:`compile_on` returns a
-:class:`CompiledAnalysis` (memory, cost, collectives with mesh axes and loop trips).
+:func:`~workbench.core.cluster.cluster_mesh` (imported here too) gives the mesh to place abstract arguments
+on; :func:`compile_on` returns a :class:`CompiledAnalysis` (memory, cost, collectives with mesh axes and loop
+trips).
 """
 
 from __future__ import annotations
@@ -27,15 +28,15 @@ import time
 import typing as tp
 
 import jax
-from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from workbench.core import _compile_worker as worker_protocol
 from workbench.core._xla_log import xla_log_lines, xla_warnings
-from workbench.core.cluster import MAX_SIMULATED_DEVICES, Cluster
+from workbench.core.cluster import Cluster, cluster_mesh
 from workbench.core.compile_cache import CompileCache
 from workbench.core.inspect import Collective, summarize
+from workbench.core.mesh import MESH_AXES
 
-TPU_AOT_HINT = 'pip install "jax-workbench[tpu-aot]"'
 # XLA:TPU's memory-space assignment moves buffers into a TensorCore's VMEM (128 MiB on v5e) and adds prefetch
 # copies: negligible beside a real model's HBM, but it reshapes a tiny model's HBM peak (a small Llama's grew by
 # 9 MB per layer instead of its 24). With this option the peak is XLA's HBM buffer assignment alone, what the
@@ -129,55 +130,6 @@ class CompiledAnalysis:
     def collectives_summary(self) -> dict[str, dict[str, int]]:
         """Per kind: instructions, runs per execution (loop trips) and bytes per device."""
         return summarize(self.collectives, count_trips=True)
-
-
-# -- meshes ------------------------------------------------------------------------------------------
-@functools.cache
-def tpu_devices(topology: str, slices: int = 1) -> tuple[jax.Device, ...]:
-    """The compile-only devices of a TPU topology (``libtpu`` describes the slice; nothing is allocated)."""
-    try:
-        import libtpu  # noqa: F401
-    except ImportError:
-        raise ImportError(f"compiling for a TPU cluster ({topology}) needs libtpu, XLA's TPU compiler: "
-                          f"{TPU_AOT_HINT}") from None
-    from jax.experimental import topologies
-
-    # Compiling touches no chip, so several processes (a notebook and a test worker, pytest -n 2) may load
-    # libtpu at once; without this the second fails on libtpu's /tmp/libtpu_lockfile.
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    with xla_log_lines():  # libtpu complains that this host is not a TPU VM: true, and fine (kept, not shown)
-        kwargs = {"num_slices": slices} if slices > 1 else {}
-        topology_desc = topologies.get_topology_desc(topology_name=topology, platform="tpu", **kwargs)
-    # libtpu lists each TensorCore of a v4 chip; JAX runs v4 as one device per chip (megacore), and so do we
-    return tuple(d for d in topology_desc.devices if getattr(d, "core_on_chip", 0) == 0)
-
-
-def cluster_mesh(cluster: Cluster, mesh_shape: tp.Sequence[int], axis_names: tp.Sequence[str]
-                 ) -> Mesh | AbstractMesh:
-    """The mesh to place a program's abstract arguments on: a TPU cluster's compile-only devices laid on its
-    torus (a ``Mesh``), else an ``AbstractMesh`` that the worker makes concrete. Auto axes, as ``make_mesh``."""
-    shape, names = cluster.check_mesh_shape(mesh_shape), tuple(axis_names)
-    if len(names) != len(shape) or len(set(names)) != len(names):
-        raise ValueError(f"give one distinct axis name per mesh axis; got {names} for shape {shape}")
-    types = (AxisType.Auto,) * len(shape)
-    if cluster.platform != "tpu":
-        if cluster.num_devices > MAX_SIMULATED_DEVICES:
-            raise ValueError(f"{cluster.name} has {cluster.num_devices} devices; a worker simulates at most "
-                             f"{MAX_SIMULATED_DEVICES}")
-        return AbstractMesh(shape, names, axis_types=types)
-    from jax.experimental import mesh_utils
-
-    devices = tpu_devices(cluster.topology, cluster.slices)
-    try:
-        if cluster.slices > 1:
-            ici = (shape[0] // cluster.slices, *shape[1:])
-            grid = mesh_utils.create_hybrid_device_mesh(ici, (cluster.slices,) + (1,) * (len(shape) - 1), devices)
-        else:
-            grid = mesh_utils.create_device_mesh(shape, devices)
-    except (NotImplementedError, ValueError, AssertionError) as err:
-        raise ValueError(f"mesh shape {shape} does not map onto {cluster.name} ({err}); valid {len(shape)}-axis "
-                         f"shapes: {list(cluster.valid_mesh_shapes(len(shape)))}") from None
-    return Mesh(grid, names, axis_types=types)
 
 
 def _mesh_of(args: tp.Any) -> Mesh | AbstractMesh:
@@ -388,8 +340,7 @@ def compile_step(model: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, in
     ``{"fsdp": 16, "tp": 4}``), from abstract arguments (see :mod:`workbench.core.steps`). With ``pp > 1`` a
     train step is the pipeline's (``pipeline``, default 1F1B): TPU clusters only. ``zero_stage=1`` splits the
     optimizer state over ``dp`` too (ZeRO-1). ``compiler_options`` as :func:`compile_on` takes them."""
-    from workbench.core.mesh import MESH_AXES
-    from workbench.core.steps import abstract_step, full_mesh_shape
+    from workbench.core.steps import abstract_step, full_mesh_shape  # steps loads optax and the models: only here
 
     if kind == "train" and int(mesh_shape.get("pp", 1)) > 1 and cluster.platform != "tpu":
         raise ValueError(f"a pipelined train step compiles for TPU clusters only: the worker that compiles for "

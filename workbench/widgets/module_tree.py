@@ -14,7 +14,8 @@ import ipywidgets as widgets
 
 from workbench.core.axes import MODE_TRAIN, PartitionAxis
 from workbench.core.layout import format_spec
-from workbench.core.tree_view import ParamRow, SubtreeTotal, format_count, param_rows, subtree_totals
+from workbench.core.rules import ParamPlacement
+from workbench.core.tree_view import SubtreeTotal, format_count, param_rows, subtree_totals
 from workbench.widgets._errors import InlineError, error_message
 from workbench.widgets._html import error_html, escape, format_bytes, typed_html
 
@@ -23,16 +24,16 @@ __all__ = ["ModuleTree", "param_summary_html", "tree_totals_html"]
 _MONO = "font-family:var(--jp-code-font-family,monospace);font-size:12px"
 
 
-def _spec_text(row: ParamRow) -> str:
+def _spec_text(row: ParamPlacement) -> str:
     return "not placed" if row.spec is None else f"P({format_spec(row.spec)})"
 
 
-def _row_label(row: ParamRow) -> str:
+def _row_label(row: ParamPlacement) -> str:
     """The dropdown label of a parameter: path, shape, dtype, spec."""
     return f"{row.path}  {tuple(row.shape)} {row.dtype.name}  {_spec_text(row)}"
 
 
-def _leaf_html(row: ParamRow) -> str:
+def _leaf_html(row: ParamPlacement) -> str:
     axes = "" if row.axes is None else f" · axes ({', '.join(row.axes)})"
     shard = ""
     if row.shard_shape is not None:
@@ -49,10 +50,10 @@ def _total_text(total: SubtreeTotal) -> str:
     return f"{format_count(total.count)} params ({total.count:,}) · {format_bytes(total.nbytes)}{per} · {arrays}"
 
 
-def tree_totals_html(rows: tp.Sequence[ParamRow], open_depth: int = 1) -> str:
+def tree_totals_html(rows: tp.Sequence[ParamPlacement], open_depth: int = 1) -> str:
     """Foldable parameter counts per subtree (``<details>``, no script needed), leaves with their spec."""
     totals = subtree_totals(rows)
-    by_parent: dict[str, list[tuple[str, str | ParamRow]]] = {}
+    by_parent: dict[str, list[tuple[str, str | ParamPlacement]]] = {}
     for prefix in totals:
         if prefix:
             parent = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
@@ -70,7 +71,7 @@ def tree_totals_html(rows: tp.Sequence[ParamRow], open_depth: int = 1) -> str:
         total = totals[prefix]
         name = prefix.rsplit("/", 1)[-1] if prefix else "model"
         children = sorted(by_parent.get(prefix, []), key=lambda kv: order[kv[0]])
-        inner = "".join(_leaf_html(c) if isinstance(c, ParamRow) else node(c) for _, c in children)
+        inner = "".join(_leaf_html(c) if isinstance(c, ParamPlacement) else node(c) for _, c in children)
         is_open = " open" if total.depth < open_depth else ""
         return (f'<details class="wb-subtree" data-path="{escape(prefix)}"{is_open} style="margin-left:14px">'
                 f"<summary><b>{escape(name)}</b> · {escape(_total_text(total))}</summary>{inner}</details>")
@@ -80,7 +81,7 @@ def tree_totals_html(rows: tp.Sequence[ParamRow], open_depth: int = 1) -> str:
     return f'<div class="wb-module-totals" style="{_MONO};margin-left:-14px">{node("")}</div>'
 
 
-def param_summary_html(row: ParamRow) -> str:
+def param_summary_html(row: ParamPlacement) -> str:
     """One parameter in words: shape, semantic axes, spec and where it came from, its type on Explicit axes,
     and why per dimension."""
     where = {"placed": "as placed (the array's NamedSharding)",
@@ -91,8 +92,9 @@ def param_summary_html(row: ParamRow) -> str:
         lines.append(f"semantic axes: ({escape(', '.join(row.axes))})")
     lines.append(f"spec: {escape(_spec_text(row))} {escape(where)}")
     if row.spec is not None:
-        lines.append(f"type: {typed_html(row.typed(), row.typed(on_mesh=True))}")
-    lines.extend(f"&nbsp;&nbsp;{escape(r)}" for r in row.reasons)
+        lines.append(f"type: {typed_html(row.typed, row.typed_on_mesh)}")
+    if row.reason:
+        lines.append(f"why: {escape(row.reason)}")
     return f'<div class="wb-param-summary" style="{_MONO}">' + "<br>".join(lines) + "</div>"
 
 
@@ -161,7 +163,7 @@ class ModuleTree(InlineError, widgets.VBox):
 
     # -- public --------------------------------------------------------------------------------------------
     @property
-    def rows(self) -> list[ParamRow]:
+    def rows(self) -> list[ParamPlacement]:
         return list(self._rows)
 
     @property

@@ -80,7 +80,7 @@ def layout_html(layout: explore.Layout, *, pattern: str = "", changed: tp.Collec
     header = "".join(typed_head if h == "type" else f'<th style="{_CELL};font-weight:600">{h}</th>' for h in head)
     shown = f"{len(rows)} of {len(layout.params)}" if regex is not None else str(len(rows))
     total = (f"{shown} parameters · {format_bytes(layout.param_bytes)} of parameters per device, "
-             f"{format_bytes(sum(p.bytes for p in layout.params))} unsharded · {label(layout.mode)}")
+             f"{format_bytes(sum(p.nbytes for p in layout.params))} unsharded · {label(layout.mode)}")
     return (f'<div class="wb-explorer-table-wrap" style="max-height:420px;overflow:auto">'
             f'<div style="font-size:12px;color:#555;margin:2px 0">{escape(total)}</div>'
             f'<table class="wb-explorer-table" style="border-collapse:collapse;font-size:12px">'
@@ -237,7 +237,7 @@ class ShardingExplorer(InlineError):
 
     def memory(self) -> explore.MemoryBreakdown:
         """Bytes per device of the current layout, with the optimizer and KV cache the controls choose."""
-        return explore.memory_per_device(self.layout, **self._memory_options())
+        return explore.layout_memory(self.layout, **self._memory_options())
 
     def ledger(self) -> ledgers.Ledger:
         """The memory ledger of one step as the controls say (task, optimizer, remat, batch), against the
