@@ -47,6 +47,24 @@ def test_table_shows_every_parameter_and_the_chart_is_plotly(explorer):
     assert "wb-sharding-explorer" in explorer.widget._dom_classes
 
 
+
+def test_the_change_summary_counts_what_the_chart_counts(explorer):
+    """Ticking the KV cache after an edit: the summary's 'after' is the chart's total, its 'before' the previous
+    layout counted the same way (both with the cache), not the totals of the edit's moment."""
+    from workbench.widgets._html import format_bytes
+
+    old = explorer.layout
+    explorer.editor.fields["tensor_parallel_axis"].value = "dp"
+    explorer._kv_on.value = True
+    kv = explorer._memory_options()
+    assert kv["kv_cache"] is not None
+    chart = explorer._chart.outputs[0]["data"]["application/vnd.plotly.v1+json"]
+    assert chart["layout"]["title"]["text"] == f"memory per device: {format_bytes(explorer.memory().total)}"
+    assert explorer.last_diff.new_memory.total == explorer.memory().total
+    assert explorer.last_diff.old_memory == explore.layout_memory(old, **kv)
+    assert explorer.last_diff.new_memory.kv_cache > 0
+    assert f"→ {format_bytes(explorer.memory().total)}" in html.unescape(explorer._diff.value)
+
 def test_changing_the_tp_axis_re_renders_the_table_and_lists_the_diff(explorer):
     old = explorer.layout
     explorer.editor.fields["tensor_parallel_axis"].value = "dp"

@@ -88,27 +88,24 @@ def layout_html(layout: explore.Layout, *, pattern: str = "", changed: tp.Collec
 
 
 def memory_html(memory: explore.MemoryBreakdown, n_devices: int) -> str:
-    """A static stacked bar per device (an inline SVG), with the numbers beside it."""
+    """A static stacked bar per device (HTML/CSS boxes, which JupyterLab's sanitiser keeps in an untrusted
+    notebook, unlike inline SVG), with the numbers beside it."""
     parts = [(name, title, color, getattr(memory, name)) for name, title, color in _PARTS]
     height, width, top = 90, 22, max(memory.total, 1)
-    bars = []
+    columns = []
     for d in range(n_devices):
-        y = height
-        for _, title, color, value in parts:
-            h = height * value / top
-            y -= h
-            if h > 0:
-                bars.append(f'<rect x="{d * (width + 4)}" y="{y:.1f}" width="{width}" height="{h:.1f}" '
-                            f'fill="{color}"><title>device {d}: {title} {value:,} B</title></rect>')
-        bars.append(f'<text x="{d * (width + 4) + width / 2}" y="{height + 12}" font-size="10" '
-                    f'text-anchor="middle">{d}</text>')
-    svg = (f'<svg class="wb-memory-bars" width="{n_devices * (width + 4)}" height="{height + 16}" '
-           f'role="img">{"".join(bars)}</svg>')
+        boxes = "".join(f'<div title="device {d}: {escape(title)} {value:,} B" '
+                        f'style="height:{height * value / top:.1f}px;background:{color}"></div>'
+                        for _, title, color, value in parts if value > 0)
+        columns.append(f'<div style="display:flex;flex-direction:column;align-items:center;width:{width}px">'
+                       f'<div style="display:flex;flex-direction:column-reverse;height:{height}px;width:{width}px">'
+                       f'{boxes}</div><div style="font-size:10px">{d}</div></div>')
+    bars = f'<div class="wb-memory-bars" style="display:flex;gap:4px;align-items:flex-end">{"".join(columns)}</div>'
     legend = "".join(f'<div><span style="display:inline-block;width:10px;height:10px;background:{color};'
                      f'margin-right:4px"></span>{escape(title)}: {escape(format_bytes(value))}</div>'
                      for _, title, color, value in parts if value)
     return (f'<div class="wb-memory-static" style="display:flex;gap:16px;align-items:flex-end;font-size:12px">'
-            f'{svg}<div><div style="font-weight:600">memory per device: {escape(format_bytes(memory.total))}'
+            f'{bars}<div><div style="font-weight:600">memory per device: {escape(format_bytes(memory.total))}'
             f"</div>{legend}</div></div>")
 
 
@@ -210,6 +207,7 @@ class ShardingExplorer(InlineError):
         self.experts: tp.Any = None  # moe_view.ExpertParallelSummary after "experts"
         self._experts_layout: explore.Layout | None = None
         self.last_diff: explore.LayoutDiff | None = None
+        self._diff_from: explore.Layout | None = None  # the layout last_diff compares against
         self._collectives_layout: explore.Layout | None = None
         self._changed: tuple[str, ...] = ()
         self._live = all(isinstance(x, jax.Array) for x in jax.tree.leaves(_params(model)))
@@ -426,7 +424,7 @@ class ShardingExplorer(InlineError):
         self._kv_s = w.BoundedIntText(kv_s, min=1, max=1 << 24, description="length", layout=w.Layout(width="150px"),
                                       style={"description_width": "45px"})
         for control in (self._optimizer, self._kv_on, self._kv_b, self._kv_s):
-            control.observe(lambda _: self._render_memory(), names="value")
+            control.observe(lambda _: self._on_memory_options(), names="value")
         self._task = w.Dropdown(options=ledgers.KINDS, value="train", description="step", layout=w.Layout(
             width="150px"), style={"description_width": "35px"})
         self._optimizer_name = w.Dropdown(options=OPTIMIZERS, value="adamw", description="optimizer",
@@ -560,6 +558,15 @@ class ShardingExplorer(InlineError):
         kv = (self._kv_b.value, self._kv_s.value, self._kv_dtype) if self._kv_on.value else None
         return {"optimizer": "adamw" if self._optimizer.value else None, "kv_cache": kv}
 
+    def _on_memory_options(self) -> None:
+        """The optimizer / KV cache controls changed: the chart and the change summary count the same parts."""
+        if self.last_diff is not None and self._diff_from is not None:
+            with self._guard(catch=ValueError) as failed:
+                self.last_diff = explore.diff(self._diff_from, self.layout, **self._memory_options())
+            if not failed:
+                self._diff.value = diff_html(self.last_diff)
+        self._render_memory()
+
     def _render_memory(self) -> None:
         if self.cluster is not None:
             self._render_ledger()
@@ -652,7 +659,7 @@ class ShardingExplorer(InlineError):
             d = explore.diff(self.layout, new, **self._memory_options())
         if failed:
             return False
-        self.layout, self.last_diff = new, d
+        self._diff_from, self.layout, self.last_diff = self.layout, new, d
         self._changed = tuple(c.path for c in d.changed)
         self._clear_error()
         self.editor.show(new)
