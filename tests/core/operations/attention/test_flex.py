@@ -2,6 +2,8 @@
 dense masks and biases), gradients against ``vanilla``, block masks against a dense evaluation, and the tiles the
 kernel visits counted."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -141,6 +143,20 @@ def test_the_kernel_visits_only_the_tiles_the_block_mask_lists(monkeypatch):
     assert set(visited) == expected and len(visited) >= len(expected)
 
 
+def test_the_picture_is_html_boxes_one_per_tile_in_the_tiles_proportion():
+    """Rows are query blocks, columns key blocks; a 128 x 256 tile is drawn twice as wide as tall; no SVG, which
+    JupyterLab's sanitiser strips from an untrusted notebook."""
+    mask = bm.create_block_mask(bm.causal, None, None, 1024, 1024, 128, 256)
+    picture = mask.picture()
+    assert "<svg" not in picture
+    rows = re.findall(r'<div style="display:flex">(.*?)</div></div>', picture)
+    boxes = [re.findall(r"width:(\d+)px;height:(\d+)px;background:(#\w+)", row) for row in rows]
+    assert [len(row) for row in boxes] == [4] * 8
+    assert {(int(w), int(h)) for row in boxes for w, h, _ in row} == {(2 * int(boxes[0][0][1]), int(boxes[0][0][1]))}
+    colour = {c: k for k, c in bm._COLORS.items()}
+    np.testing.assert_array_equal([[colour[c] for *_, c in row] for row in boxes], mask.kinds[0, 0])
+
+
 def test_block_masks_agree_with_the_dense_mask_and_compose():
     t, s = 100, 130
     doc = np.repeat(np.arange(5), 26)
@@ -162,7 +178,7 @@ def test_block_masks_agree_with_the_dense_mask_and_compose():
     assert both.count(bm.EMPTY) >= max(bm.create_block_mask(m, None, None, t, s, 16, 32).count(bm.EMPTY)
                                        for m in (a, c))
     assert either.count(bm.EMPTY) <= both.count(bm.EMPTY)
-    assert "<svg" in both._repr_html_() and "sparsity" in repr(both)
+    assert 'class="wb-block-mask"' in both._repr_html_() and "sparsity" in repr(both)
     assert bm.create_block_mask(c, None, None, t, s, 16, 32) is bm.create_block_mask(c, None, None, t, s, 16, 32)
     with pytest.raises(ValueError, match="same T, S"):
         _ = both & bm.create_block_mask(c, None, None, t, s, 16, 16)

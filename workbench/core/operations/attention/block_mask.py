@@ -147,15 +147,18 @@ class BlockMask:
                 f"{self.num_tiles} tiles, sparsity {self.sparsity:.1%}, built in {self.build_seconds * 1e3:.0f} ms)")
 
     def picture(self, b: int = 0, h: int = 0, *, cell: int | None = None) -> str:
-        """An SVG of the ``(b, h)`` tiles: rows are query blocks, columns key blocks."""
+        """The ``(b, h)`` tiles as HTML boxes (rows are query blocks, columns key blocks; a tile is ``block_k``
+        wide by ``block_q`` tall in proportion, ``cell`` pixels tall). Plain boxes, not SVG: JupyterLab's
+        sanitiser keeps them in an untrusted notebook."""
         kinds = self.kinds[min(b, self.kinds.shape[0] - 1), min(h, self.kinds.shape[1] - 1)]
         nq, nk = kinds.shape
-        cell = cell or max(2, min(14, 320 // max(nq, nk)))
-        rects = "".join(f'<rect x="{j * cell}" y="{i * cell}" width="{cell}" height="{cell}" '
-                        f'fill="{_COLORS[int(kinds[i, j])]}"/>' for i in range(nq) for j in range(nk)
-                        if kinds[i, j] != EMPTY)
-        return (f'<svg class="wb-block-mask" width="{nk * cell}" height="{nq * cell}" '
-                f'style="background:{_COLORS[EMPTY]};border:1px solid #ccc">{rects}</svg>')
+        wide = self.block_k / self.block_q
+        cell = cell or max(2, min(14, int(320 // max(nq, nk * wide))))
+        width = max(1, round(cell * wide))
+        box = lambda kind: f'<div style="width:{width}px;height:{cell}px;background:{_COLORS[kind]}"></div>'
+        rows = "".join('<div style="display:flex">' + "".join(box(int(k)) for k in row) + "</div>" for row in kinds)
+        return (f'<div class="wb-block-mask" style="display:inline-block;line-height:0;'
+                f'border:1px solid #ccc">{rows}</div>')
 
     def _repr_html_(self) -> str:
         legend = " ".join(f'<span style="white-space:nowrap"><span style="display:inline-block;width:10px;'
