@@ -139,17 +139,52 @@ def test_an_unsupported_option_is_a_row_not_an_error():
     assert lab.comparison.reference.ok  # vanilla has the soft cap
 
 
+def test_a_recompute_says_it_is_working_and_marks_the_old_results_stale(monkeypatch):
+    lab = AttentionLab(**SMALL)
+    table, seen = lab._results.value, []
+    real = view.compare
+
+    def compare(*args, **kwargs):  # what the browser shows while the comparison compiles and runs
+        seen.append((lab._busy.value, lab._results.value))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(view, "compare", compare)
+    lab._impl.value = "sdpa"
+    ((busy, results),) = seen
+    assert "computing" in busy and "sdpa" in busy and "vanilla" in busy
+    assert 'class="wb-attention-stale"' in results and table in results
+    assert lab._busy.value == "" and "wb-attention-stale" not in lab._results.value and "sdpa/xla" in lab._results.value
+
+
+def test_the_difference_heatmap_starts_at_zero_and_says_identical():
+    lab = AttentionLab(impl="vanilla", reference="vanilla", **SMALL)
+    assert lab.comparison.max_abs_diff == 0
+    title = lab.difference_figure.layout.title
+    assert title.text == "|vanilla − vanilla|, head 0: identical" and title.x == 0 and title.xanchor == "left"
+    trace = lab.difference_figure.data[0]
+    assert (trace.zmin, trace.zmax) == (0, 1.0) and not plotted_z(lab._diff_out).any()
+    lab._impl.value = "flash"
+    trace = lab.difference_figure.data[0]
+    assert trace.zmin == 0 and trace.zmax is None  # plotly's scale: 0 up to this head's largest difference
+    config = lab._diff_out.outputs[0]["data"]["application/vnd.plotly.v1+json"]["config"]
+    assert "zoom2d" not in config["modeBarButtonsToRemove"] and "lasso2d" in config["modeBarButtonsToRemove"]
+
+
 def test_a_bad_edit_shows_inline_and_keeps_the_last_valid_results():
     lab = AttentionLab(**SMALL)
     before, table = lab.comparison, lab._results.value
     lab._window.value = -2
     assert "sliding_window must be a positive int; got -2" in lab.error and "wb-error" in lab._error.value
-    assert lab.comparison is before and lab._results.value == table
+    # the last valid results stay, marked as not the controls' own
+    assert lab.comparison is before and table in lab._results.value and table != lab._results.value
+    assert 'class="wb-attention-stale"' in lab._results.value and "these controls failed" in lab._results.value
     lab._head.value = 1  # the heatmaps still follow the last valid results; the error stays said
-    assert lab.difference_figure.layout.title.text.endswith(f"head 1 (max {before.max_abs_diff:.2e})")
+    own = float(np.max(before.output_difference(1)))  # the shown head's own largest difference
+    assert own < before.max_abs_diff and lab.difference_figure.layout.title.text.endswith(f"head 1: max {own:.2e}")
     assert "sliding_window must be a positive int" in lab.error
     lab._window.value = 8
     assert lab.error == "" and lab.comparison.options.sliding_window == 8
+    assert "wb-attention-stale" not in lab._results.value and lab._busy.value == ""
     assert not lab.set_options(causal=False, dtype="float64")  # nothing set when one value is refused
     assert lab.error == "dtype must be one of float32, bfloat16, float16; got 'float64'"
     assert lab._causal.value and lab.comparison.options.sliding_window == 8

@@ -78,12 +78,18 @@ def model_comparison_html(m: ModelComparison) -> str:
                              css_class="wb-attention-model")
 
 
+MODEBAR_REMOVED = ["pan2d", "select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d"]
+STALE = ('<div class="wb-attention-stale" style="color:#b00020;font-size:12px">stale: computed for the previous '
+         'controls ({why})</div><div style="opacity:0.45">{html}</div>')
+
+
 def heatmap(z: tp.Any, title: str, colorscale: str, x_title: str, zmax: float | None = None) -> go.Figure:
     """A query-by-``x_title`` heatmap of ``z`` (float32, sent to the browser as a typed array)."""
     fig = go.Figure(go.Heatmap(z=np.asarray(z, np.float32), colorscale=colorscale, zmin=0, zmax=zmax,
                                hovertemplate="query %{y}, " + x_title + " %{x}: %{z:.3g}<extra></extra>"))
-    fig.update_layout(title={"text": title, "font": {"size": 13}}, width=430, height=380, template="plotly_white",
-                      margin={"t": 40, "b": 40, "l": 50, "r": 10})
+    # the title starts at the left edge: plotly's toolbar (three buttons, see _show) sits at the right
+    fig.update_layout(title={"text": title, "font": {"size": 13}, "x": 0.0, "xanchor": "left"}, width=430, height=380,
+                      template="plotly_white", margin={"t": 48, "b": 40, "l": 50, "r": 10})
     fig.update_xaxes(title_text=x_title)
     fig.update_yaxes(title_text="query", autorange="reversed")
     return fig
@@ -92,7 +98,8 @@ def heatmap(z: tp.Any, title: str, colorscale: str, x_title: str, zmax: float | 
 def _show(out: widgets.Output, fig: go.Figure) -> None:
     """Replace ``out``'s content with ``fig`` as plotly's MIME bundle (what the "plotly_mimetype" renderer
     sends): JupyterLab draws it with its bundled plotly.js, whatever ``plotly.io.renderers.default`` is."""
-    bundle = {"application/vnd.plotly.v1+json": {**json.loads(fig.to_json()), "config": {"displaylogo": False}},
+    config = {"displaylogo": False, "modeBarButtonsToRemove": MODEBAR_REMOVED}  # zoom, reset, save image stay
+    bundle = {"application/vnd.plotly.v1+json": {**json.loads(fig.to_json()), "config": config},
               "text/plain": f"<heatmap: {fig.layout.title.text}>"}
     out.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
 
@@ -173,6 +180,9 @@ class AttentionLab(InlineError, widgets.VBox):
             self._seq_len.tooltip = self._gqa.tooltip = "fixed by the query/key/value passed in"
         self._results = widgets.HTML()
         self._results.add_class("wb-attention-results-box")
+        self._results_html = ""  # the results as computed, before any stale mark
+        self._busy = widgets.HTML()
+        self._busy.add_class("wb-attention-busy")
         self._head = widgets.Dropdown(description="head", layout=widgets.Layout(width="120px"),
                                       style={"description_width": "36px"})
         self._head.add_class("wb-attention-head")
@@ -188,7 +198,7 @@ class AttentionLab(InlineError, widgets.VBox):
             self._capabilities,
             widgets.HBox([self._causal, self._window, self._soft_cap, self._dtype, self._seq_len, self._gqa],
                          layout=widgets.Layout(flex_flow="row wrap")),
-            self._error_area(), self._results, self._head,
+            self._error_area(), self._busy, self._results, self._head,
             widgets.HBox([self._weights_out, self._diff_out], layout=widgets.Layout(flex_flow="row wrap")),
             self._model_box,
         ]
@@ -309,15 +319,25 @@ class AttentionLab(InlineError, widgets.VBox):
         """Recompute everything from the controls. False (with the reason inline) if that failed; the
         last valid results then stay on show."""
         self.refresh_implementations()
-        with self._guard() as failed:
-            options = self.options
-            q, k, v = self.inputs()
-            comparison = compare(self.impl, q, k, v, reference=self.reference, runs=self.runs, **options.kwargs())
+        if self._results_html:  # until the new numbers arrive, the old ones say they are the old ones
+            self._results.value = STALE.format(why="computing", html=self._results_html)
+        self._busy.value = ('<div style="font-size:12px;color:#555">computing: compiling and timing '
+                            f'{escape(self.impl)} against {escape(self.reference)}…</div>')
+        try:
+            with self._guard() as failed:
+                options = self.options
+                q, k, v = self.inputs()
+                comparison = compare(self.impl, q, k, v, reference=self.reference, runs=self.runs,
+                                     **options.kwargs())
+        finally:
+            self._busy.value = ""
         if failed:
+            if self._results_html:
+                self._results.value = STALE.format(why="these controls failed, see above", html=self._results_html)
             return False
         self.comparison = comparison
         self._classes = self._current_classes()
-        self._results.value = comparison_html(comparison)
+        self._results_html = self._results.value = comparison_html(comparison)
         self._capabilities.value = self._capabilities_html()
         self._update_head_options()
         self._show_error(self._menu_note)  # a vanished implementation is said once, then forgotten
@@ -455,12 +475,16 @@ class AttentionLab(InlineError, widgets.VBox):
                                               zmax)
                 _show(self._weights_out, self.weights_figure)
                 self._weights_key = key
+            zmax = None
             if c.max_abs_diff is None:
                 z, title = [[0.0]], f"no difference: {(c.impl.note or c.reference.note)[:60]}"
             else:
-                z = c.output_difference(head)
-                title = f"|{c.impl.name} − {c.reference.name}|, head {head} (max {c.max_abs_diff:.2e})"
-            self.difference_figure = heatmap(z, title, "Reds", "head_dim")
+                z = np.asarray(c.output_difference(head))
+                most = float(z.max())
+                shown = "identical" if most == 0 else f"max {most:.2e}"
+                title = f"|{c.impl.name} − {c.reference.name}|, head {head}: {shown}"
+                zmax = None if most > 0 else 1.0  # all zero: the scale still runs from 0, the map stays white
+            self.difference_figure = heatmap(z, title, "Reds", "head_dim", zmax)
             _show(self._diff_out, self.difference_figure)
         return not failed
 
