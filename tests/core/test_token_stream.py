@@ -71,9 +71,30 @@ def test_bytes_hold_back_an_unfinished_character_until_the_end():
     stream = TokenStream(tokenizer=tok)
     pieces = [p[0] for p in stream_ids(stream, [ids])]
     assert pieces == ["", "é", "", "", "", "🙂", ""]
-    cut = TokenStream(tokenizer=tok)  # a stream that ends mid-character shows the replacement character then
-    assert "".join(p[0] for p in stream_ids(cut, [ids[:3]])) == "é\ufffd"
-    assert stable_text(tok, ids[:3]) == "é" and stable_text(tok, ids[:3], final=True) == "é\ufffd"
+    # a stream that ends mid-character shows the byte it could not decode, as Python escapes it
+    escaped = bytes(ids[:3]).decode("utf-8", errors="backslashreplace")
+    assert escaped == "é\\xf0"
+    cut = TokenStream(tokenizer=tok)
+    assert "".join(p[0] for p in stream_ids(cut, [ids[:3]])) == escaped
+    assert stable_text(tok, ids[:3]) == "é" and stable_text(tok, ids[:3], final=True) == escaped
+    assert tok.decode(ids[:3]) == "é\ufffd"  # decode's default is Hugging Face's: the replacement character
+
+
+def test_a_byte_level_hf_tokenizer_escapes_the_bytes_it_cannot_decode(hf):
+    """SmolLM2's byte-level BPE: a character cut off after 1, 2 or 3 of its 4 bytes (one byte token each) comes
+    back with those bytes escaped, as Python decodes the same bytes; text Hugging Face decodes whole is its own."""
+    from workbench.core.models.tokenizer import _byte_level_decoder, as_tokenizer
+
+    tok, emoji = as_tokenizer(hf), "🙂".encode()
+    char_of = {b: ch for ch, b in _byte_level_decoder().items()}
+    head = tok.encode("café ")
+    for cut in range(1, 4):
+        partial = head + [hf.convert_tokens_to_ids(char_of[b]) for b in emoji[:cut]]
+        assert "\ufffd" in hf.decode(partial) and tok.decode(partial) == hf.decode(partial)
+        want = ("café ".encode() + emoji[:cut]).decode("utf-8", errors="backslashreplace")
+        assert tok.decode(partial, errors="backslashreplace") == want and want.endswith("\\x9f" if cut == 2 else "")
+    ids = tok.encode("café 🙂")
+    assert tok.decode(ids, errors="backslashreplace") == hf.decode(ids) == "café 🙂"
 
 
 def test_text_needs_a_tokenizer_and_takes_a_local_directory(smollm2_dir, hf):

@@ -71,7 +71,10 @@ def test_streamed_tokens_equal_generate_and_the_cache_fills(model):
     expected = reference(model)
     np.testing.assert_array_equal(view.new_tokens, expected)
     np.testing.assert_array_equal(np.asarray(view.output.sequences)[:, 16:], expected)
-    assert view.text == [ByteTokenizer().decode(expected[0])]
+    # random weights make bytes that are not UTF-8: the view shows them escaped, as Python decodes them
+    assert view.text == [ByteTokenizer().decode(expected[0], errors="backslashreplace")]
+    if (expected[0] < 256).all():
+        assert view.text[0] == bytes(expected[0].tolist()).decode("utf-8", errors="backslashreplace")
     assert html.escape(view.text[0]) in view._text.value and ">Hello</span>" in view._text.value
     # rendered on the stream's own thread, newest state first: some steps may be skipped, none goes back
     assert len(texts) >= 2  # streamed pictures, then the final text

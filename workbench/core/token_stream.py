@@ -40,9 +40,18 @@ _INCOMPLETE = "\ufffd"  # what a decoder gives for the first bytes of a characte
 
 def stable_text(tokenizer: tp.Any, ids: tp.Iterable[int], *, final: bool = False) -> str:
     """``tokenizer.decode(ids)`` (the whole list at once), without a trailing unfinished character unless
-    ``final``: the part of the text that more tokens will not change."""
-    text = tokenizer.decode([int(i) for i in ids])
-    return text if final else text.rstrip(_INCOMPLETE)
+    ``final``: the part of the text that more tokens will not change. The ``final`` text shows bytes that are
+    not UTF-8 as escapes (``\\xe2``) where the tokenizer can say which bytes they were (ours can)."""
+    ids = [int(i) for i in ids]
+    if not final:
+        return tokenizer.decode(ids).rstrip(_INCOMPLETE)
+    return tokenizer.decode(ids, errors="backslashreplace") if _knows_bytes(tokenizer) else tokenizer.decode(ids)
+
+
+def _knows_bytes(tokenizer: tp.Any) -> bool:
+    from workbench.core.models.tokenizer import ByteTokenizer, CharTokenizer, HFTokenizer
+
+    return isinstance(tokenizer, ByteTokenizer | CharTokenizer | HFTokenizer)
 
 
 class TokenStream:

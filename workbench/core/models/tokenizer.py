@@ -16,6 +16,7 @@ ours do (the generation view, the attention lab, ``TokenStream``):
 
 from __future__ import annotations
 
+import functools
 import typing as tp
 
 import numpy as np
@@ -37,7 +38,9 @@ class _Tokenizer:
     def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         raise NotImplementedError
 
-    def decode(self, ids: tp.Iterable[int], *, skip_special_tokens: bool = True) -> str:
+    def decode(self, ids: tp.Iterable[int], *, skip_special_tokens: bool = True, errors: str = "replace") -> str:
+        """Text of ``ids``. ``errors`` treats bytes that are not UTF-8 as ``bytes.decode`` does: ``"replace"``
+        (U+FFFD, what Hugging Face gives) or ``"backslashreplace"`` (``\\xe2``, what a view shows)."""
         raise NotImplementedError
 
     def _wrap(self, ids: list[int], add_bos: bool, add_eos: bool) -> list[int]:
@@ -97,18 +100,19 @@ class ByteTokenizer(_Tokenizer):
     def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         return self._wrap(list(text.encode("utf-8")), add_bos, add_eos)
 
-    def decode(self, ids: tp.Iterable[int], *, skip_special_tokens: bool = True) -> str:
-        """Text of ``ids``; invalid UTF-8 becomes U+FFFD, ids >= 256 are dropped or shown as ``<pad>`` etc."""
+    def decode(self, ids: tp.Iterable[int], *, skip_special_tokens: bool = True, errors: str = "replace") -> str:
+        """Text of ``ids``; invalid UTF-8 as ``errors`` says (U+FFFD by default), ids >= 256 are dropped or shown
+        as ``<pad>`` etc."""
         out, run = [], bytearray()
         for i in (int(i) for i in ids):
             if 0 <= i < 256:
                 run.append(i)
                 continue
-            out.append(run.decode("utf-8", errors="replace"))
+            out.append(run.decode("utf-8", errors=errors))
             run = bytearray()
             if not skip_special_tokens:
                 out.append(SPECIALS[i - 256] if i - 256 < len(SPECIALS) else f"<{i}>")
-        out.append(run.decode("utf-8", errors="replace"))
+        out.append(run.decode("utf-8", errors=errors))
         return "".join(out)
 
     def __repr__(self) -> str:
@@ -143,8 +147,9 @@ class CharTokenizer(_Tokenizer):
     def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         return self._wrap([self._ids.get(c, self.unk_token_id) for c in text], add_bos, add_eos)
 
-    def decode(self, ids: tp.Iterable[int], *, skip_special_tokens: bool = True) -> str:
-        """Text of ``ids``; ``<unk>`` and out-of-range ids become U+FFFD, pad/bos/eos are dropped or shown."""
+    def decode(self, ids: tp.Iterable[int], *, skip_special_tokens: bool = True, errors: str = "replace") -> str:
+        """Text of ``ids``; ``<unk>`` and out-of-range ids become U+FFFD, pad/bos/eos are dropped or shown
+        (characters, not bytes: ``errors`` has nothing to act on)."""
         out = []
         for i in (int(i) for i in ids):
             if 4 <= i < self.vocab_size:
@@ -183,8 +188,19 @@ class HFTokenizer(_Tokenizer):
         ids = self.hf.encode(text, add_special_tokens=add_special_tokens)
         return self._wrap([int(i) for i in ids], add_bos, add_eos)
 
-    def decode(self, ids: tp.Iterable[int], *, skip_special_tokens: bool = True) -> str:
-        return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+    def decode(self, ids: tp.Iterable[int], *, skip_special_tokens: bool = True, errors: str = "replace") -> str:
+        """The Hugging Face tokenizer's text of ``ids``. With ``errors`` other than ``"replace"``, a byte-level
+        BPE's (GPT-2, Llama 3, SmolLM2) tokens are turned back into their bytes and decoded with ``errors``
+        wherever Hugging Face's text has a U+FFFD; other tokenizers keep Hugging Face's text."""
+        ids = [int(i) for i in ids]
+        text = self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+        if errors == "replace" or "\ufffd" not in text:
+            return text
+        tokens = self.hf.convert_ids_to_tokens(ids, skip_special_tokens=skip_special_tokens)
+        to_byte = _byte_level_decoder()
+        if not all(isinstance(t, str) and all(ch in to_byte for ch in t) for t in tokens):
+            return text  # not byte-level (SentencePiece, added tokens): Hugging Face's text as it is
+        return bytes(to_byte[ch] for t in tokens for ch in t).decode("utf-8", errors=errors)
 
     def apply_chat_template(self, messages: str | tp.Sequence[tp.Mapping[str, str]], *,
                             add_generation_prompt: bool = True) -> list[int]:
@@ -252,3 +268,12 @@ def as_tokenizer(tokenizer: tp.Any) -> tp.Any:
     raise TypeError(f"a tokenizer needs encode() and decode(): pass ByteTokenizer(), CharTokenizer, a Hugging Face "
                     f"tokenizer (transformers.AutoTokenizer.from_pretrained(path)) or a local directory; got "
                     f"{type(tokenizer).__name__}")
+
+
+@functools.cache
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet read backwards (character -> byte): the printable bytes stand for themselves,
+    the other 68 for the characters from U+0100 up, in byte order (``bytes_to_unicode`` in GPT-2's encoder.py)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    rest = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(rest)}
