@@ -46,6 +46,49 @@ _SPEC_JS = """(path) => {
 }"""
 
 
+# What a newcomer sees at 1440 px: the rules column (the left one) has no horizontal scrollbar, cuts no control
+# off, draws no control over another; the parameter table scrolls in one box, not a box inside a box.
+_LAYOUT_JS = """() => {
+  const editor = document.querySelector('.wb-sharding-explorer .wb-rules-editor');
+  const name = (el) => (el.className && el.className.baseVal === undefined ? el.className : el.tagName)
+    .toString().split(' ').filter((c) => c.startsWith('wb-') || c.startsWith('widget-')).join('.') || el.tagName;
+  const scrolling = [editor, ...editor.querySelectorAll('*')].filter((el) => {
+    const style = getComputedStyle(el);
+    return ['auto', 'scroll'].includes(style.overflowX) && el.scrollWidth > el.clientWidth + 1;
+  }).map(name);
+  const box = editor.getBoundingClientRect();
+  const controls = [...editor.querySelectorAll('input, select, button, textarea')]
+    .filter((el) => el.getClientRects().length > 0);
+  const clipped = controls.filter((el) => {
+    const r = el.getBoundingClientRect();
+    return r.left < box.left - 1 || r.right > box.right + 1;
+  }).map(name);
+  const overlapping = [];
+  for (let i = 0; i < controls.length; i++) {
+    for (let j = i + 1; j < controls.length; j++) {
+      const a = controls[i].getBoundingClientRect(), b = controls[j].getBoundingClientRect();
+      if (a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1) {
+        overlapping.push(name(controls[i]) + ' / ' + name(controls[j]));
+      }
+    }
+  }
+  const wrap = document.querySelector('.wb-explorer-table-wrap');
+  const nested_scroll = [...wrap.querySelectorAll('*')].filter((el) => {
+    const style = getComputedStyle(el);
+    return ['auto', 'scroll'].includes(style.overflowY) && el.scrollHeight > el.clientHeight + 1;
+  }).map(name);
+  let outer = wrap.parentElement, outer_scroll = [];
+  while (outer && !outer.classList.contains('wb-sharding-explorer')) {
+    const style = getComputedStyle(outer);
+    if (['auto', 'scroll'].includes(style.overflowY) && outer.scrollHeight > outer.clientHeight + 1) {
+      outer_scroll.push(name(outer));
+    }
+    outer = outer.parentElement;
+  }
+  return {scrolling, clipped, overlapping, nested_scroll: [...nested_scroll, ...outer_scroll]};
+}"""
+
+
 def test_explorer_renders_and_a_rule_changed_in_the_browser_re_renders_the_table(lab_page, lab_server,
                                                                                 explorer_notebook):
     start = time.monotonic()
@@ -82,6 +125,12 @@ def test_explorer_renders_and_a_rule_changed_in_the_browser_re_renders_the_table
     assert "all-reduce" in page.locator(".wb-collectives").inner_text()
 
     page.set_viewport_size({"width": 1440, "height": 1500})  # the whole explorer in one picture
+    page.wait_for_timeout(500)  # JupyterLab lays the notebook out again
+    layout = page.evaluate(_LAYOUT_JS)
+    assert layout["scrolling"] == [], f"horizontal scrollbars in the rules column at 1440 px: {layout['scrolling']}"
+    assert layout["clipped"] == [], f"controls cut off by the rules column at 1440 px: {layout['clipped']}"
+    assert layout["overlapping"] == [], f"controls drawn over each other at 1440 px: {layout['overlapping']}"
+    assert layout["nested_scroll"] == [], f"a scroll box inside the table's scroll box: {layout['nested_scroll']}"
     lab_screenshot(page, SCREENSHOT, scroll_to=1)
     print(f"\n{explorer_notebook}: ran and interacted in {time.monotonic() - start:.1f} s; screenshot {SCREENSHOT}")
 

@@ -27,6 +27,9 @@ def _heading(text: str) -> widgets.HTML:
     return widgets.HTML(f'<div style="font-size:12px;font-weight:600;margin-top:4px">{text}</div>')
 
 
+EDITOR_WIDTH_PX = 430
+
+
 class _Rule:
     """One override row: regex over parameter paths -> semantic axes, and a remove button."""
 
@@ -69,9 +72,11 @@ class RulesEditor:
         add = widgets.Button(description="add rule", icon="plus", layout=widgets.Layout(width="110px"))
         add.add_class("wb-add-rule")
         add.on_click(lambda _: self.add_rule())
+        # wide enough for its widest row (a rule: 190 + 170 + 36 px and margins; the 400 px accordion), and kept
+        # at that width beside the memory column: shrunk, every box in it grew a horizontal scrollbar
         self.widget = widgets.VBox([
             self.mode, self._groups, _heading("override rules (first match wins; regex → semantic axes)"),
-            self._rules_box, add])
+            self._rules_box, add], layout=widgets.Layout(width=f"{EDITOR_WIDTH_PX}px", flex="0 0 auto"))
         self.widget.add_class("wb-rules-editor")
         self.show(layout)
 

@@ -493,7 +493,8 @@ class ShardingExplorer(InlineError):
         moe = getattr(self.layout.config, "num_local_experts", 0) > 0
         experts = [section("expert parallelism (MoE layers)"), self._experts.widget] if moe else []
         if self.cluster is None:
-            memory = w.VBox([w.HBox([self._optimizer, self._kv_on, self._kv_b, self._kv_s]), self._chart])
+            memory = w.VBox([w.HBox([self._optimizer, self._kv_on, self._kv_b, self._kv_s]), self._chart],
+                            layout=w.Layout(flex="1 1 auto", min_width="0"))
             # the batch sizes the default pipeline of a pp mesh: a shown export follows it
             self._batch_b.observe(lambda _: self._export_shown and self.show_export(), names="value")
             step_controls = [self._kind, self._batch_b, self._batch_t, self._attention, go]
