@@ -118,6 +118,19 @@ def test_attention_lab_in_jupyterlab(lab_page, lab_server, lab_notebook):
     assert notebook_errors(lab_page) == []
     assert not lab_page.query_selector(".wb-attention-lab .wb-error")
 
+    # a refused edit: the reason inline, and the results on show marked as the previous controls' (stale)
+    lab_page.fill(".wb-attention-window input", "-2")
+    lab_page.press(".wb-attention-window input", "Enter")
+    lab_page.wait_for_function(
+        """() => (document.querySelector('.wb-attention-lab .wb-attention-stale') || {}).textContent
+                 ?.includes('these controls failed')""", timeout=30_000)
+    assert "sliding_window must be a positive int" in lab_page.text_content(".wb-attention-lab .wb-error")
+    lab_page.fill(".wb-attention-window input", "0")
+    lab_page.press(".wb-attention-window input", "Enter")
+    lab_page.wait_for_function(
+        """() => !document.querySelector('.wb-attention-lab .wb-attention-stale')
+                 && !document.querySelector('.wb-attention-lab .wb-error')""", timeout=30_000)
+
     # back to sinks (compiled already) for the picture: its weights show the sink columns and the window
     lab_page.select_option(".wb-attention-impl select", label=raw_labels[labels.index(next(
         label for label in labels if label.startswith("sinks ·")))])

@@ -166,6 +166,7 @@ class AttentionLab(InlineError, widgets.VBox):
                                         layout=widgets.Layout(width="80px"))
         self._window = widgets.IntText(value=0, description="window", tooltip="sliding window (0 = off)",
                                        layout=widgets.Layout(width="130px"), style={"description_width": "52px"})
+        self._window.add_class("wb-attention-window")
         self._soft_cap = widgets.FloatText(value=0.0, description="soft cap", tooltip="logits soft cap (0 = off)",
                                            layout=widgets.Layout(width="140px"), style={"description_width": "58px"})
         self._dtype = widgets.Dropdown(options=[(d, d) for d in DTYPES], value="float32", description="dtype",
