@@ -45,7 +45,7 @@ from workbench.core.axes import (
 from workbench.core.models.cache import kv_layout
 from workbench.core.models.stack import check_remat
 from workbench.core.pipeline_schedule import PipelineConfig
-from workbench.core.rules import ParamPlacement, freeze_rules, mesh_sizes, reason_text, resolve_params
+from workbench.core.rules import ParamPlacement, freeze_rules, reason_text, resolve_params
 from workbench.core.spec_text import format_axes
 from workbench.core.zero import check_zero_stage
 
@@ -71,7 +71,7 @@ def _check_plan(mesh: tp.Any, remat: str | None, pipeline: PipelineConfig | None
         return
     if not isinstance(pipeline, PipelineConfig):
         raise TypeError(f"pipeline must be a PipelineConfig or None; got {pipeline!r}")
-    pp = mesh_sizes(mesh).get("pp", 1)
+    pp = dict(mesh.shape).get("pp", 1)
     if pipeline.num_stages != pp:
         raise ValueError(f"the pipeline has num_stages={pipeline.num_stages} but the mesh's pp axis has size {pp}; "
                          f"use PipelineConfig(num_stages={pp}, ...) or a mesh with pp={pipeline.num_stages} "

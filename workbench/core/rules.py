@@ -36,7 +36,7 @@ from workbench.core.axes import MODE_TRAIN, DimDecision, PartitionAxis
 from workbench.core.layout import typed_notation
 from workbench.core.models.sharding import Rules, explain_params, path_str
 
-__all__ = ["ParamPlacement", "freeze_rules", "mesh_sizes", "reason_text", "resolve_params", "shard_shape"]
+__all__ = ["ParamPlacement", "freeze_rules", "reason_text", "resolve_params", "shard_shape"]
 
 @dataclasses.dataclass(frozen=True)
 class ParamPlacement:
@@ -111,11 +111,6 @@ def reason_text(decisions: tp.Sequence[DimDecision]) -> str:
     return text + suffix
 
 
-def mesh_sizes(mesh: Mesh | AbstractMesh) -> dict[str, int]:
-    """``{axis name: size}`` of a mesh."""
-    return dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
-
-
 def shard_shape(decisions: tp.Sequence[DimDecision], sizes: tp.Mapping[str, int]) -> tuple[int, ...]:
     """The block each device holds: each dimension divided by the sizes of the mesh axes it was split over."""
     return tuple(d.size // math.prod(sizes[a] for a in d.chosen) for d in decisions)
@@ -147,7 +142,7 @@ def resolve_params(model: nnx.Module, mesh: Mesh | AbstractMesh | None = None,
     if not isinstance(model, nnx.Module):
         raise TypeError(f"resolving parameters takes an nnx.Module (e.g. tiny('llama')); got {type(model).__name__}")
     explained = explain_params(model, mesh, partition_axis, mode, rules) if mesh is not None else {}
-    sizes = mesh_sizes(mesh) if mesh is not None else {}
+    sizes = dict(mesh.shape) if mesh is not None else {}
     out = []
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         name = path_str(path)

@@ -33,6 +33,8 @@ import typing as tp
 
 import numpy as np
 
+from workbench.core.models.tokenizer import _Tokenizer
+
 __all__ = ["TokenStream", "stable_text"]
 
 _INCOMPLETE = "\ufffd"  # what a decoder gives for the first bytes of a character that later tokens finish
@@ -45,13 +47,8 @@ def stable_text(tokenizer: tp.Any, ids: tp.Iterable[int], *, final: bool = False
     ids = [int(i) for i in ids]
     if not final:
         return tokenizer.decode(ids).rstrip(_INCOMPLETE)
-    return tokenizer.decode(ids, errors="backslashreplace") if _knows_bytes(tokenizer) else tokenizer.decode(ids)
-
-
-def _knows_bytes(tokenizer: tp.Any) -> bool:
-    from workbench.core.models.tokenizer import ByteTokenizer, CharTokenizer, HFTokenizer
-
-    return isinstance(tokenizer, ByteTokenizer | CharTokenizer | HFTokenizer)
+    ours = isinstance(tokenizer, _Tokenizer)  # a tokenizer of any other kind may not take errors=
+    return tokenizer.decode(ids, errors="backslashreplace") if ours else tokenizer.decode(ids)
 
 
 class TokenStream:
