@@ -66,10 +66,14 @@ test: $(VENV)/.test-installed chromium lint
 screenshots: $(VENV)/.test-installed chromium
 	WORKBENCH_SCREENSHOTS=$(CURDIR)/docs/screenshots $(BIN)/pytest tests/browser
 
-# Re-execute the notebooks in place so their stored outputs match the code (nbval compares them).
-notebooks: $(VENV)/.test-installed
+# Re-execute the notebooks in place so their stored outputs match the code (nbval compares them), then give each
+# saved plotly figure a PNG beside it, for GitHub and exported HTML (kaleido drives the chromium above).
+KALEIDO ?= kaleido==1.5.0
+notebooks: $(VENV)/.test-installed chromium
+	$(BIN)/pip install --quiet "$(KALEIDO)"
 	XLA_FLAGS="--xla_force_host_platform_device_count=$(DEVICES)" JAX_PLATFORMS=cpu \
 	  $(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.store_widget_state=False notebooks/*.ipynb
+	$(BIN)/python tools/static_images.py notebooks/*.ipynb
 
 benchmarks: $(VENV)/.test-installed
 	$(BIN)/python benchmarks/import_time.py
