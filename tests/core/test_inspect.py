@@ -1,5 +1,7 @@
 """inspect: collectives read from compiled HLO, bytes per device, the scaling book's roofline."""
 
+import importlib.util
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -289,3 +291,62 @@ def test_matmul_flops_count_loop_bodies_once_per_trip():
     assert matmul_flops(one.as_text()) == 2 * 8 * 64 * 64 * 3
     two = jax.jit(nested).lower(jnp.ones((2, 3, 64, 64)), jnp.ones((8, 64))).compile()
     assert matmul_flops(two.as_text()) == 2 * 8 * 64 * 64 * 6 + 2 * 8 * 64 * 10
+
+
+_SCHEDULED = """HloModule m, is_scheduled=true
+
+%fused_dot (p0: f32[8,16], p1: f32[16,4]) -> f32[8,4] {
+  %p0 = f32[8,16]{1,0} parameter(0)
+  %p1 = f32[16,4]{1,0} parameter(1)
+  ROOT %dot.1 = f32[8,4]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (a: f32[8,16], b: f32[16,4], c: f32[8,4]) -> f32[16,4] {
+  %a = f32[8,16]{1,0} parameter(0)
+  %b = f32[16,4]{1,0} parameter(1)
+  %c = f32[8,4]{1,0} parameter(2)
+  %cp-start = (f32[8,4]{1,0}, f32[8,4]{1,0}, u32[], u32[]) collective-permute-start(%c), source_target_pairs={{0,1}}
+  %copy-start = (f32[8,16]{1,0}, f32[8,16]{1,0}, u32[]) copy-start(%a)
+  %fusion = f32[8,4]{1,0} fusion(%a, %b), kind=kOutput, calls=%fused_dot
+  %cp-done = f32[8,4]{1,0} collective-permute-done(%cp-start)
+  %copy-done = f32[8,16]{1,0} copy-done(%copy-start)
+  %add = f32[8,4]{1,0} add(%fusion, %cp-done)
+  %ag-start = (f32[8,4]{1,0}, f32[16,4]{1,0}) all-gather-start(%add), replica_groups={{0,1}}, dimensions={0}
+  ROOT %ag-done = f32[16,4]{1,0} all-gather-done(%ag-start)
+}
+"""
+
+
+def test_async_windows_read_what_the_schedule_puts_in_flight():
+    """A hand-written scheduled module: the permute has a dot (2 * 8 * 4 * 16 FLOPs, in a fusion) and the start of a
+    memory copy between its start and done, the all-gather nothing; the copy is no collective."""
+    windows = {w.kind: w for w in wi.async_windows(_SCHEDULED)}
+    assert set(windows) == {"collective-permute", "all-gather"}
+    permute, gather = windows["collective-permute"], windows["all-gather"]
+    assert (permute.between, permute.matmul_flops, permute.overlapped) == (2, 2 * 8 * 4 * 16, True)
+    assert (gather.between, gather.matmul_flops, gather.overlapped) == (0, 0.0, False)
+    assert permute.runs == gather.runs == 1 and permute.computation == "main"
+    with pytest.raises(ValueError, match="not scheduled"):
+        wi.async_windows(_SCHEDULED.replace(", is_scheduled=true", ""))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu missing (make test installs it)")
+def test_xla_tpu_runs_a_collective_matmuls_blocks_while_its_permutes_travel():
+    """The shard_map collective matmul (workbench.core._collective_matmul: each step's ppermute independent of
+    that step's matmul), compiled by XLA:TPU: its 3 permutes are asynchronous, each with a matmul in flight."""
+    from jax.sharding import PartitionSpec as P
+
+    from workbench.core._collective_matmul import allgather_matmul
+    from workbench.core.cluster import Cluster, cluster_mesh
+    from workbench.core.virtual import compile_on
+
+    cluster = Cluster.tpu("v5p:2x2x1")
+    mesh = cluster_mesh(cluster, (4,), ("tp",))
+    fn = jax.shard_map(lambda x, w: allgather_matmul(x, w, "tp", 4), mesh=mesh, in_specs=(P("tp"), P()),
+                       out_specs=P(), check_vma=False)  # every device ends with every row
+    x = jax.ShapeDtypeStruct((1024, 512), jnp.bfloat16, sharding=NamedSharding(mesh, P("tp")))
+    w = jax.ShapeDtypeStruct((512, 2048), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+    windows = wi.async_windows(compile_on(cluster, fn, x, w).hlo_text)
+    permutes = [w for w in windows if w.kind == "collective-permute"]
+    assert len(permutes) == 3 and all(w.overlapped for w in permutes), windows
+    assert all(w.matmul_flops == 2 * 256 * 512 * 2048 for w in permutes)  # one block: 256 rows of x @ w

@@ -1,4 +1,5 @@
-"""How often each computation of an optimised HLO module runs, and the module's matmul FLOPs and HBM bytes.
+"""How often each computation of an optimised HLO module runs, the module's matmul FLOPs and HBM bytes, and
+what its schedule runs while each asynchronous collective is in flight (:func:`async_windows`).
 
 A computation runs once per run of each instruction that calls it (a fusion, a call, a conditional's branch:
 counted as if taken), and a while loop's body ``known_trip_count`` times per run of the loop (XLA:TPU records
@@ -37,7 +38,15 @@ def _dims(text: str) -> list[int]:
 def _graph(hlo_text: str) -> tuple[str | None, dict[str, float], dict[str, list[tuple[str, int]]]]:
     """The entry computation's name, each computation's dot FLOPs for one run, and its calls
     ``[(callee, runs per run of the caller)]``."""
+    entry, flops_in, calls, _ = _graph_and_dots(hlo_text)
+    return entry, flops_in, calls
+
+
+def _graph_and_dots(hlo_text: str) -> tuple[str | None, dict[str, float], dict[str, list[tuple[str, int]]],
+                                            dict[str, float]]:
+    """:func:`_graph`, and the FLOPs of each dot or convolution instruction by name."""
     flops_in: dict[str, float] = {}
+    dot_flops: dict[str, float] = {}
     calls: dict[str, list[tuple[str, int]]] = {}
     entry, computation, shapes = None, None, {}
     defs: dict[str, tuple[str, str, str]] = {}  # instruction name (unique in a module) -> op, operands, rest
@@ -63,11 +72,13 @@ def _graph(hlo_text: str) -> tuple[str | None, dict[str, float], dict[str, list[
             contract = _CONTRACT.search(m["rest"])
             if lhs in shapes and contract is not None:
                 k = math.prod(shapes[lhs][i] for i in _dims(contract[1]))
-                flops_in[computation] += 2.0 * math.prod(shapes[m["name"]]) * k
+                dot_flops[m["name"]] = 2.0 * math.prod(shapes[m["name"]]) * k
+                flops_in[computation] += dot_flops[m["name"]]
         elif m["op"] == "convolution":  # XLA:TPU writes a dot as a convolution: dim_labels=bf_io->bf
             lhs, rhs = ([a.strip().lstrip("%") for a in m["args"].split(",")] + ["", ""])[:2]
             if lhs in shapes and rhs in shapes:
-                flops_in[computation] += _convolution_flops(m["rest"], shapes[lhs], shapes[rhs], shapes[m["name"]])
+                dot_flops[m["name"]] = _convolution_flops(m["rest"], shapes[lhs], shapes[rhs], shapes[m["name"]])
+                flops_in[computation] += dot_flops[m["name"]]
         trips = int(t[1]) if m["op"] == "while" and (t := _TRIPS.search(m["rest"])) else 1
         for single, branches in _CALLS.findall(m["rest"]):
             for callee in (single,) if single else branches.split(","):
@@ -80,7 +91,7 @@ def _graph(hlo_text: str) -> tuple[str | None, dict[str, float], dict[str, list[
     for caller, index, operand, condition in inferred:
         body = calls[caller][index][0]
         calls[caller][index] = (body, _trips_from_condition(operand, condition, body, defs, roots))
-    return entry, flops_in, calls
+    return entry, flops_in, calls, dot_flops
 
 
 def _trips_from_condition(operand: str, condition: str, body: str, defs: dict[str, tuple[str, str, str]],
@@ -304,3 +315,58 @@ def hbm_bytes(hlo_text: str) -> float:
             moved += written + sum(partial.get(i, sizes.get(a, 0.0)) for i, a in enumerate(op.args))
         total += runs[computation] * moved
     return total
+
+
+# -- Asynchronous collectives and what runs while they are in flight ----------------------------------------
+# A scheduled module (``is_scheduled=true``: every optimised module) lists each computation's instructions in
+# the order they run. An asynchronous collective is a ``*-start`` and its ``*-done``; whatever the schedule
+# puts between them runs while the data travels. Memory-space copies (``copy-start``) are not collectives.
+class AsyncWindow(tp.NamedTuple):
+    """One asynchronous collective of a scheduled HLO module and the work scheduled while it is in flight."""
+
+    kind: str  # "collective-permute", "all-gather", "all-reduce", ... ("async" for a generic async-start)
+    name: str  # its *-start instruction
+    computation: str
+    runs: int  # runs of its computation per execution of the module
+    between: int  # instructions scheduled between its start and its done
+    matmul_flops: float  # FLOPs of the dots and convolutions among them (inside fusions too), for one run
+
+    @property
+    def overlapped(self) -> bool:
+        """A matmul runs while this collective's data travels."""
+        return self.matmul_flops > 0
+
+
+def async_windows(hlo_text: str) -> list[AsyncWindow]:
+    """Every asynchronous collective of the module ``hlo_text`` (``compiled.as_text()``, scheduled), with the
+    instructions and matmul FLOPs scheduled between its start and its done. Raises ValueError for a module
+    that is not scheduled (its instruction order says nothing of when they run)."""
+    if not re.search(r"^HloModule\s[^\n]*\bis_scheduled=true", hlo_text, re.M):
+        raise ValueError("the HLO module is not scheduled (is_scheduled=true): pass an optimised module, "
+                         "compiled.as_text(), not lowered.as_text()")
+    computations, _ = _ops(hlo_text)
+    entry, flops_in, calls, dot_flops = _graph_and_dots(hlo_text)
+    runs = _runs(entry, calls)
+    inner: dict[str, float] = {}
+
+    def flops_of(computation: str) -> float:  # a fusion's body, fusions nested in it included
+        if computation not in inner:
+            inner[computation] = flops_in.get(computation, 0.0) + sum(
+                m * flops_of(c) for c, m in calls.get(computation, []))
+        return inner[computation]
+
+    windows = []
+    for computation, body in computations.items():
+        if not runs.get(computation):
+            continue
+        for i, op in enumerate(body):
+            if not op.op.endswith("-start") or op.op == "copy-start":
+                continue
+            done = next((j for j in range(i + 1, len(body)) if body[j].op.endswith("-done") and op.name in
+                         body[j].args), len(body))
+            middle = body[i + 1:done]
+            flops = sum(flops_of(o.calls) if o.op == "fusion" and o.calls else dot_flops.get(o.name, 0.0)
+                        for o in middle)
+            windows.append(AsyncWindow(op.op[:-len("-start")], op.name, computation, runs[computation],
+                                       len(middle), flops))
+    return windows

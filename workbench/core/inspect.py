@@ -24,7 +24,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, Sharding
 
-from workbench.core._hlo_graph import computation_runs, matmul_flops
+from workbench.core._hlo_graph import AsyncWindow, async_windows, computation_runs, matmul_flops
 from workbench.core._roofline import (
     H100,
     H100_MEASURED,
@@ -42,8 +42,9 @@ from workbench.core._roofline import (
     matmul_cost,
 )
 
-__all__ = ["H100", "H100_MEASURED", "H200", "TPU_V4", "TPU_V5E", "TPU_V5P", "TPU_V6E", "Collective", "Cost",
-           "DeviceMemory", "Hardware", "LoopCollective", "array_bytes", "collectives", "collectives_in", "comm_time",
+__all__ = ["H100", "H100_MEASURED", "H200", "TPU_V4", "TPU_V5E", "TPU_V5P", "TPU_V6E", "AsyncWindow", "Collective",
+           "Cost", "DeviceMemory", "Hardware", "LoopCollective", "array_bytes", "async_windows", "collectives",
+           "collectives_in", "comm_time",
            "cost", "cpu_measured", "loop_collectives", "matmul_cost", "matmul_flops", "memory_per_device",
            "summarize"]
 
