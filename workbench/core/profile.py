@@ -125,8 +125,14 @@ class Profile:
         esc = html.escape
         head = "<tr><th style='text-align:left'>{}</th><th>count</th><th>time</th><th>% of step</th></tr>"
 
+        kinds = {o.name: o.kind for o in self.ops}
+
         def table(first: str, rows: list[tuple[str, int, str, str]]) -> str:
-            body = "".join(f"<tr><td style='text-align:left'><code>{esc(n)}</code></td><td>{c}</td><td>{esc(t)}</td>"
+            def label(n: str) -> str:
+                k = kinds.get(n, n)
+                return f"<code>{esc(n)}</code>" + (f" <small>{esc(k)}</small>" if k != _SUFFIX.sub("", n) else "")
+
+            body = "".join(f"<tr><td style='text-align:left'>{label(n)}</td><td>{c}</td><td>{esc(t)}</td>"
                            f"<td>{esc(s)}</td></tr>" for n, c, t, s in rows)
             return f"<table>{head.format(first)}{body}</table>"
 
