@@ -194,6 +194,34 @@ def matmul_flops(hlo_text: str) -> float:
     return sum(n * flops_in.get(c, 0.0) for c, n in _runs(entry, calls).items())
 
 
+
+def op_kinds(hlo_text: str) -> dict[str, str]:
+    """Instruction name -> its opcode (``"copy"``, ``"fusion"``, ``"while"``, ...), with ``"dot"`` for a dot or a
+    convolution and ``"fusion (dot)"`` for a fusion or call whose computations compute one (XLA:CPU fuses
+    matmuls into ``ynn_fusion``s): what the op names of a profile are."""
+    _, flops_in, calls = _graph(hlo_text)
+    memo: dict[str, bool] = {}
+
+    def has_dot(computation: str) -> bool:
+        if computation not in memo:
+            memo[computation] = flops_in.get(computation, 0.0) > 0 or any(has_dot(c) for c, _ in
+                                                                            calls.get(computation, []))
+        return memo[computation]
+
+    kinds: dict[str, str] = {}
+    for line in hlo_text.splitlines():
+        if (m := _INSTR.match(line)) is None:
+            continue
+        op = m["op"]
+        if op in ("dot", "convolution"):
+            op = "dot"
+        elif op in ("fusion", "call", "custom-call"):
+            callees = [c.strip().lstrip("%") for single, branches in _CALLS.findall(m["rest"])
+                       for c in ((single,) if single else branches.split(","))]
+            op = f"{op} (dot)" if any(has_dot(c) for c in callees) else op
+        kinds[m["name"]] = op
+    return kinds
+
 # -- HBM bytes ------------------------------------------------------------------------------------------
 # What an instruction moves between HBM and the chip, after XLA's HloCostAnalysis ("bytes accessed"): its
 # operands read and its result written. A fusion reads what its body reads of each operand (a parameter used
