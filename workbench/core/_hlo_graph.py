@@ -194,7 +194,6 @@ def matmul_flops(hlo_text: str) -> float:
     return sum(n * flops_in.get(c, 0.0) for c, n in _runs(entry, calls).items())
 
 
-
 def op_kinds(hlo_text: str) -> dict[str, str]:
     """Instruction name -> its opcode (``"copy"``, ``"fusion"``, ``"while"``, ...), with ``"dot"`` for a dot or a
     convolution and ``"fusion (dot)"`` for a fusion or call whose computations compute one (XLA:CPU fuses
@@ -221,6 +220,7 @@ def op_kinds(hlo_text: str) -> dict[str, str]:
             op = f"{op} (dot)" if any(has_dot(c) for c in callees) else op
         kinds[m["name"]] = op
     return kinds
+
 
 # -- HBM bytes ------------------------------------------------------------------------------------------
 # What an instruction moves between HBM and the chip, after XLA's HloCostAnalysis ("bytes accessed"): its
