@@ -59,6 +59,8 @@ def test_a_small_model_on_many_chips_is_data_parallel():
     best = advice.best.mesh_shape
     assert best["tp"] == best["pp"] == best["sp"] == best["ep"] == 1, advice.table(5)
     assert best["dp"] * best["fsdp"] == 32
+    html, rows = advice.html(top=3), advice.rows(3)  # the notebooks' table: the same rows as the text one
+    assert html.count("<tr>") == 1 + len(rows) == 4 and all(row[1] in html for row in rows)
 
 
 def test_a_70b_model_at_too_few_tokens_per_chip_for_fsdp_alone_mixes_in_a_little_tensor_parallelism(llama_70b):

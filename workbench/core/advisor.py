@@ -224,12 +224,16 @@ class Advice:
         return self.table()
 
     def _repr_html_(self) -> str:
+        return self.html()
+
+    def html(self, top: int = 10) -> str:
+        """:meth:`table` as an HTML table: the summary line, then the top ``top`` layouts."""
         import html
 
         head = ("#", "layout", "memory/device", "of HBM", "step", "tokens/s", "MFU", "bound by", "why")
         cell = "padding:2px 6px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top"
         body = "".join("<tr>" + "".join(f'<td style="{cell}">{html.escape(v)}</td>' for v in row) + "</tr>"
-                       for row in self.rows())
+                       for row in self.rows(top))
         heads = "".join(f'<th style="{cell}">{h}</th>' for h in head)
         return (f'<div class="wb-advice" style="font-size:12px"><div>{html.escape(self.summary())}</div>'
                 f'<table style="border-collapse:collapse"><tr>{heads}</tr>{body}</table></div>')

@@ -393,12 +393,16 @@ class StepTime:
         return self.summary()
 
     def _repr_html_(self) -> str:
+        return self.html()
+
+    def html(self, top: int | None = None) -> str:
+        """:meth:`summary` as HTML tables: the parts, then the longest ``top`` collective groups (all by default)."""
         esc = html.escape
         head = "".join(f"<tr><th style='text-align:left'>{esc(n)}</th><td>{esc(v)}</td><td style='text-align:left'>"
                        f"{esc(note)}</td></tr>" for n, v, note in self._head())
         body = "".join(f"<tr><td>{esc(k)}</td><td>{esc(','.join(a) or '-')}</td><td>{esc(lv)}</td><td>{esc(b)}</td>"
                        f"<td>{runs}</td><td>{esc(_b(nb))}</td><td>{esc(format_seconds(t))}</td></tr>"
-                       for k, a, lv, b, runs, nb, t in self.rows())
+                       for k, a, lv, b, runs, nb, t in self.rows()[:top])
         table = ("<table><tr><th>collective</th><th>axes</th><th>level</th><th>bound</th><th>runs</th>"
                  f"<th>bytes/device</th><th>time</th></tr>{body}</table>") if body else ""
         return f"<div><table>{head}</table>{table}</div>"
