@@ -95,3 +95,24 @@ def test_ledger_matches_the_compiled_train_step_on_a_tpu_slice(remat):
     layout = Layout.of(model, cluster_mesh(cluster, full_mesh_shape(mesh_shape, cluster), MESH_AXES))
     predicted = ledger(model, layout, batch=batch, cluster=cluster)
     assert predicted.total == pytest.approx(compiled.memory.total, rel=0.10)
+
+
+@needs_libtpu
+@pytest.mark.parametrize(("mesh_shape", "zero_stage", "remat"), [({"fsdp": 8}, 0, "full"), ({"dp": 8}, 1, "none")])
+def test_ledger_matches_a_mixed_precision_train_step_on_a_tpu_slice(mesh_shape, zero_stage, remat):
+    """Float32 master weights (``param_dtype``) with bfloat16 compute (``dtype``), as MaxText trains: XLA's TPU
+    compiler keeps a bfloat16 copy of the weights through the step and gathers that copy, not the float32 weights.
+    Its arguments are the float32 parameters and AdamW moments the ledger counts; its HBM peak is within 10 % of
+    the ledger's total (measured +7.4 % and -7.1 %; -11.9 % and +22.1 % before the ledger counted the copy)."""
+    cluster, batch = Cluster.tpu("v5p:2x2x2"), (32, 256)
+    model = CausalLM.lazy_init(ModelConfig.from_hf(tiny_config(
+        "llama", hidden_size=512, intermediate_size=2048, num_hidden_layers=4, vocab_size=1024,
+        num_attention_heads=4, num_key_value_heads=2)), dtype=jnp.bfloat16, param_dtype=jnp.float32)
+    model = model.with_options(remat=remat)
+    compiled = compile_step(model, cluster, mesh_shape, batch=batch, zero_stage=zero_stage,
+                            compiler_options=TPU_HBM_ONLY)
+    mesh = cluster_mesh(cluster, full_mesh_shape(mesh_shape, cluster), MESH_AXES)
+    predicted = ledger(model, Layout.of(model, mesh, zero_stage=zero_stage), batch=batch, cluster=cluster)
+    assert predicted.params + predicted.optimizer + predicted.inputs == pytest.approx(compiled.memory.argument,
+                                                                                       rel=0.01)
+    assert predicted.total == pytest.approx(compiled.memory.total, rel=0.10)
