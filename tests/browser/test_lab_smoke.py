@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from .conftest import (
     REPO_ROOT,
     lab_screenshot,
@@ -26,6 +28,7 @@ HEADLINE_EXPLORER = "explorer = ShardingExplorer(tiny, mesh)"
 BAD_EDIT_EXPLORER = "scratch = ShardingExplorer(tiny, mesh"
 
 
+@pytest.mark.reference
 def test_tour_runs_in_jupyterlab(lab_page, lab_server):
     relative_path, screenshot = TOUR.relative_to(REPO_ROOT).as_posix(), SCREENSHOT
     start = time.monotonic()

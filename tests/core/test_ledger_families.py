@@ -15,6 +15,7 @@ qwen3 -0.6 / -1.7 / -5.8, -2.0 / -4.3 / -5.5 %; gpt2 +0.6 / -0.2 / +0.6, +0.1 / 
 import importlib.util
 import os
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -76,6 +77,8 @@ SWEEP = os.environ.get("WORKBENCH_LEDGER_SWEEP", "") not in ("", "0")
 _SWITCH = ("measured {:+.1f} % on XLA:CPU: the layer-kind switch (sliding / full attention) costs XLA:CPU's "
            "full-remat backward about a third of the layer's 'none' set the ledger adds per further kind")
 CPU_MISSES = {("gemma3", "full"): _SWITCH.format(17.9), ("gpt_oss", "full"): _SWITCH.format(16.1)}
+if jax.__version_info__ >= (0, 12):  # its XLA:CPU holds less there: measured +7.7 % (gemma3: +21.2 %) with 0.12.0.1
+    del CPU_MISSES["gpt_oss", "full"]
 
 
 def _cases(misses: dict[tuple[str, str], str], shift: int) -> list:

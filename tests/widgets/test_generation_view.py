@@ -299,6 +299,7 @@ def test_hf_streamed_text_is_decoded_whole_and_never_garbled(bpe_model, hf):
         assert text == (expected if n == 12 else expected.rstrip("\ufffd")), n
 
 
+@pytest.mark.reference
 def test_real_smollm2_answers_in_chat_like_transformers(smollm2_dir, hf):
     """The packaged model, loaded by the workbench, greedy in the view: the tokens transformers generates."""
     import torch

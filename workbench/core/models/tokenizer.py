@@ -260,8 +260,7 @@ def as_tokenizer(tokenizer: tp.Any) -> tp.Any:
         if not path.is_dir():
             raise ValueError(f"as_tokenizer takes a tokenizer or a local directory holding one; {str(tokenizer)!r} "
                              f"is not a directory (nothing is downloaded: pass e.g. local_checkpoint())")
-        import transformers
-
+        transformers = _import_transformers()
         return HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True))
     if callable(getattr(tokenizer, "encode", None)) and callable(getattr(tokenizer, "decode", None)):
         return tokenizer
@@ -277,3 +276,23 @@ def _byte_level_decoder() -> dict[str, int]:
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     rest = [b for b in range(256) if b not in printable]
     return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(rest)}
+
+
+def _import_transformers():
+    """``transformers``, without its advisory on stderr that PyTorch is missing: a tokenizer needs no PyTorch
+    (and on Python 3.12+ there may be none: notebooks would show the advisory as an error output)."""
+    import os
+    import sys
+
+    if "transformers" in sys.modules:
+        return sys.modules["transformers"]
+    before = os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS")
+    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"  # read when transformers' __init__ logs the advisory
+    try:
+        import transformers
+    finally:
+        if before is None:
+            os.environ.pop("TRANSFORMERS_NO_ADVISORY_WARNINGS", None)
+        else:
+            os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = before
+    return transformers

@@ -265,6 +265,12 @@ def test_bfloat16_inputs():
     np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=0, atol=3e-2)
 
 
+# The GPU that lowering for CUDA on a machine without one targets. JAX 0.10 fell back to compute capability
+# 9.0 (an H100); JAX 0.12's Triton lowering asks for it, as the abstract mesh's device.
+ON_AN_H100 = jax.sharding.AbstractMesh((1,), ("gpu",), abstract_device=jax.sharding.AbstractDevice(
+    device_kind="NVIDIA H100", num_cores=None, platform="gpu"))
+
+
 def test_lowers_to_triton():
     """With interpret=False the three kernels (forward, dq, dk/dv) lower to Triton for CUDA, including a
     document mask and ALiBi (their captured arrays are read by ref loads: Triton has no gather)."""
@@ -278,7 +284,8 @@ def test_lowers_to_triton():
 
     grad = jax.grad(lambda *a: fwd(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2))
     for fn, calls in ((fwd, 1), (grad, 3)):
-        text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+        with jax.sharding.use_abstract_mesh(ON_AN_H100):
+            text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
         assert text.count("__gpu$xla.gpu.triton") == calls
 
 
