@@ -64,12 +64,13 @@ def test_it_asks_at_least_two_predict_then_check_questions(notebook):
     """A question is a cell that assigns ``my_guess_...`` followed by a cell that reads it (prints the truth
     beside it); no check cell reads a guess (a learner's guess is never asserted on)."""
     cells = _code(notebook)
+    used = [_used_names(c.source) for c in cells]
     asked = 0
     for i, cell in enumerate(cells):
         guesses = {n for n in _assigned_names(cell.source) if GUESS.match(n)}
         if not guesses:
             continue
-        answered = [c for c in cells[i + 1:] if guesses & _used_names(c.source)]
+        answered = [c for c, names in zip(cells[i + 1:], used[i + 1:], strict=True) if guesses & names]
         assert answered, f"nothing reads {sorted(guesses)} after the cell that asks for it"
         assert not any(_is_check(c) for c in answered), f"a check cell asserts on the guess {sorted(guesses)}"
         asked += 1

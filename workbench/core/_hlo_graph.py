@@ -194,19 +194,27 @@ def matmul_flops(hlo_text: str) -> float:
     return sum(n * flops_in.get(c, 0.0) for c, n in _runs(entry, calls).items())
 
 
+def _inclusive_flops(flops_in: dict[str, float], calls: dict[str, list[tuple[str, int]]]
+                     ) -> tp.Callable[[str], float]:
+    """Computation name -> the dot FLOPs of one run of it, those of the computations it calls included (a
+    fusion's body with the fusions nested in it, a loop's body times its trips)."""
+    memo: dict[str, float] = {}
+
+    def flops_of(computation: str) -> float:
+        if computation not in memo:
+            memo[computation] = flops_in.get(computation, 0.0) + sum(
+                m * flops_of(c) for c, m in calls.get(computation, []))
+        return memo[computation]
+
+    return flops_of
+
+
 def op_kinds(hlo_text: str) -> dict[str, str]:
     """Instruction name -> its opcode (``"copy"``, ``"fusion"``, ``"while"``, ...), with ``"dot"`` for a dot or a
     convolution and ``"fusion (dot)"`` for a fusion or call whose computations compute one (XLA:CPU fuses
     matmuls into ``ynn_fusion``s): what the op names of a profile are."""
     _, flops_in, calls = _graph(hlo_text)
-    memo: dict[str, bool] = {}
-
-    def has_dot(computation: str) -> bool:
-        if computation not in memo:
-            memo[computation] = flops_in.get(computation, 0.0) > 0 or any(has_dot(c) for c, _ in
-                                                                            calls.get(computation, []))
-        return memo[computation]
-
+    flops_of = _inclusive_flops(flops_in, calls)
     kinds: dict[str, str] = {}
     for line in hlo_text.splitlines():
         if (m := _INSTR.match(line)) is None:
@@ -217,7 +225,7 @@ def op_kinds(hlo_text: str) -> dict[str, str]:
         elif op in ("fusion", "call", "custom-call"):
             callees = [c.strip().lstrip("%") for single, branches in _CALLS.findall(m["rest"])
                        for c in ((single,) if single else branches.split(","))]
-            op = f"{op} (dot)" if any(has_dot(c) for c in callees) else op
+            op = f"{op} (dot)" if any(flops_of(c) > 0 for c in callees) else op
         kinds[m["name"]] = op
     return kinds
 
@@ -375,14 +383,7 @@ def async_windows(hlo_text: str) -> list[AsyncWindow]:
     computations, _ = _ops(hlo_text)
     entry, flops_in, calls, dot_flops = _graph_and_dots(hlo_text)
     runs = _runs(entry, calls)
-    inner: dict[str, float] = {}
-
-    def flops_of(computation: str) -> float:  # a fusion's body, fusions nested in it included
-        if computation not in inner:
-            inner[computation] = flops_in.get(computation, 0.0) + sum(
-                m * flops_of(c) for c, m in calls.get(computation, []))
-        return inner[computation]
-
+    flops_of = _inclusive_flops(flops_in, calls)
     windows = []
     for computation, body in computations.items():
         if not runs.get(computation):

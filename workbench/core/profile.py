@@ -121,7 +121,11 @@ class Profile:
         lines += [f"{n:<32}{c:>7}{t:>12}{s:>11}" for n, c, t, s in self.rows()]
         return "\n".join(lines)
 
-    def _repr_html_(self, top: int = 10) -> str:
+    def _repr_html_(self) -> str:
+        return self.html()
+
+    def html(self, top: int = 10) -> str:
+        """The summary line, the ``top`` longest ops and the ops by kind, as HTML tables."""
         esc = html.escape
         head = "<tr><th style='text-align:left'>{}</th><th>count</th><th>time</th><th>% of step</th></tr>"
 

@@ -17,6 +17,8 @@ ours do (the generation view, the attention lab, ``TokenStream``):
 from __future__ import annotations
 
 import functools
+import os
+import sys
 import typing as tp
 
 import numpy as np
@@ -233,8 +235,6 @@ def _token_id(value: tp.Any) -> int | None:
 
 def _is_hf_tokenizer(obj: tp.Any) -> bool:
     """An instance of ``transformers.PreTrainedTokenizerBase``, checked without importing transformers."""
-    import sys
-
     transformers = sys.modules.get("transformers")
     base = getattr(transformers, "PreTrainedTokenizerBase", None) if transformers is not None else None
     return base is not None and isinstance(obj, base)
@@ -248,7 +248,6 @@ def as_tokenizer(tokenizer: tp.Any) -> tp.Any:
     >>> as_tokenizer(ByteTokenizer())
     ByteTokenizer(vocab_size=259)
     """
-    import os
     import pathlib
 
     if isinstance(tokenizer, _Tokenizer):
@@ -281,9 +280,6 @@ def _byte_level_decoder() -> dict[str, int]:
 def _import_transformers():
     """``transformers``, without its advisory on stderr that PyTorch is missing: a tokenizer needs no PyTorch
     (and on Python 3.12+ there may be none: notebooks would show the advisory as an error output)."""
-    import os
-    import sys
-
     if "transformers" in sys.modules:
         return sys.modules["transformers"]
     before = os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS")
