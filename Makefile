@@ -1,6 +1,8 @@
 # Two commands do all setup on a fresh machine:
-#   make lab    create .venv, install, open JupyterLab on the tour with 8 simulated CPU devices
-#   make test   create .venv, install (plus Debian chromium when root), ruff, then every test
+#   make lab         create .venv, install, open JupyterLab on the tour with 8 simulated CPU devices
+#   make test        both legs: .venv (python3, torch reference) and .venv-newest (the newest CPython, newest
+#                    JAX), each installed, ruff, then every test; a table of each leg's time at the end
+#   make test-quick  the edit-test loop: .venv only, no notebooks, no browser, no TPU compiles (a few minutes)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -17,7 +19,7 @@ CHECKPOINT := $(BIN)/python -c "from workbench.models import local_checkpoint; l
 # Jupyter refuses to run as root unless told (containers, CI machines).
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test test-newest lint chromium notebooks screenshots benchmarks clean
+.PHONY: lab test test-default test-quick test-newest lint chromium notebooks screenshots benchmarks clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,16 +61,37 @@ lint: $(VENV)/.test-installed
 
 # Two pytest workers (one per core here); a test file stays on one worker.
 JOBS ?= 2
-test: $(VENV)/.test-installed chromium lint
+# Each leg's install and pytest time, and its junit report, land here; tools/test_report.py prints them.
+LEGS := build/legs
+TIMED := bash tools/timed.sh
+
+test:
+	@rm -rf $(LEGS) && mkdir -p $(LEGS)
+	@$(TIMED) $(LEGS)/default-install $(MAKE) --no-print-directory $(VENV)/.test-installed chromium lint
+	@status=0; \
+	WORKBENCH_FILE_SECONDS=$(CURDIR)/$(LEGS)/default-file-seconds.json \
+	  $(TIMED) $(LEGS)/default-pytest $(BIN)/pytest -n $(JOBS) --dist loadfile --junitxml=$(LEGS)/default.xml \
+	  || status=1; \
+	$(MAKE) --no-print-directory test-newest || status=1; \
+	$(BIN)/python tools/test_report.py $(LEGS) || status=1; \
+	exit $$status
+
+# The default leg alone (what `make test` ran before it had two legs).
+test-default: $(VENV)/.test-installed chromium lint
 	$(BIN)/pytest -n $(JOBS) --dist loadfile
 
-# The suite again on the newest CPython installed here (pyenv's versions or PATH, 3.12 and up), which pip
-# gives the newest JAX and flax: what users on that Python get. Its own target, not part of `make test` (the
-# CI budget holds one leg); where no such Python is installed it says it skipped. Its own venv, the test tools
-# without torch (no CPU wheel for it here): the tests that compare with the PyTorch/transformers reference
-# skip, saying so, and the rest, notebooks included, must pass. It uses the checkpoint the main venv
-# converted. The notebooks' stored outputs come from the main venv's XLA: tests/nbval_sanitize_newest.cfg
-# hides the few compiler figures that a newer XLA computes differently.
+# No notebooks, no browser, no TPU ahead-of-time compiles (conftest.py skips each test that asks libtpu for a
+# topology, saying so): the unit tests of the default leg, for the edit-test loop.
+test-quick: $(VENV)/.test-installed
+	WORKBENCH_TEST_QUICK=1 $(BIN)/pytest -n $(JOBS) --dist loadfile -p no:nbval -m "not browser" tests workbench
+
+# The newest leg: the suite again on the newest CPython installed here (pyenv's versions or PATH, 3.12 and up),
+# which pip gives the newest JAX and flax: what users on that Python get. `make test` runs it after the default
+# leg; where no such Python is installed it says it skipped. Its own venv, the test tools without torch (no CPU
+# wheel for it here, and an unpinned torch pulls several GB of CUDA): the tests that compare with the
+# PyTorch/transformers reference skip, saying so, and the rest, notebooks included, must pass. It uses the
+# checkpoint the main venv converted. The notebooks' stored outputs come from the main venv's XLA:
+# tests/nbval_sanitize_newest.cfg hides the few compiler figures that a newer XLA computes differently.
 NEWEST_VENV := .venv-newest
 NEWEST_BIN  := $(NEWEST_VENV)/bin
 PYENV_ROOT  ?= $(HOME)/.pyenv
@@ -91,12 +114,16 @@ $(NEWEST_VENV)/.test-installed: pyproject.toml
 
 test-newest: $(VENV)/.test-installed chromium
 ifeq ($(NEWEST_PYTHON),)
+	@mkdir -p $(LEGS) && echo "no CPython newer than 3.11 is installed here (pyenv or PATH)" > $(LEGS)/newest-skipped
 	@echo "test-newest: skipped: no CPython newer than 3.11 is installed here (pyenv or PATH)"
 else
-	@$(MAKE) --no-print-directory $(NEWEST_VENV)/.test-installed
+	@mkdir -p $(LEGS)
+	@$(TIMED) $(LEGS)/newest-install $(MAKE) --no-print-directory $(NEWEST_VENV)/.test-installed
 	@$(NEWEST_BIN)/python -c 'import sys, jax, flax; print(f"test-newest: Python {sys.version.split()[0]}, jax {jax.__version__}, flax {flax.__version__}")'
 	@mkdir -p build && cat notebooks/nbval_sanitize.cfg tests/nbval_sanitize_newest.cfg > build/nbval_sanitize_newest.cfg
-	$(NEWEST_BIN)/pytest -n $(JOBS) --dist loadfile --nbval-sanitize-with build/nbval_sanitize_newest.cfg
+	WORKBENCH_FILE_SECONDS=$(CURDIR)/$(LEGS)/newest-file-seconds.json \
+	  $(TIMED) $(LEGS)/newest-pytest $(NEWEST_BIN)/pytest -n $(JOBS) --dist loadfile \
+	  --nbval-sanitize-with build/nbval_sanitize_newest.cfg --junitxml=$(LEGS)/newest.xml
 endif
 
 # Refresh the committed screenshots (README) from the browser tests.
@@ -124,4 +151,4 @@ benchmarks: $(VENV)/.test-installed
 	$(BIN)/python benchmarks/widgets.py
 
 clean:
-	rm -rf $(VENV) $(NEWEST_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(NEWEST_VENV) build .pytest_cache .ruff_cache

@@ -19,6 +19,17 @@ from workbench.core.mesh import simulate_devices
 simulate_devices(8)
 
 REFERENCE = ("torch", "transformers")
+# `make test-quick` sets it: every test that asks libtpu for a TPU topology (an ahead-of-time compile for a TPU
+# cluster) skips at that call, saying so; the notebooks and browser tests are deselected by the make target.
+QUICK = os.environ.get("WORKBENCH_TEST_QUICK") == "1"
+
+if QUICK:
+    from jax.experimental import topologies
+
+    def _no_tpu_topology(*args, **kwargs):
+        pytest.skip("make test-quick compiles nothing for TPU clusters (make test does)")
+
+    topologies.get_topology_desc = _no_tpu_topology
 
 
 @functools.cache
@@ -35,13 +46,55 @@ def _notebook_imports_torch(path: str) -> bool:
                for line in "".join(cell["source"]).splitlines())
 
 
+# Seconds each test file took in a recent run: a run with WORKBENCH_FILE_SECONDS=path writes them there (make
+# test does, into build/legs/); copy the default leg's over tests/file_seconds.json to refresh it.
+# pytest-xdist's --dist loadfile hands whole files to the workers in collection order, so the files run
+# longest first (longest-processing-time-first scheduling): a long notebook dealt out last would leave one
+# core idle for minutes at the end. Files it does not list run after, in their usual order.
+FILE_SECONDS = os.path.join(os.path.dirname(__file__), "tests", "file_seconds.json")
+
+
+@functools.cache
+def _file_seconds() -> dict[str, float]:
+    if not os.path.exists(FILE_SECONDS):
+        return {}
+    with open(FILE_SECONDS, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _file_key(item) -> str:
+    return os.path.relpath(str(item.path), os.path.dirname(__file__))
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.suffix == ".ipynb" and _notebook_imports_torch(str(item.path)):
             item.add_marker(pytest.mark.reference)
+    seconds = _file_seconds()
+    first = {}  # a file's first position: sorting is stable, so a file's items keep their order
+    for i, item in enumerate(items):
+        first.setdefault(_file_key(item), i)
+    items.sort(key=lambda item: (-seconds.get(_file_key(item), 0.0), first[_file_key(item)]))
 
 
 def pytest_runtest_setup(item):
     if item.get_closest_marker("reference") is not None and _missing_reference():
         pytest.skip(f"compares with the PyTorch/transformers reference: {', '.join(_missing_reference())} "
                     f"not installed (make test-newest has no torch: no CPU wheel for this Python here)")
+
+
+_seconds_by_file: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    # with xdist, the controller receives every worker's reports: it alone writes the totals
+    file = report.nodeid.split("::")[0]
+    _seconds_by_file[file] = _seconds_by_file.get(file, 0.0) + (report.duration or 0.0)
+
+
+def pytest_sessionfinish(session):
+    out = os.environ.get("WORKBENCH_FILE_SECONDS")
+    if out and not hasattr(session.config, "workerinput") and _seconds_by_file:
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump({k: round(v, 1) for k, v in sorted(_seconds_by_file.items(), key=lambda kv: -kv[1])}, f,
+                      indent=0)

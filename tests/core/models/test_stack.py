@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from tests.core.models.hf_reference import batch, hf_forward, hf_model
+from tests.float32_error import assert_float32_close
 from workbench.core.axes import LAYERS
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.decoder import DecoderBlock
@@ -137,8 +138,12 @@ def test_remat_policies_give_the_same_gradients(policy):
 
     want = grads(model)
     got = grads(model.with_options(remat=policy))
-    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):  # recomputed in another fusion:
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)  # float32 rounding only
+    # Recomputed in another fusion: float32 rounding only. Each gradient passes through the head and the 3
+    # layers' backward (4 stages), its longest contraction the MLP's 128 units (measured: 6 to 17 u times each
+    # gradient's largest magnitude, alike with XLA:CPU's AVX-512 and AVX2 code; the bound is 4 sqrt(128) = 45 u).
+    config = model.config
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+        assert_float32_close(b, a, accumulation=config.intermediate_size, stages=config.num_hidden_layers + 1)
 
 
 def test_full_remat_keeps_less_for_the_backward_pass():
