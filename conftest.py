@@ -18,6 +18,25 @@ from workbench.core.mesh import simulate_devices
 
 simulate_devices(8)
 
+# One persistent XLA compilation cache shared by the pytest workers of one run: many test files compile the same
+# tiny programs (a tiny Llama's forward, its train step), and a worker that meets a program the other compiled
+# loads it instead. The controller makes a fresh folder (its path travels to the workers in the environment)
+# and removes it at the end, so nothing carries over between runs. Only the test processes use it: notebook
+# kernels and the tests' subprocesses compile as a user's would. WORKBENCH_TEST_COMPILE_CACHE=0 turns it off.
+if os.environ.get("WORKBENCH_TEST_COMPILE_CACHE", "1") != "0":
+    import atexit
+    import shutil
+    import tempfile
+
+    import jax
+
+    if "WORKBENCH_TEST_COMPILE_CACHE_DIR" not in os.environ:  # the controller (or a run without xdist)
+        os.environ["WORKBENCH_TEST_COMPILE_CACHE_DIR"] = tempfile.mkdtemp(prefix="workbench-xla-cache-")
+        atexit.register(shutil.rmtree, os.environ["WORKBENCH_TEST_COMPILE_CACHE_DIR"], ignore_errors=True)
+    jax.config.update("jax_compilation_cache_dir", os.environ["WORKBENCH_TEST_COMPILE_CACHE_DIR"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
 REFERENCE = ("torch", "transformers")
 # `make test-quick` sets it: every test that asks libtpu for a TPU topology (an ahead-of-time compile for a TPU
 # cluster) skips at that call, saying so; the notebooks and browser tests are deselected by the make target.
