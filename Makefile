@@ -83,7 +83,7 @@ test-default: $(VENV)/.test-installed chromium lint
 # No notebooks, no browser, no TPU ahead-of-time compiles (conftest.py skips each test that asks libtpu for a
 # topology, saying so): the unit tests of the default leg, for the edit-test loop.
 test-quick: $(VENV)/.test-installed
-	WORKBENCH_TEST_QUICK=1 $(BIN)/pytest -n $(JOBS) --dist loadfile -p no:nbval -m "not browser" tests workbench
+	WORKBENCH_TEST_QUICK=1 $(BIN)/pytest -n $(JOBS) --dist loadfile -m "not browser" tests workbench
 
 # The newest leg: the suite again on the newest CPython installed here (pyenv's versions or PATH, 3.12 and up),
 # which pip gives the newest JAX and flax: what users on that Python get. `make test` runs it after the default

@@ -21,7 +21,7 @@ import pytest
 
 from workbench.core.cluster import Cluster
 from workbench.core.explore import Layout
-from workbench.core.ledger import ledger
+from workbench.core.ledger import LIBTPU_HOLDS_DONATED_PARAMETERS, ledger, libtpu_version
 from workbench.core.mesh import MESH_AXES
 from workbench.core.steps import full_mesh_shape
 from workbench.core.virtual import TPU_HBM_ONLY, cluster_mesh, compile_step
@@ -81,6 +81,17 @@ if jax.__version_info__ >= (0, 12):  # its XLA:CPU holds less there: measured +7
     del CPU_MISSES["gpt_oss", "full"]
 
 
+# XLA:TPU from libtpu 0.0.50, Gemma 3 with remat="full": the recomputed layer-kind switch passes fewer arrays out
+# of its backward (one bf16[4,256,512] activation, an f32 array now bf16, the weight slices 0.0.42 passed out), so
+# the compiled peak falls 61.63 -> 60.16 MiB and the ledger, already +8.5 % over with 0.0.42, reads +11.1 %.
+# GPT-OSS, the other family with alternating kinds, has the same peak on both versions (136.40 MiB): no term keyed
+# on the version describes both, so this stays a stated miss until the switch's working set is modelled.
+TPU_MISSES = {}
+if (libtpu_version() or (0,)) >= LIBTPU_HOLDS_DONATED_PARAMETERS:
+    TPU_MISSES["gemma3", "full"] = ("measured +11.1 % with libtpu 0.0.50: its full-remat backward's layer-kind "
+                                    "switch passes 1.5 MiB fewer arrays out than 0.0.42's (+8.5 %)")
+
+
 def _cases(misses: dict[tuple[str, str], str], shift: int) -> list:
     """Every family x remat; outside a sweep, family ``i`` runs at remat ``(i + shift) % 3`` only."""
     cases = []
@@ -94,7 +105,7 @@ def _cases(misses: dict[tuple[str, str], str], shift: int) -> list:
 
 
 @needs_libtpu
-@pytest.mark.parametrize(("family", "remat"), _cases({}, 0))
+@pytest.mark.parametrize(("family", "remat"), _cases(TPU_MISSES, 0))
 def test_ledger_matches_the_compiled_step_on_a_tpu_slice(family, remat):
     """XLA:TPU's HBM peak (memory-space assignment to VMEM off: ``TPU_HBM_ONLY``) on v5e:2x4, bfloat16."""
     assert abs(_gap(family, remat, tpu=True)) <= 0.10

@@ -59,6 +59,19 @@ Parts, per device (every device holds the same; specs divide their dimensions):
   through both phases (:func:`cast_bytes`), and the layer's gathered weights and gradient are that copy's, in
   bfloat16 (measured: a 4-layer Llama at every remat policy on dp, ZeRO-1 and fsdp within 7.4 % of the compiled
   peak, from -11.9 % to +22.1 % when they were counted in float32 and the copy not at all);
+- with ZeRO-1 on XLA:TPU from libtpu 0.0.50 on, a train step's ``temporaries`` also hold a working copy of the
+  parameters whose update is gathered back over ``dp`` (:func:`zero_parameter_copy_bytes`). The compiled step (the
+  same HLO with libtpu 0.0.42 and 0.0.50) copies each such parameter on entry, the forward and backward read the
+  copy, and the update writes the gathered new value into the donated parameter's buffer at the end. libtpu 0.0.42
+  lends that buffer to other values meanwhile (the rotated copies, the layer scan's saved activations: seen in the
+  buffer assignment, ``--xla_dump_to``), so its peak holds one set of parameters; 0.0.50 keeps it reserved from
+  entry to the final write, so its peak holds two. Measured, 0.0.50's peak minus 0.0.42's for a 4-layer Llama
+  on v5p:2x2x2, no remat / ``remat="full"`` (the parameters per device in brackets): bfloat16 on dp=8 +32.0 / +30.3
+  MiB (32), float32 master weights +64.0 / +56.0 (64), dp=2 x fsdp=4 +7.5 / +5.5 (8), dp=4 x tp=2 +12.0 / +19.9
+  (16), pipelined pp=2 x dp=4 +16.0 / +17.0 (17); without ZeRO nothing is copied and both peaks are equal. The
+  version is read once from the installed ``libtpu`` package (:func:`libtpu_version`); those between 0.0.42 and
+  0.0.50 are not measured and count as 0.0.42; without libtpu (no TPU compiler here to hold the ledger against)
+  the ledger predicts for 0.0.50, the newest measured;
 - ``kv_cache``: keys and values of every layer (:func:`kv_cache_bytes`);
 - with a ``pipeline`` (a :class:`workbench.core.pipeline.PipelineConfig` on a ``pp`` mesh axis): the stacked
   layers' parameters, gradients and optimizer state divide by the stage count (the layout must split
@@ -82,7 +95,10 @@ a TensorCore's VMEM reshapes it (negligible at real sizes).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.metadata
 import math
+import re
 import typing as tp
 
 import numpy as np
@@ -104,6 +120,9 @@ LOGITS_COPIES = {"tpu": 1.6, "cpu": 2.0}
 WORKING_SET = {"tpu": {"none": 0.5, "dots_saveable": 1.0, "full": 1.5},
                "cpu": {"none": 2.0, "dots_saveable": 2.0, "full": 2.75}}
 ADAFACTOR_MIN_DIM = 128  # optax.adafactor's min_dim_size_to_factor
+# The libtpu from which XLA:TPU keeps a donated parameter's buffer reserved while a ZeRO-1 step works on a copy of
+# the parameter: measured on 0.0.42.1 (lends it to other values) and 0.0.50.1 (see the module doc).
+LIBTPU_HOLDS_DONATED_PARAMETERS = (0, 0, 50)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +209,33 @@ def optimizer_bytes(layout: Layout, name: str, zero_stage: int | None = None) ->
         else:  # a full v like the parameter, v_row and v_col placeholders
             total += like_param(p) + 2 * item
     return total
+
+
+@functools.cache
+def libtpu_version() -> tuple[int, ...] | None:
+    """The installed ``libtpu`` package's release as integers (``"0.0.50.1"`` -> ``(0, 0, 50, 1)``), read once;
+    None where it is not installed."""
+    try:
+        text = importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    release = re.match(r"\d+(\.\d+)*", text)
+    if release is None:
+        raise ValueError(f"libtpu's version {text!r} does not start with a release number (such as 0.0.50)")
+    return tuple(int(n) for n in release.group().split("."))
+
+
+def zero_parameter_copy_bytes(layout: Layout, zero_stage: int | None = None, compiler: str = "tpu") -> int:
+    """Bytes per device of the working copy of the parameters a ZeRO-1 train step gathers back over ``dp``
+    (those whose optimizer state ``dp`` splits), which XLA:TPU holds beside the donated parameters from libtpu
+    0.0.50 on (see the module doc); 0 without ZeRO-1, on XLA:CPU, or with an older libtpu."""
+    if compiler != "tpu":
+        return 0
+    version = libtpu_version()
+    if version is not None and version < LIBTPU_HOLDS_DONATED_PARAMETERS:
+        return 0
+    state = _state_block_bytes(layout, zero_stage)
+    return sum(p.bytes_per_device for p in layout.params if state(p) < p.bytes_per_device)
 
 
 def kv_cache_bytes(layout: Layout, batch: int, max_length: int, dtype: tp.Any) -> int:
@@ -461,17 +507,20 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
     moe = dict(zip(("moe_strategy", "capacity_factor"), moe_strategy_of(model, layout), strict=True))
     # mixed precision on XLA:TPU: the weights' compute-dtype copy, alive through a train step (cast_bytes)
     cast = cast_bytes(layout, dtype) if compiler == "tpu" else 0
+    # ZeRO-1 on XLA:TPU from libtpu 0.0.50: the parameters' working copy beside their donated buffers
+    copies = zero_parameter_copy_bytes(layout, zero_stage, compiler) if kind == "train" else 0
     if pipeline is not None:
         if kind != "train":
             raise ValueError("the pipeline ledger counts train steps; pass kind='train' or pipeline=None")
         kept, temporaries = pipeline_activation_bytes(layout, pipeline, batch, remat, dtype, compiler, **moe)
         return Ledger(kind, remat, layout.param_bytes, gradient_bytes(layout, zero_stage),
-                      optimizer_bytes(layout, optimizer, zero_stage), kept, cast + temporaries, 0, ids, hbm)
+                      optimizer_bytes(layout, optimizer, zero_stage), kept, cast + copies + temporaries, 0, ids, hbm)
     if kind == "train":
         kept, working = activation_bytes(layout, batch, remat, dtype, compiler, **moe)
         return Ledger(kind, remat, layout.param_bytes, gradient_bytes(layout, zero_stage),
                       optimizer_bytes(layout, optimizer, zero_stage), kept,
-                      cast + max(working, int(LOGITS_COPIES[compiler] * logits_bytes(layout, batch))), 0, ids, hbm)
+                      cast + copies + max(working, int(LOGITS_COPIES[compiler] * logits_bytes(layout, batch))), 0,
+                      ids, hbm)
     b, t = batch
     length = kv_length or t
     if layout.mode != MODE_TRAIN and kind == "decode" and layout.mode != MODE_DECODE:
