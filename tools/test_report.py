@@ -81,8 +81,8 @@ def main(folder: str) -> int:
     print("make test, per leg:")
     widths = [max(len(r[i]) for r in [("leg", "install", "pytest", "result"), *rows]) for i in range(4)]
     for row in [("leg", "install", "pytest", "result"), *rows]:
-        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
-    print(f"  both legs, installs included: {minutes(seconds)}")
+        print(("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))).rstrip())
+    print(f"  the legs that ran, installs included: {minutes(seconds)}")
     print(f"  this machine: {os.cpu_count()} cores, numpy float32 2048^3 matmul {matmul_gflops():.0f} GFLOP/s "
           f"({platform.machine()}); scale the times by it for another machine")
     line = f"{total['passed']} passed, {total['failed'] + total['errors']} failed, {total['skipped']} skipped"
