@@ -90,8 +90,8 @@ test-quick: $(VENV)/.test-installed
 	WORKBENCH_TEST_QUICK=1 $(BIN)/pytest -n $(JOBS) --dist loadfile -m "not browser" tests workbench
 
 # The newest leg: the suite again on the newest CPython installed here (pyenv's versions or PATH, 3.12 and up),
-# which pip gives the newest JAX and flax: what users on that Python get. `make test` runs it after the default
-# leg; where no such Python is installed it says it skipped. Its own venv, the test tools without torch (no CPU
+# which pip gives the newest JAX and flax: what users on that Python get. `make test NEWEST_IN_TEST=1` runs it after
+# the default leg; where no such Python is installed it says it skipped. Its own venv, the test tools without torch (no CPU
 # wheel for it here, and an unpinned torch pulls several GB of CUDA): the tests that compare with the
 # PyTorch/transformers reference skip, saying so, and the rest, notebooks included, must pass. It uses the
 # checkpoint the main venv converted. The notebooks' stored outputs come from the main venv's XLA:
