@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.core.operations.attention.jitting import jitted
 from tests.core.operations.attention.reference import reference_attention
 from workbench.core.operations import OperationMetadata, OperationRegistry
 from workbench.core.operations.attention import block_mask as bm
@@ -77,8 +78,8 @@ def test_random_mods_match_the_float64_reference(case):
     q, k, v, dense, mask_mod, score_mod, ref_kw, (block_q, block_k) = case
     op = OperationRegistry.create("flex", OperationMetadata(options={"block_q": block_q, "block_k": block_k}))
     sinks = ref_kw.get("sinks")
-    out = op(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), score_mod=score_mod, mask_mod=mask_mod,
-             sinks=None if sinks is None else jnp.asarray(sinks, jnp.float32))
+    out = jitted(op, jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), score_mod=score_mod, mask_mod=mask_mod,
+                 sinks=None if sinks is None else jnp.asarray(sinks, jnp.float32))
     expected, _ = reference_attention(q, k, v, mask=dense[None, None], **ref_kw)
     np.testing.assert_allclose(np.asarray(out.attention_outputs, np.float64), expected, atol=2e-5, rtol=0)
     assert out.kernel_path == "flex/native"
@@ -88,8 +89,8 @@ def test_bfloat16_within_2e_2():
     rng = np.random.default_rng(3)
     q, k, v = (rng.normal(size=(1, 96, 4, 16)).astype(np.float32) for _ in range(3))
     mod = bm.sliding_window(24)
-    out = OperationRegistry.create("flex", OperationMetadata(options={"block_q": 32, "block_k": 32}))(
-        *(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)), mask_mod=mod, score_mod=bm.soft_cap(5.0))
+    out = jitted(OperationRegistry.create("flex", OperationMetadata(options={"block_q": 32, "block_k": 32})),
+                 *(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)), mask_mod=mod, score_mod=bm.soft_cap(5.0))
     i = np.arange(96)
     dense = (i[:, None] >= i[None]) & (i[:, None] - i[None] < 24)
     expected, _ = reference_attention(*(np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64) for x in (q, k, v)),
@@ -118,8 +119,8 @@ def test_gradients_match_vanilla(mods):
     w = jnp.asarray(rng.normal(size=(2, 64, 4, 8)), jnp.float32)
     loss = lambda op, kw: lambda q, k, v: jnp.sum(w * op(q, k, v, **kw).attention_outputs)
     with jax.default_matmul_precision("highest"):
-        got = jax.grad(loss(fx, mods), argnums=(0, 1, 2))(q, k, v)
-        want = jax.grad(loss(van, dense_kw), argnums=(0, 1, 2))(q, k, v)
+        got = jax.jit(jax.grad(loss(fx, mods), argnums=(0, 1, 2)))(q, k, v)
+        want = jax.jit(jax.grad(loss(van, dense_kw), argnums=(0, 1, 2)))(q, k, v)
     for g, r, name in zip(got, want, "qkv", strict=True):
         assert float(jnp.max(jnp.abs(g - r))) <= 1e-4, name
 
@@ -134,12 +135,12 @@ def test_the_kernel_visits_only_the_tiles_the_block_mask_lists(monkeypatch):
     mask = bm.create_block_mask(bm.sliding_window(64), None, None, 1024, 1024, 64, 64)
     assert (mask.count(bm.FULL), mask.count(bm.PARTIAL), mask.count(bm.EMPTY)) == (0, 31, 225)
     op = OperationRegistry.create("flex")
-    out = op(q, k, v, block_mask=mask).attention_outputs
+    out = jitted(op, q, k, v, block_mask=mask).attention_outputs
     jax.block_until_ready(out)
     expected = {(i, j) for i in range(16) for j in (i - 1, i) if j >= 0}
     assert sorted(visited) == sorted(expected)
     visited.clear()
-    jax.block_until_ready(jax.grad(lambda q: op(q, k, v, block_mask=mask).attention_outputs.sum())(q))
+    jax.block_until_ready(jax.jit(jax.grad(lambda q: op(q, k, v, block_mask=mask).attention_outputs.sum()))(q))
     assert set(visited) == expected and len(visited) >= len(expected)
 
 
@@ -190,8 +191,8 @@ def test_a_mask_that_reads_the_head_is_built_per_head():
     assert bm.depends_on_batch_or_head(half) and not bm.depends_on_batch_or_head(bm.causal)
     rng = np.random.default_rng(2)
     q, k, v = (rng.normal(size=(1, 32, 2, 8)).astype(np.float32) for _ in range(3))
-    out = OperationRegistry.create("flex", OperationMetadata(options={"block_q": 8, "block_k": 8}))(
-        jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask_mod=half)
+    out = jitted(OperationRegistry.create("flex", OperationMetadata(options={"block_q": 8, "block_k": 8})),
+                 jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask_mod=half)
     i = np.arange(32)
     dense = np.stack([(i[:, None] >= i[None]) & ((i[None] % 2) == h) for h in range(2)])[None]
     expected, _ = reference_attention(q, k, v, mask=dense)
@@ -221,13 +222,13 @@ def test_the_pallas_kernel_in_interpret_mode_equals_the_native_path(mods):
     blocks = {"block_q": 16, "block_k": 16}
     pallas = OperationRegistry.create("flex", OperationMetadata(options={**blocks, "kernel": "pallas"}))
     native = OperationRegistry.create("flex", OperationMetadata(options=blocks))
-    out = pallas(q, k, v, **mods)
-    assert out.kernel_path == "flex/pallas (interpret)" and native(q, k, v, **mods).kernel_path == "flex/native"
     with jax.default_matmul_precision("highest"):
-        np.testing.assert_allclose(out.attention_outputs, native(q, k, v, **mods).attention_outputs, atol=2e-5)
+        out, want = jitted(pallas, q, k, v, **mods), jitted(native, q, k, v, **mods)
+        assert out.kernel_path == "flex/pallas (interpret)" and want.kernel_path == "flex/native"
+        np.testing.assert_allclose(out.attention_outputs, want.attention_outputs, atol=2e-5)
         loss = lambda op: lambda q, k, v: jnp.sum(op(q, k, v, **mods).attention_outputs ** 2)
-        for a, b in zip(jax.grad(loss(pallas), argnums=(0, 1, 2))(q, k, v),
-                        jax.grad(loss(native), argnums=(0, 1, 2))(q, k, v), strict=True):
+        for a, b in zip(jax.jit(jax.grad(loss(pallas), argnums=(0, 1, 2)))(q, k, v),
+                        jax.jit(jax.grad(loss(native), argnums=(0, 1, 2)))(q, k, v), strict=True):
             np.testing.assert_allclose(a, b, atol=1e-4)
 
 
@@ -270,7 +271,7 @@ def test_with_kv_lengths_a_mod_sees_each_row_s_positions(mod_kind):
         slopes = np.array([2.0 ** (-8.0 * (i + 1) / 4) for i in range(4)])
         ref["bias"] = slopes[None, :, None, None] * (key - pos)[:, None]
         kw["causal"] = True
-    out = OperationRegistry.create("flex", OperationMetadata(options={"block_q": 4, "block_k": 8}))(
-        jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), kv_lengths=jnp.asarray(lengths), **kw)
+    out = jitted(OperationRegistry.create("flex", OperationMetadata(options={"block_q": 4, "block_k": 8})),
+                 jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), kv_lengths=jnp.asarray(lengths), **kw)
     expected, _ = reference_attention(q, k, v, mask=dense[:, None], kv_lengths=lengths, **ref)
     np.testing.assert_allclose(np.asarray(out.attention_outputs, np.float64), expected, atol=2e-5)

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.core.operations.attention.jitting import jitted
 from tests.core.operations.attention.reference import reference_attention
 from workbench.core.operations import OperationMetadata, OperationRegistry
 from workbench.core.operations.attention import block_mask as bm
@@ -43,13 +44,13 @@ def _check_against_native(q, k, v, kw, ref_kw):
     """Output against the float64 reference (2e-5), gradients against flex's native path (1e-4)."""
     splash, native = _flex("splash"), _flex("native")
     with jax.default_matmul_precision("highest"):
-        out = splash(q, k, v, **kw)
+        out = jitted(splash, q, k, v, **kw)
         assert out.kernel_path == "flex/splash (interpret)"
         want, _ = reference_attention(q, k, v, **ref_kw)
         np.testing.assert_allclose(out.attention_outputs, want, atol=2e-5)
         loss = lambda op: lambda q, k, v: jnp.sum(op(q, k, v, **kw).attention_outputs ** 2)
-        got = jax.grad(loss(splash), argnums=(0, 1, 2))(q, k, v)
-        ref = jax.grad(loss(native), argnums=(0, 1, 2))(q, k, v)
+        got = jax.jit(jax.grad(loss(splash), argnums=(0, 1, 2)))(q, k, v)
+        ref = jax.jit(jax.grad(loss(native), argnums=(0, 1, 2)))(q, k, v)
     for a, b in zip(got, ref, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-4)
 
@@ -68,7 +69,7 @@ def test_segment_ids_and_rows_that_see_no_key():
     q_ids[1, :8] = 7  # no key has id 7
     ids = {"q_segment_ids": jnp.asarray(q_ids), "kv_segment_ids": jnp.asarray(kv_ids)}
     _check_against_native(q, k, v, {**ids, "causal": True}, {**ids, "causal": True})
-    out = _flex("splash")(q, k, v, **ids).attention_outputs
+    out = jitted(_flex("splash"), q, k, v, **ids).attention_outputs
     assert out.shape == q.shape and not np.any(np.asarray(out[1, :8]))
     np.testing.assert_allclose(out, reference_attention(q, k, v, **ids)[0], atol=2e-5)
 
@@ -79,14 +80,14 @@ def test_block_sparse_window_over_several_blocks():
     native = _flex("native")
     call = native.prepare(q, k, v, sliding_window=100)
     assert splash_serves(call, None, None, None) is None and splash_mask(call, None, None) == ("window", 100)
-    run = lambda q, k, v: flex_attention_splash(native.prepare(q, k, v, sliding_window=100), "window", 100,
-                                                interpret=True, block=128)
+    run = jax.jit(lambda q, k, v: flex_attention_splash(native.prepare(q, k, v, sliding_window=100), "window", 100,
+                                                        interpret=True, block=128))
     with jax.default_matmul_precision("highest"):
         np.testing.assert_allclose(run(q, k, v), reference_attention(q, k, v, sliding_window=100)[0], atol=2e-5)
         loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v) ** 2)
-        got = jax.grad(loss(run), argnums=(0, 1, 2))(q, k, v)
-        ref = jax.grad(loss(lambda q, k, v: native(q, k, v, sliding_window=100).attention_outputs),
-                       argnums=(0, 1, 2))(q, k, v)
+        got = jax.jit(jax.grad(loss(run), argnums=(0, 1, 2)))(q, k, v)
+        ref = jax.jit(jax.grad(loss(lambda q, k, v: native(q, k, v, sliding_window=100).attention_outputs),
+                               argnums=(0, 1, 2)))(q, k, v)
     for a, b in zip(got, ref, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-4)
 
@@ -128,10 +129,10 @@ def test_what_splash_does_not_serve_says_why():
     assert "mask_mod document" in splash_serves(prepare(q, k, v), bm.document(SEGMENTS), None, None)
     # on a TPU (backend="tpu") such calls run the native path, saying why
     tpu = OperationRegistry.create("flex", OperationMetadata(backend="tpu"))
-    out = tpu(q, k, v, causal=True, score_mod=bm.alibi(2))
+    out = jitted(tpu, q, k, v, causal=True, score_mod=bm.alibi(2))
     assert out.kernel_path == "flex/native (splash does not serve a score_mod)"
-    np.testing.assert_allclose(out.attention_outputs, _flex("native")(q, k, v, causal=True,
-                                                                      score_mod=bm.alibi(2)).attention_outputs)
+    np.testing.assert_allclose(out.attention_outputs, jitted(_flex("native"), q, k, v, causal=True,
+                                                             score_mod=bm.alibi(2)).attention_outputs)
 
 
 def test_kernel_splash_raises_where_it_cannot_serve():

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.core.operations.attention.jitting import jitted
 from tests.core.operations.attention.reference import reference_attention
 from workbench.core.mesh import make_mesh
 from workbench.core.operations import OperationMetadata, OperationRegistry
@@ -64,8 +65,7 @@ def test_matches_float64_reference(name, data):
     features = OperationRegistry.capabilities(name).features
     q, k, v, kw = data.draw(attention_case(features, head_multiple=2 if name == "ulysses" else 1))
     op = OperationRegistry.create(name, _metadata(name))
-    out = op(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
-             **{n: jnp.asarray(x) if isinstance(x, np.ndarray) else x for n, x in kw.items()})
+    out = jitted(op, jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), **kw)
     expected, _ = reference_attention(q, k, v, **kw)
     np.testing.assert_allclose(np.asarray(out.attention_outputs, np.float64), expected, atol=2e-5, rtol=0)
     assert out.kernel_path.startswith(OperationRegistry.canonical_name(name) + "/")
@@ -90,7 +90,7 @@ def test_rows_that_see_nothing_are_zero_everywhere():
     q, k, v = (jnp.asarray(rng.normal(size=(2, 4, 2, 8)), jnp.float32) for _ in range(3))
     lengths = jnp.array([4, 0], jnp.int32)
     for name in STANDARD:
-        out = OperationRegistry.create(name, _metadata(name))(q, k, v, causal=True, kv_lengths=lengths)
+        out = jitted(OperationRegistry.create(name, _metadata(name)), q, k, v, causal=True, kv_lengths=lengths)
         np.testing.assert_array_equal(np.asarray(out.attention_outputs[1]), 0.0, err_msg=name)
         assert np.isfinite(np.asarray(out.attention_outputs)).all(), name
 
