@@ -59,7 +59,7 @@ def _sizes(family: str, tpu: bool) -> dict:
 
 
 def _gap(family: str, remat: str, tpu: bool) -> float:
-    cluster = Cluster.tpu("v5e:2x4") if tpu else Cluster.cpu(8)
+    cluster = Cluster.tpu("v5e:2x4", libtpu=libtpu_version()) if tpu else Cluster.cpu(8)
     dtype = jnp.bfloat16 if tpu else jnp.float32
     batch = (16, 256) if tpu else (16, 128)
     config = ModelConfig.from_hf(tiny_config(family, **_sizes(family, tpu)))

@@ -16,7 +16,7 @@ from workbench.core.advisor import Constraints, advise
 from workbench.core.cluster import Cluster
 from workbench.core.explore import Layout
 from workbench.core.layout_cost import predict_step
-from workbench.core.ledger import ledger
+from workbench.core.ledger import ledger, libtpu_version
 from workbench.core.mesh import MESH_AXES, make_mesh
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import full_config, tiny, tiny_config
@@ -90,7 +90,7 @@ def test_a_zero_1_train_step_equals_the_unsplit_step(optimizer, reference, atol)
 def test_the_ledger_matches_a_zero_1_step_compiled_for_a_tpu_slice(remat):
     """XLA's TPU compiler's HBM peak for a bfloat16 Llama on dp=8 with the optimizer state split over dp; the
     compiled step also holds the gradients split (measured -0.3 % / +4.9 %)."""
-    cluster, mesh_shape, batch = Cluster.tpu("v5p:2x2x2"), {"dp": 8}, (32, 256)
+    cluster, mesh_shape, batch = Cluster.tpu("v5p:2x2x2", libtpu=libtpu_version()), {"dp": 8}, (32, 256)
     model = CausalLM.lazy_init(ModelConfig.from_hf(tiny_config(
         "llama", hidden_size=512, intermediate_size=2048, num_hidden_layers=4, vocab_size=1024)),
         dtype=jnp.bfloat16, param_dtype=jnp.bfloat16).with_options(remat=remat)
@@ -116,6 +116,26 @@ def test_model_states_follow_the_zero_paper():
     zero = ledger(model, Layout.of(model, mesh, zero_stage=1), batch=(64, 1024), cluster=cluster)
     assert states(plain) == pytest.approx((2 + 2 + 4) * psi, rel=1e-3)
     assert states(zero) == pytest.approx(2 * psi + (2 + 4) * psi / 64, rel=1e-3)
+
+
+def test_the_cluster_s_libtpu_release_decides_the_parameter_copy_not_the_one_installed_here(monkeypatch):
+    """From libtpu 0.0.50 a ZeRO-1 step on XLA:TPU holds a working copy of the parameters beside their donated
+    buffers (measured: the ledger module doc). On dp=8, with every array's optimizer state split over dp, the
+    copy is the whole of the parameters per device; a cluster naming 0.0.42 has none, and a cluster naming no
+    release is predicted as the newest measured, whatever libtpu this machine has installed."""
+    model = CausalLM.lazy_init(full_config("llama-3-8b"), dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+    mesh = cluster_mesh(Cluster.h100(), full_mesh_shape({"dp": 8}, Cluster.h100()), MESH_AXES)
+    layout = Layout.of(model, mesh, zero_stage=1)
+    params = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    total = {release: ledger(model, layout, batch=(8, 1024), cluster=Cluster.tpu("v5p:2x2x2", libtpu=release)).total
+             for release in ((0, 0, 42, 1), (0, 0, 50, 1), None)}
+    assert total[0, 0, 50, 1] - total[0, 0, 42, 1] == params
+    for installed in ((0, 0, 42, 1), (0, 0, 50, 1), None):
+        monkeypatch.setattr("workbench.core.ledger.libtpu_version", lambda installed=installed: installed)
+        assert ledger(model, layout, batch=(8, 1024), cluster=Cluster.tpu("v5p:2x2x2")).total == total[0, 0, 50, 1]
+    assert total[None] == total[0, 0, 50, 1]
+    with pytest.raises(ValueError, match="tuple of integers"):
+        Cluster.tpu("v5p:2x2x2", libtpu="0.0.50")
 
 
 def test_zero_1_moves_data_parallelism_s_bytes_and_a_dp_th_of_the_optimizer_traffic():

@@ -26,6 +26,8 @@ import time
 import typing as tp
 
 from workbench.core.axes import MODE_DECODE, MODE_TRAIN, PartitionAxis
+from workbench.core.layout_plan import Layout
+from workbench.core.ledger import libtpu_version, zero_parameter_copy_bytes
 from workbench.core.mesh import MESH_AXES
 
 TASKS = ("train", "prefill", "decode")
@@ -110,8 +112,6 @@ class Candidate:
     def layout(self, model: tp.Any, cluster: tp.Any = None) -> tp.Any:
         """This layout resolved on ``model`` (on ``cluster_mesh(cluster, ...)`` with a cluster, else an
         ``AbstractMesh``), carrying its remat policy and pipeline."""
-        from workbench.core.layout_plan import Layout
-
         mesh = _mesh(self.mesh_shape, cluster)
         mode = MODE_DECODE if self.ledger.kind == "decode" else MODE_TRAIN
         return Layout.of(model, mesh, self.partition_axis, self.rules, mode, remat=self.remat, pipeline=self.pipeline,
@@ -179,7 +179,10 @@ class Advice:
                                   pipeline=c.pipeline, zero_stage=c.zero_stage)
         c.compiled_step = step_time(c.compiled)
         total, hbm = c.compiled.memory.total, self.cluster.hbm_per_device
-        c.confirm_note = (f"compiled: {total / GiB:.2f} GiB per device (ledger {c.ledger.total / total - 1:+.1%}), "
+        here = self._ledger_total_compiled_here(c, model)
+        c.confirm_note = (f"compiled: {total / GiB:.2f} GiB per device (ledger {here / total - 1:+.1%}"
+                          + ("" if here == c.ledger.total else
+                             f" for the libtpu {'.'.join(map(str, libtpu_version()))} that compiled it") + "), "
                           f"step {c.compiled_step.time_s * 1e3:.3g} ms from the compiled program"
                           + ("" if kind == "train" else " (compiled as a forward pass without a cache)"))
         if self.cluster.platform != "tpu":  # XLA:CPU in the worker: bfloat16 math widened, CPU fusion
@@ -191,6 +194,16 @@ class Advice:
             self.ranked.remove(c)
             self.rejected.insert(0, c)
         return c
+
+    def _ledger_total_compiled_here(self, c: Candidate, model: tp.Any) -> int:
+        """``c``'s ledger total for the compiler that compiles here: the cluster's libtpu release may differ from
+        the installed one, and the ledger's ZeRO-1 parameter copy depends on it (``ledger`` module doc)."""
+        here = libtpu_version()
+        if self.cluster.platform != "tpu" or self.task != "train" or not c.zero_stage or here is None:
+            return c.ledger.total
+        layout = c.layout(model)
+        return (c.ledger.total - zero_parameter_copy_bytes(layout, c.zero_stage, "tpu", self.cluster.libtpu)
+                + zero_parameter_copy_bytes(layout, c.zero_stage, "tpu", here))
 
     # -- display ------------------------------------------------------------------------------------------------
     def rows(self, top: int = 10) -> list[tuple[str, ...]]:

@@ -153,14 +153,19 @@ class Cluster:
     slices: int = 1
     nodes: int = 1
     gpus_per_node: int = 1
+    libtpu: tuple[int, ...] | None = None
 
     # -- constructors ----------------------------------------------------------------------------------
     @classmethod
-    def tpu(cls, topology: str, *, slices: int = 1) -> Cluster:
+    def tpu(cls, topology: str, *, slices: int = 1, libtpu: tuple[int, ...] | None = None) -> Cluster:
         """A TPU slice by its topology string (``"v5p:4x4x4"``, ``"v5e:8x8"``, ``"v6e:16x16"``,
-        ``"v4:2x2x2"``), or ``slices`` of them joined by the data-center network."""
+        ``"v4:2x2x2"``), or ``slices`` of them joined by the data-center network; ``libtpu``: its compiler's
+        release (see the class doc)."""
         generation, dims = parse_topology(topology)
         _positive("slices", slices)
+        if libtpu is not None and not (isinstance(libtpu, tuple) and libtpu and all(
+                isinstance(n, int) and n >= 0 for n in libtpu)):
+            raise ValueError(f"libtpu is a release as a tuple of integers, such as (0, 0, 50); got {libtpu!r}")
         gen = TPU_GENERATIONS[generation]
         torus = tuple(TorusAxis(d, w) for d, w in zip(dims, _wraparound(generation, dims), strict=True))
         levels = [NetworkLevel("ici", "torus", gen.chip.link_bandwidth, "link", ICI_HOP_S)]
@@ -169,7 +174,7 @@ class Cluster:
         n = math.prod(dims) * gen.devices_per_chip * slices
         name = f"{generation}:{'x'.join(map(str, dims))}" + (f" x {slices} slices" if slices > 1 else "")
         return cls(name, "tpu", gen.chip, n, tuple(levels), f"{generation}:{'x'.join(map(str, dims))}", torus,
-                   gen.devices_per_chip, slices)
+                   gen.devices_per_chip, slices, libtpu=libtpu)
 
     @classmethod
     def gpu(cls, chip: Hardware, *, nodes: int = 1, gpus_per_node: int = GPUS_PER_NODE,

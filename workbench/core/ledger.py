@@ -69,9 +69,10 @@ Parts, per device (every device holds the same; specs divide their dimensions):
   on v5p:2x2x2, no remat / ``remat="full"`` (the parameters per device in brackets): bfloat16 on dp=8 +32.0 / +30.3
   MiB (32), float32 master weights +64.0 / +56.0 (64), dp=2 x fsdp=4 +7.5 / +5.5 (8), dp=4 x tp=2 +12.0 / +19.9
   (16), pipelined pp=2 x dp=4 +16.0 / +17.0 (17); without ZeRO nothing is copied and both peaks are equal. The
-  version is read once from the installed ``libtpu`` package (:func:`libtpu_version`); those between 0.0.42 and
-  0.0.50 are not measured and count as 0.0.42; without libtpu (no TPU compiler here to hold the ledger against)
-  the ledger predicts for 0.0.50, the newest measured;
+  release is the cluster's (``Cluster.libtpu``), by default the newest measured (:data:`LIBTPU_NEWEST_MEASURED`):
+  a prediction for a cluster is for the compiler it runs, not the one installed here. Releases between 0.0.42
+  and 0.0.50 are not measured and count as 0.0.42. To hold the ledger against a step compiled here, give the
+  cluster the installed release (``Cluster.tpu(..., libtpu=libtpu_version())``);
 - ``kv_cache``: keys and values of every layer (:func:`kv_cache_bytes`);
 - with a ``pipeline`` (a :class:`workbench.core.pipeline.PipelineConfig` on a ``pp`` mesh axis): the stacked
   layers' parameters, gradients and optimizer state divide by the stage count (the layout must split
@@ -123,6 +124,8 @@ ADAFACTOR_MIN_DIM = 128  # optax.adafactor's min_dim_size_to_factor
 # The libtpu from which XLA:TPU keeps a donated parameter's buffer reserved while a ZeRO-1 step works on a copy of
 # the parameter: measured on 0.0.42.1 (lends it to other values) and 0.0.50.1 (see the module doc).
 LIBTPU_HOLDS_DONATED_PARAMETERS = (0, 0, 50)
+# What the ledger predicts for when a cluster names no libtpu release: the newest one measured.
+LIBTPU_NEWEST_MEASURED = (0, 0, 50)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,14 +228,15 @@ def libtpu_version() -> tuple[int, ...] | None:
     return tuple(int(n) for n in release.group().split("."))
 
 
-def zero_parameter_copy_bytes(layout: Layout, zero_stage: int | None = None, compiler: str = "tpu") -> int:
+def zero_parameter_copy_bytes(layout: Layout, zero_stage: int | None = None, compiler: str = "tpu",
+                              libtpu: tuple[int, ...] | None = None) -> int:
     """Bytes per device of the working copy of the parameters a ZeRO-1 train step gathers back over ``dp``
     (those whose optimizer state ``dp`` splits), which XLA:TPU holds beside the donated parameters from libtpu
-    0.0.50 on (see the module doc); 0 without ZeRO-1, on XLA:CPU, or with an older libtpu."""
+    0.0.50 on (see the module doc); 0 without ZeRO-1, on XLA:CPU, or with an older ``libtpu`` release (default
+    :data:`LIBTPU_NEWEST_MEASURED`)."""
     if compiler != "tpu":
         return 0
-    version = libtpu_version()
-    if version is not None and version < LIBTPU_HOLDS_DONATED_PARAMETERS:
+    if (libtpu or LIBTPU_NEWEST_MEASURED) < LIBTPU_HOLDS_DONATED_PARAMETERS:
         return 0
     state = _state_block_bytes(layout, zero_stage)
     return sum(p.bytes_per_device for p in layout.params if state(p) < p.bytes_per_device)
@@ -508,7 +512,8 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
     # mixed precision on XLA:TPU: the weights' compute-dtype copy, alive through a train step (cast_bytes)
     cast = cast_bytes(layout, dtype) if compiler == "tpu" else 0
     # ZeRO-1 on XLA:TPU from libtpu 0.0.50: the parameters' working copy beside their donated buffers
-    copies = zero_parameter_copy_bytes(layout, zero_stage, compiler) if kind == "train" else 0
+    copies = zero_parameter_copy_bytes(layout, zero_stage, compiler, getattr(cluster, "libtpu", None)) \
+        if kind == "train" else 0
     if pipeline is not None:
         if kind != "train":
             raise ValueError("the pipeline ledger counts train steps; pass kind='train' or pipeline=None")
