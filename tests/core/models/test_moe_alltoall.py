@@ -2,6 +2,7 @@
 {2, 4, 8}, with tp and FSDP), and with a finite capacity it drops exactly the copies a float64 NumPy
 reference of the same rule drops, with the same output."""
 
+import functools
 import math
 
 import jax
@@ -84,17 +85,24 @@ def test_one_device_drops_what_the_numpy_reference_drops(capacity_factor):
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
 
 
+@functools.cache
+def dense_reference_on_8_rows():
+    """The dense layer's output on ``tokens(b=8)``: the reference of every mesh below, computed once."""
+    with jax.default_matmul_precision("highest"):
+        want, _ = moe("dense")(tokens(b=8))
+    return np.asarray(want)
+
+
 @pytest.mark.parametrize("axes", [dict(dp=4, ep=2), dict(dp=2, ep=4), dict(ep=8, dp=1), dict(dp=2, ep=2, tp=2),
                                   dict(fsdp=2, ep=4)])
 def test_no_drop_equals_dense_on_a_mesh(axes):
     mesh = make_mesh(**({"fsdp": 1} | axes))
     x = tokens(b=8)
-    ref = moe("dense")
+    want = dense_reference_on_8_rows()
     with jax.default_matmul_precision("highest"):
-        want, _ = ref(x)
         sharded = shard_model(moe("alltoall"), mesh)
         got, _ = jax.jit(lambda m, x: m(x))(sharded, x)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
 
 
 def test_gradients_equal_dense():
@@ -154,22 +162,42 @@ def test_experts_must_split_over_ep():
         shard_model(layer, mesh)(tokens(b=8))
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3"])
-@pytest.mark.parametrize("ep", [2, 4, 8])
-def test_models_alltoall_equals_dense(family, ep):
+@functools.cache
+def tiny_moe(family):
+    """The tiny ``family`` model with 8 experts (so they split over every ep), built once for the tests
+    below (``with_options`` and ``shard_model`` return new models; this one stays as built)."""
     from workbench.models import tiny
 
     names = {"qwen3_moe": "num_experts", "deepseek_v3": "n_routed_experts"}  # the HF configs' names for E
-    experts_key = names.get(family, "num_local_experts")
-    model = tiny(family, **{experts_key: 8})  # 8 experts split over every ep
-    mesh = make_mesh(dp=8 // ep, fsdp=1, ep=ep)
+    return tiny(family, **{names.get(family, "num_local_experts"): 8})
+
+
+def forward_batch(family):
+    model = tiny_moe(family)
     ids = jnp.asarray(np.random.default_rng(0).integers(1, model.config.vocab_size, (8, 12)), jnp.int32)
     mask = jnp.ones_like(ids).at[:2, :3].set(0)  # left padding in two rows
+    return ids, mask
+
+
+@functools.cache
+def dense_logits(family):
+    """The unsharded model's logits on ``forward_batch``: the reference of every ep, computed once."""
+    ids, mask = forward_batch(family)
     with jax.default_matmul_precision("highest"):
-        want = model(ids, attention_mask=mask).logits
+        return np.asarray(tiny_moe(family)(ids, attention_mask=mask).logits)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3"])
+@pytest.mark.parametrize("ep", [2, 4, 8])
+def test_models_alltoall_equals_dense(family, ep):
+    model = tiny_moe(family)
+    mesh = make_mesh(dp=8 // ep, fsdp=1, ep=ep)
+    ids, mask = forward_batch(family)
+    want = dense_logits(family)
+    with jax.default_matmul_precision("highest"):
         sharded = model.with_options(moe_strategy="alltoall").shard_model(mesh)
         got = sharded(ids, attention_mask=mask).logits
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
 
 
 def test_with_options_checks_the_moe_options():
@@ -213,23 +241,30 @@ def test_token_counts_that_ep_does_not_divide_are_padded():
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+def loss_grads(m, ids):
+    graphdef, params, rest = nnx.split(m, nnx.Param, ...)
+    loss = lambda p: nnx.merge(graphdef, p, rest).compute_loss(ids)[0]
+    with jax.default_matmul_precision("highest"):
+        return jax.jit(jax.grad(loss))(params)
+
+
+def grads_batch(family):
+    return jnp.asarray(np.random.default_rng(1).integers(1, tiny_moe(family).config.vocab_size, (8, 12)), jnp.int32)
+
+
+@functools.cache
+def dense_grads(family):
+    """The dense model's gradients on one device: the reference of every ep, compiled and computed once."""
+    return loss_grads(tiny_moe(family).with_options(moe_strategy="dense"), grads_batch(family))
+
+
 @pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3"])
 @pytest.mark.parametrize("ep", [2, 4, 8])
 def test_models_alltoall_gradients_equal_dense(family, ep):
     """Gradients of the loss with respect to every parameter: alltoall on a dp x ep mesh vs dense on one device."""
-    from workbench.models import tiny
-
-    names = {"qwen3_moe": "num_experts", "deepseek_v3": "n_routed_experts"}
-    model = tiny(family, **{names.get(family, "num_local_experts"): 8})
-    ids = jnp.asarray(np.random.default_rng(1).integers(1, model.config.vocab_size, (8, 12)), jnp.int32)
-
-    def grads(m):
-        graphdef, params, rest = nnx.split(m, nnx.Param, ...)
-        loss = lambda p: nnx.merge(graphdef, p, rest).compute_loss(ids)[0]
-        return jax.jit(jax.grad(loss))(params)
-
-    with jax.default_matmul_precision("highest"):
-        want = grads(model.with_options(moe_strategy="dense"))
-        got = grads(model.with_options(moe_strategy="alltoall").shard_model(make_mesh(dp=8 // ep, fsdp=1, ep=ep)))
+    model = tiny_moe(family)
+    want = dense_grads(family)
+    got = loss_grads(model.with_options(moe_strategy="alltoall").shard_model(make_mesh(dp=8 // ep, fsdp=1, ep=ep)),
+                     grads_batch(family))
     for (path, a), (_, b) in zip(nnx.to_flat_state(want), nnx.to_flat_state(got), strict=True):
         np.testing.assert_allclose(np.asarray(b.get_value()), np.asarray(a.get_value()), atol=1e-5, err_msg=str(path))

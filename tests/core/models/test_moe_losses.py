@@ -83,12 +83,15 @@ def test_router_losses_need_a_mixture_of_experts():
     from workbench.models import tiny
 
     ids = jnp.ones((1, 4), jnp.int32)
+    # compute_loss raises while tracing (after the forward, before any loss is added): eval_shape runs that
+    # Python without compiling and running the two forwards whose results the errors discard
     with pytest.raises(ValueError, match="this llama model has none"):
-        tiny("llama").compute_loss(ids, router_aux_loss_coef=0.01)
+        jax.eval_shape(lambda ids: tiny("llama").compute_loss(ids, router_aux_loss_coef=0.01), ids)
     with pytest.raises(ValueError, match="update_correction_bias"):
-        tiny("deepseek_v3").compute_loss(ids, router_aux_loss_coef=0.01)
-    plain, _ = tiny("mixtral").compute_loss(ids)
-    with_z, _ = tiny("mixtral").compute_loss(ids, router_z_loss_coef=0.001)
+        jax.eval_shape(lambda ids: tiny("deepseek_v3").compute_loss(ids, router_aux_loss_coef=0.01), ids)
+    mixtral = tiny("mixtral")
+    plain, _ = mixtral.compute_loss(ids)
+    with_z, _ = mixtral.compute_loss(ids, router_z_loss_coef=0.001)
     assert float(with_z) > float(plain)
 
 
