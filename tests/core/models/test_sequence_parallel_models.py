@@ -2,6 +2,8 @@
 attention, so ``ring``, ``ulysses`` and ``allgather_kv`` run in every layer with the hidden states split along
 the sequence. Against the unsharded model with ``vanilla`` attention (float32, left padding)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +25,15 @@ def max_diff(got, want, mask):
     return float(jnp.max(jnp.abs(got - want) * mask[..., None]))  # padded rows' logits mean nothing
 
 
+@functools.cache
+def unsharded_logits(family):
+    """``(model, ids, mask, logits)``: the unsharded model with ``vanilla`` attention, once per family."""
+    model = tiny(family)
+    ids, mask = batch(model)
+    with jax.default_matmul_precision("highest"):
+        return model, ids, mask, model.with_attention("vanilla")(ids, mask).logits
+
+
 @pytest.mark.parametrize("family, impl, axes, options", [
     ("llama", "ring", dict(fsdp=1, sp=8), {}),
     ("llama", "ring", dict(fsdp=1, sp=8), {"load_balance": "zigzag"}),
@@ -37,30 +48,41 @@ def max_diff(got, want, mask):
     ("mixtral", "allgather_kv", dict(dp=2, fsdp=1, sp=4), {}),
 ])
 def test_logits_equal_vanilla(family, impl, axes, options):
-    model = tiny(family)
-    ids, mask = batch(model)
+    model, ids, mask, want = unsharded_logits(family)
     with jax.default_matmul_precision("highest"):
-        want = model.with_attention("vanilla")(ids, mask).logits
         sharded = model.shard_model(make_mesh(**axes)).with_attention(impl, **options)
         got = sharded(ids, mask).logits
     assert max_diff(got, want, mask) <= 2e-5
     assert "sp" in str(got.sharding.spec)  # the hidden states stayed split along the sequence
 
 
+@functools.cache
+def unsharded_step():
+    """``(loss, [(path, updated parameter)])`` of one SGD step of the unsharded tiny Llama with ``vanilla``
+    attention: the reference both implementations below are compared with, computed once."""
+    model = tiny("llama")
+    ids, mask = batch(model)
+    with jax.default_matmul_precision("highest"):
+        plain, metrics = make_train_step()(to_state(model.with_attention("vanilla"), optax.sgd(0.1)),
+                                           {"input_ids": ids, "attention_mask": mask})
+    params = [(path, np.asarray(a.get_value())) for path, a in nnx.to_flat_state(nnx.state(from_state(plain),
+                                                                                             nnx.Param))]
+    return float(metrics["loss"]), params
+
+
 @pytest.mark.parametrize("impl", ["ring", "allgather_kv"])
 def test_a_train_step_on_an_sp_mesh_equals_the_unsharded_step(impl):
+    plain_loss, plain_params = unsharded_step()
     model = tiny("llama")
     ids, mask = batch(model)
     data = {"input_ids": ids, "attention_mask": mask}
-    step = make_train_step()
     with jax.default_matmul_precision("highest"):
-        plain, plain_metrics = step(to_state(model.with_attention("vanilla"), optax.sgd(0.1)), data)
         sharded = model.shard_model(make_mesh(dp=2, fsdp=1, sp=4)).with_attention(impl)
-        state, metrics = step(to_state(sharded, optax.sgd(0.1)), data)
-    assert abs(float(metrics["loss"]) - float(plain_metrics["loss"])) <= 1e-5
-    for (path, a), (_, b) in zip(nnx.to_flat_state(nnx.state(from_state(plain), nnx.Param)),
-                                 nnx.to_flat_state(nnx.state(from_state(state), nnx.Param)), strict=True):
-        np.testing.assert_allclose(np.asarray(b.get_value()), np.asarray(a.get_value()), atol=1e-5, err_msg=str(path))
+        state, metrics = make_train_step()(to_state(sharded, optax.sgd(0.1)), data)
+    assert abs(float(metrics["loss"]) - plain_loss) <= 1e-5
+    for (path, a), (_, b) in zip(plain_params, nnx.to_flat_state(nnx.state(from_state(state), nnx.Param)),
+                                 strict=True):
+        np.testing.assert_allclose(np.asarray(b.get_value()), a, atol=1e-5, err_msg=str(path))
 
 
 @pytest.mark.parametrize("impl", ["ring", "allgather_kv"])
