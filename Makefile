@@ -64,7 +64,8 @@ JOBS ?= 2
 # Each leg's install and pytest time, and its junit report, land here; tools/test_report.py prints them.
 LEGS := build/legs
 TIMED := bash tools/timed.sh
-# The newest leg joins `make test` once it passes; until then `make test NEWEST_IN_TEST=1` (or make test-newest).
+# The newest leg passes from a fresh clone, but both legs take 44 min here, over make test's 30: it joins make test
+# when the suite fits; until then `make test NEWEST_IN_TEST=1` (or make test-newest).
 NEWEST_IN_TEST ?= 0
 
 test:
@@ -75,7 +76,7 @@ test:
 	  $(TIMED) $(LEGS)/default-pytest $(BIN)/pytest -n $(JOBS) --dist loadfile --junitxml=$(LEGS)/default.xml \
 	  || status=1; \
 	if [ "$(NEWEST_IN_TEST)" = 1 ]; then $(MAKE) --no-print-directory test-newest || status=1; \
-	else echo "not part of make test until its failures are fixed (make test NEWEST_IN_TEST=1 runs it)" \
+	else echo "not part of make test until both legs fit its 30 minutes (make test NEWEST_IN_TEST=1 runs it)" \
 	  > $(LEGS)/newest-skipped; fi; \
 	$(BIN)/python tools/test_report.py $(LEGS) || status=1; \
 	exit $$status
