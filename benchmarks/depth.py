@@ -89,7 +89,7 @@ def first_calls(model, scanned: bool, events: CompileEvents) -> dict[str, float]
     import jax
     import numpy as np
 
-    from workbench.core.compile_cache import PROGRAMS
+    from workbench.core.compile.cache import PROGRAMS
     from workbench.core.models.training import make_train_step, to_state
     from workbench.models import GenerationConfig
 
@@ -170,8 +170,8 @@ def collectives_worker(fsdp: int, tp: int, batch: tuple[int, int]) -> None:
     collectives; one JSON line on stdout."""
     import jax.numpy as jnp
 
-    from workbench.core import explore
     from workbench.core.mesh import make_mesh
+    from workbench.core.views import explore
     from workbench.models import CausalLM, ModelConfig
 
     config = ModelConfig.from_hf(LLAMA3_70B)

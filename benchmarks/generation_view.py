@@ -68,7 +68,7 @@ def main() -> None:
 
 def _null_stream():
     """A streamer that records nothing: plain generate streams through the same compiled program."""
-    from workbench.core.token_stream import TokenStream
+    from workbench.core.views.token_stream import TokenStream
 
     return TokenStream()
 

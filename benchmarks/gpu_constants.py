@@ -158,14 +158,14 @@ def memory(smoke: bool) -> list[dict]:
 
 def train_step(smoke: bool, profile_ops: bool = False) -> list[dict]:
     """A real train step of Llama-3.2-1B (float32 master weights, bfloat16 compute, AdamW, cuDNN attention
-    through ``sdpa``) on one GPU, at two remat policies; MFU from :func:`workbench.core.flops.train_flops`
+    through ``sdpa``) on one GPU, at two remat policies; MFU from :func:`workbench.core.cost.flops.train_flops`
     against the chip's datasheet peak, and the step model's prediction beside it."""
     import optax
     from flax import nnx
 
     from workbench.core.cluster import Cluster
-    from workbench.core.flops import train_flops
-    from workbench.core.layout_cost import predict_step
+    from workbench.core.cost.flops import train_flops
+    from workbench.core.cost.predicted import predict_step
     from workbench.core.models.causal_lm import CausalLM
     from workbench.core.models.config import ModelConfig
     from workbench.core.models.loss import causal_lm_loss, labels_from
@@ -226,7 +226,7 @@ def train_step(smoke: bool, profile_ops: bool = False) -> list[dict]:
               f"memory {memory_gib and round(memory_gib, 1)} GiB  loss {row['loss']:.3f}  predicted "
               f"{predicted.time_s * 1e3:.1f} ms ({predicted.bound}-bound)", flush=True)
         if profile_ops and remat == "none":
-            from workbench.core.profile import profile
+            from workbench.core.hlo.op_profile import profile
 
             prof = profile(compiled, state, ids, runs=2, carry=True)
             print(prof.summary(), flush=True)

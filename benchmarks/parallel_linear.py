@@ -10,7 +10,7 @@ weights. Each parallel input is placed where the column layer asks for it (`acti
 or split on its rows over tp for collective_matmul); every output is replicated. All 13 programs are
 compiled first, then timed round-robin (one call of each per round) so they share the machine's noise:
 median ms of at least `--runs` rounds after a warm-up, more rounds while the timed calls took under 10 s.
-Collectives are those of the compiled program (`workbench.core.inspect.collectives`), bytes per device
+Collectives are those of the compiled program (`workbench.core.hlo.collectives.collectives`), bytes per device
 their result bytes (`summarize`). Simulated devices share the host's cores, so the target is overhead,
 not speed-up: each method within 1.2x of the single-device time. `--quick`: 3 runs, no extra rounds.
 """
@@ -35,7 +35,7 @@ from _timing import time_round_robin  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 
-from workbench.core import inspect  # noqa: E402
+from workbench.core.hlo.collectives import collectives, summarize  # noqa: E402
 from workbench.core.linear import (  # noqa: E402
     MATMUL_METHODS,
     ColumnParallelLinear,
@@ -43,6 +43,7 @@ from workbench.core.linear import (  # noqa: E402
     TensorParallelConfig,
 )
 from workbench.core.mesh import make_mesh  # noqa: E402
+from workbench.core.sharding.memory import memory_per_device  # noqa: E402
 
 T, D, F = 512, 1024, 4096
 DTYPE = jnp.float32
@@ -80,8 +81,8 @@ def mlp_case(n: int, method: str, x: np.ndarray) -> dict:
     t0 = time.perf_counter()
     compiled = jax.jit(mlp).lower(state, x_dev).compile()
     compile_ms = (time.perf_counter() - t0) * 1e3
-    records = inspect.collectives(compiled, mesh=mesh)
-    params = inspect.memory_per_device(jax.tree.leaves(state))
+    records = collectives(compiled, mesh=mesh)
+    params = memory_per_device(jax.tree.leaves(state))
     return {"compiled": compiled, "args": (state, x_dev), "compile_ms": compile_ms, "collectives": records,
             "param_bytes": params.max, "weights": (np.asarray(up.kernel[...]), np.asarray(down.kernel[...]))}
 
@@ -109,12 +110,12 @@ def time_interleaved(cases: dict, runs: int, min_timed_s: float) -> None:
 
 
 def collectives_cell(records) -> str:
-    summary = inspect.summarize(records)
+    summary = summarize(records)
     return ", ".join(f"{SHORT.get(kind, kind)} x{s['count']}" for kind, s in summary.items()) or "-"
 
 
 def comm_bytes(records) -> int:
-    return sum(s["bytes"] for s in inspect.summarize(records).values())
+    return sum(s["bytes"] for s in summarize(records).values())
 
 
 def print_rows(heads: list[str], rows: list[list[str]], text: tuple[int, ...] = (0,)) -> None:

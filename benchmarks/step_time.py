@@ -1,4 +1,4 @@
-"""Predicted step time of a Llama-3-70B train step on virtual clusters (`workbench.core.cost.step_time`).
+"""Predicted step time of a Llama-3-70B train step on virtual clusters (`workbench.core.cost.step_time.step_time`).
 
     python benchmarks/step_time.py [--batch 16 2048]
     python benchmarks/step_time.py --predict [--batch 512 4096]
@@ -8,7 +8,7 @@ The train step (loss, gradient, AdamW update, state donated; bfloat16; remat "fu
 fsdp=16 x tp=4, and on 8 nodes x 8 H100 (a worker with 64 simulated CPU devices) with fsdp=8 x tp=8. Printed:
 the model's compute / memory / communication parts, the collectives by network level, MFU, and on TPU XLA's own
 estimate (`optimal_seconds`, a loop body counted once), then the same layout predicted from shapes without
-compiling (`workbench.core.layout_cost.predict_step`). Nothing is timed on a device: these are predictions.
+compiling (`workbench.core.cost.predicted.predict_step`). Nothing is timed on a device: these are predictions.
 
 ``--predict`` times `predict_step` itself, what a layout search calls for every candidate: every mesh shape
 (pp, dp, fsdp, tp, sp) of 64 to 1024 chips with three remat policies, cold (first sight of each mesh) and warm.
@@ -45,8 +45,8 @@ def predict_timing(batch: tuple[int, int]) -> None:
     from _header import print_rows
 
     from workbench.core.cluster import Cluster
-    from workbench.core.cost import format_seconds
-    from workbench.core.layout_cost import predict_step
+    from workbench.core.cost.predicted import predict_step
+    from workbench.core.cost.step_time import format_seconds
     from workbench.core.models.presets import full_config
 
     print(header(f"Llama-3-70B train step, batch {batch[0]} x {batch[1]}: predict_step over every layout"))
@@ -81,10 +81,10 @@ def main() -> None:
     import jax.numpy as jnp
 
     from workbench.core.cluster import Cluster
-    from workbench.core.cost import step_time
-    from workbench.core.layout_cost import predict_step
+    from workbench.core.compile.virtual import compile_step
+    from workbench.core.cost.predicted import predict_step
+    from workbench.core.cost.step_time import step_time
     from workbench.core.models.presets import full_config
-    from workbench.core.virtual import compile_step
     from workbench.models import CausalLM
 
     print(header("Llama-3-70B train step: predicted step time on virtual clusters"))

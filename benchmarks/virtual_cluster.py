@@ -82,13 +82,13 @@ def main() -> None:
     import jax.numpy as jnp
 
     jax.config.update("jax_enable_compilation_cache", False)
-    from workbench.core import virtual
-    from workbench.core.explore import Layout
-    from workbench.core.ledger import ledger
+    from workbench.core.compile import virtual
+    from workbench.core.compile.steps import full_mesh_shape
+    from workbench.core.compile.virtual import cluster_mesh, compile_step
+    from workbench.core.cost.ledger import ledger
     from workbench.core.mesh import MESH_AXES
     from workbench.core.models.presets import full_config
-    from workbench.core.steps import full_mesh_shape
-    from workbench.core.virtual import cluster_mesh, compile_step
+    from workbench.core.views.explore import Layout
     from workbench.models import CausalLM
 
     print(header("Full-size models on virtual clusters: lazy_init, ledger, train-step compile + analysis"))
@@ -194,9 +194,9 @@ def compile_child(layers: int) -> None:
     import jax
 
     from workbench.core.cluster import Cluster
+    from workbench.core.compile.steps import abstract_step, full_mesh_shape
+    from workbench.core.compile.virtual import cluster_mesh
     from workbench.core.mesh import MESH_AXES
-    from workbench.core.steps import abstract_step, full_mesh_shape
-    from workbench.core.virtual import cluster_mesh
 
     model = model_of("llama-3-70b", layers)
     cluster = Cluster.tpu("v5p:4x4x4")

@@ -10,7 +10,7 @@ HEAVY = ["flax", "torch", "transformers", "ipywidgets", "plotly", "treescope", "
 
 @pytest.mark.parametrize("stmt, allowed", [
     ("import workbench", []),
-    ("import workbench.core.axes, workbench.core.mesh, workbench.core.operations, workbench.core.layout", []),
+    ("import workbench.core.axes, workbench.core.mesh, workbench.core.operations, workbench.core.sharding.blocks", []),
     ("import workbench.models, workbench.widgets", []),
 ])
 def test_import_loads_no_heavy_library(stmt, allowed):

@@ -80,7 +80,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_no_import_cycles():
     graph = import_graph()
-    some = {"workbench.core.models.causal_lm", "workbench.core.explore", "workbench.widgets.attention_lab"}
+    some = {"workbench.core.models.causal_lm", "workbench.core.views.explore", "workbench.widgets.attention_lab"}
     assert some <= graph.keys()
     assert "workbench.core.models.hf_convert" in graph["workbench.core.models.checkpoint"]
     assert cycles(graph) == []

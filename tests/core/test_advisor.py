@@ -10,10 +10,10 @@ from flax import nnx
 
 from workbench.core.advisor import Constraints, advise
 from workbench.core.cluster import Cluster
-from workbench.core.cost import span
-from workbench.core.explore import Layout
+from workbench.core.cost.network import span
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import full_config, tiny_config
+from workbench.core.views.explore import Layout
 
 FAMILIES = ["llama", "qwen3", "gemma3", "gpt2", "mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3"]
 

@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 from packaging.requirements import Requirement
 
 from workbench.core.cluster import Cluster, cluster_mesh, parse_topology
-from workbench.core.virtual import ANALYSES, compile_on, compile_step, workers
+from workbench.core.compile.virtual import ANALYSES, compile_on, compile_step, workers
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
@@ -161,7 +161,7 @@ def test_a_worker_exits_when_its_parent_dies(tmp_path):
     script.write_text(
         "import os, sys\n"
         "from workbench.core.cluster import Cluster\n"
-        "from workbench.core.virtual import _worker\n"
+        "from workbench.core.compile.virtual import _worker\n"
         "print(_worker(4).process.pid, flush=True)\n"
         "os.kill(os.getpid(), 9)\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))

@@ -10,7 +10,6 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from workbench.core._matmul_sharding import METHODS
 from workbench.core.axes import ColumnWise, PartitionAxis, RowWise
 from workbench.core.linear import (
     MATMUL_METHODS,
@@ -22,6 +21,7 @@ from workbench.core.linear import (
     shard,
 )
 from workbench.core.mesh import make_mesh
+from workbench.core.sharding.matmul import METHODS
 
 HI = jax.lax.Precision.HIGHEST
 MESHES = {

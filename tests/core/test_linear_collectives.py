@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from workbench.core import inspect as wi
+from workbench.core.hlo.collectives import collectives, summarize
 from workbench.core.linear import ColumnParallelLinear, ParallelLinear, RowParallelLinear, TensorParallelConfig
 from workbench.core.mesh import make_mesh
 
@@ -37,7 +37,7 @@ def module_collectives(module, x_spec, mesh, apply=lambda module, x: module(x)):
     graphdef, state = nnx.split(module)
     forward = jax.jit(lambda state, x: apply(nnx.merge(graphdef, state), x))
     x = jax.ShapeDtypeStruct((B, T, D), jnp.float32, sharding=NamedSharding(mesh, x_spec))
-    return wi.collectives(forward, state, x)
+    return collectives(forward, state, x)
 
 
 def forward_collectives(layer):
@@ -77,7 +77,7 @@ def test_row_is_one_all_reduce_over_tp(mesh, method):
     assert r.mesh_axes == ("tp",) and r.group_size == mesh.shape["tp"]
     assert (r.shape, r.dtype) == ((B // batch_shards(mesh), T, F), "float32")
     assert r.bytes == expected_bytes
-    assert wi.summarize(records) == {"all-reduce": {"count": 1, "bytes": expected_bytes}}
+    assert summarize(records) == {"all-reduce": {"count": 1, "bytes": expected_bytes}}
 
 
 def test_row_reduce_scatter_shard_map_is_one_reduce_scatter(mesh):

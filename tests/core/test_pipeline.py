@@ -13,7 +13,7 @@ import optax
 import pytest
 from flax import nnx
 
-from workbench.core.inspect import collectives
+from workbench.core.hlo.collectives import collectives
 from workbench.core.mesh import make_mesh
 from workbench.core.models.loss import causal_lm_loss
 from workbench.core.models.presets import tiny

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from IPython.core.events import EventManager, available_events
 
-from workbench.core.attention_lab import ModelComparison, ModelRun, attention_weights, make_inputs
 from workbench.core.operations import AttentionOutput, Capabilities, OperationImpl, OperationRegistry
 from workbench.core.operations.attention.common import CAUSAL, GQA, AttentionImplMixin, dense_attention
+from workbench.core.views.attention_lab import ModelComparison, ModelRun, attention_weights, make_inputs
 from workbench.widgets import attention_lab as view
 from workbench.widgets.attention_lab import AttentionLab
 

@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import pytest
 
 from workbench.core.cluster import Cluster
-from workbench.core.cost import collective_time, format_seconds
-from workbench.core.ledger import ledger
+from workbench.core.cost.ledger import ledger
+from workbench.core.cost.network import collective_time
+from workbench.core.cost.step_time import format_seconds
 from workbench.core.mesh import MESH_AXES
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import full_config, tiny_config
@@ -167,7 +168,7 @@ def test_the_static_picture_is_the_ledger(llama_70b):
 
 def test_the_predicted_step_per_layer_kind_follows_every_edit(llama_70b):
     """Before any compile: the step timed from the shapes (layout_cost.predict_step), per layer kind."""
-    from workbench.core.layout_cost import predict_step
+    from workbench.core.cost.predicted import predict_step
 
     cluster = Cluster.h100(nodes=8)
     ex = ShardingExplorer(llama_70b, {"fsdp": 8, "tp": 8}, cluster=cluster, batch=(16, 2048))

@@ -10,15 +10,15 @@ import jax
 import pytest
 
 import workbench as wb
-from workbench.core import ledger as ledgers
 from workbench.core.axes import EMPTY, MODE_DECODE, TP, VOCAB, PartitionAxis
 from workbench.core.cluster import Cluster
-from workbench.core.explore import Layout
+from workbench.core.cost import ledger as ledgers
 from workbench.core.mesh import make_mesh
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import tiny_config
 from workbench.core.pipeline import default_config
 from workbench.core.pipeline_schedule import PipelineConfig
+from workbench.core.views.explore import Layout
 from workbench.widgets.sharding_explorer import ShardingExplorer
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 simulated devices")

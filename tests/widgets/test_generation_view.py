@@ -1,7 +1,7 @@
 """GenerationView, driven through its callbacks: tokens streamed equal model.generate's, stop from the button
 while the loop runs in its thread, the cache picture against the returned cache, and inline errors.
 
-Every run uses the shapes of tests/core/test_cache_view.py (1-layer tiny Llama, "Hello" left padded to 16,
+Every run uses the shapes of tests/core/views/test_cache_fill.py (1-layer tiny Llama, "Hello" left padded to 16,
 8 new tokens, 32 slots, greedy, no EOS), so each compiled program is built once per test session.
 """
 
@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from workbench.core.cache_view import ContiguousFill, cache_fill
-from workbench.core.compile_cache import PROGRAMS
+from workbench.core.compile.cache import PROGRAMS
 from workbench.core.models.causal_lm import CausalLM
 from workbench.core.models.config import ModelConfig
 from workbench.core.models.generation import GenerationConfig
 from workbench.core.models.presets import tiny, tiny_config
 from workbench.core.models.sharding import lazy_init
 from workbench.core.models.tokenizer import ByteTokenizer, HFTokenizer
-from workbench.core.token_stream import TokenStream
+from workbench.core.views.cache_fill import ContiguousFill, cache_fill
+from workbench.core.views.token_stream import TokenStream
 from workbench.widgets._cache_html import cache_html
 from workbench.widgets.generation_view import GenerationView, default_tokenizer
 
@@ -117,7 +117,7 @@ def test_compiling_flag_follows_the_core_cache_after_switching_the_model(model):
 
 
 def test_stop_button_while_the_loop_runs_then_generate_again(model, monkeypatch):
-    from workbench.core.token_stream import TokenStream
+    from workbench.core.views.token_stream import TokenStream
     from workbench.widgets import generation_view
 
     view = make_view(model)

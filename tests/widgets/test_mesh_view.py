@@ -6,8 +6,8 @@ import jax
 import pytest
 from jax.sharding import AxisType
 
-from workbench.core.layout import axis_size_choices
 from workbench.core.mesh import describe_mesh, make_mesh
+from workbench.core.sharding.blocks import axis_size_choices
 from workbench.widgets import mesh_view as mv_module
 from workbench.widgets.mesh_view import MeshView, mesh_html
 

@@ -12,7 +12,7 @@ from workbench.core.models.causal_lm import CausalLM
 from workbench.core.models.config import ModelConfig
 from workbench.core.models.presets import tiny, tiny_config
 from workbench.core.models.sharding import lazy_init, param_specs, shard_model
-from workbench.core.tree_view import param_rows, subtree_totals
+from workbench.core.views.param_tree import param_rows, subtree_totals
 from workbench.widgets.module_tree import ModuleTree
 
 MESH = make_mesh(fsdp=2, tp=4)
@@ -40,7 +40,7 @@ def test_tree_counts_and_header(model):
 
 
 def test_the_explorer_and_the_tree_show_one_reason_per_parameter(model):
-    from workbench.core.explore import Layout
+    from workbench.core.views.explore import Layout
     from workbench.widgets._html import escape
     from workbench.widgets.module_tree import param_summary_html
     from workbench.widgets.sharding_explorer import layout_html

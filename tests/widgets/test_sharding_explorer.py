@@ -8,11 +8,11 @@ import pytest
 from flax import nnx
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
-from workbench.core import explore
 from workbench.core.mesh import make_mesh
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import tiny, tiny_config
 from workbench.core.models.sharding import path_str
+from workbench.core.views import explore
 from workbench.widgets.sharding_explorer import ShardingExplorer, layout_html
 
 Q_PROJ = "layers/self_attn/q_proj/kernel"
@@ -195,9 +195,9 @@ def test_on_a_virtual_cluster_the_collectives_compile_for_its_devices():
     """A 16-device CPU cluster (more than the notebook's 8): the layout sits on an AbstractMesh and the
     "collectives" and "experts" buttons compile in the cluster's worker; the HLO's groups span 16 devices."""
     from workbench.core.cluster import Cluster
+    from workbench.core.compile.steps import full_mesh_shape
+    from workbench.core.compile.virtual import cluster_mesh
     from workbench.core.mesh import MESH_AXES
-    from workbench.core.steps import full_mesh_shape
-    from workbench.core.virtual import cluster_mesh
 
     cluster = Cluster.cpu(16)
     mesh = cluster_mesh(cluster, full_mesh_shape({"dp": 4, "ep": 4}, cluster), MESH_AXES)

@@ -9,8 +9,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from workbench.core.layout import sharding_layout
 from workbench.core.mesh import make_mesh
+from workbench.core.sharding.blocks import sharding_layout
 from workbench.widgets import _html
 from workbench.widgets.mesh_view import MeshView
 from workbench.widgets.sharding_view import ShardingView, sharding_html

@@ -3,14 +3,14 @@
 :func:`advise` enumerates mesh shapes of the cluster's devices over the workbench's axes ``(pp, dp, fsdp, ep, tp,
 sp)`` (only those the cluster can hold: :meth:`Cluster.valid_mesh_shapes`), with the remat policies, for ``pp > 1``
 the pipelines (1F1B and interleaved, ``m = p, 2p, 4p`` microbatches), and for a train step on ``dp > 1`` ZeRO-1
-(the optimizer state split over ``dp``, :mod:`workbench.core.zero`), and drops what makes no sense for this model
-and batch (a split that does not divide the heads, the experts, the layers or the batch; ``tp`` across GPU nodes
-unless allowed; more than ``max_split_axes`` split axes). Each remaining layout is resolved (the parameters'
-PartitionSpecs, :class:`~workbench.core.layout_plan.Layout`), held against the chip's HBM by the memory ledger
-(:func:`~workbench.core.ledger.ledger`), and timed by the analytic step model
-(:func:`~workbench.core.layout_cost.predict_step`): nothing is compiled. Layouts that fit are ranked by predicted
+(the optimizer state split over ``dp``, :mod:`workbench.core.sharding.zero`), and drops what makes no sense for
+this model and batch (a split that does not divide the heads, the experts, the layers or the batch; ``tp``
+across GPU nodes unless allowed; more than ``max_split_axes`` split axes). Each remaining layout is resolved (the
+parameters' PartitionSpecs, :class:`~workbench.core.sharding.plan.Layout`), held against the chip's HBM by the memory
+ledger (:func:`~workbench.core.cost.ledger.ledger`), and timed by the analytic step model
+(:func:`~workbench.core.cost.predicted.predict_step`): nothing is compiled. Layouts that fit are ranked by predicted
 step time, each with the reason it wins or loses in words; :meth:`Advice.confirm` compiles the top few on the
-virtual cluster (:func:`~workbench.core.virtual.compile_step`) and puts the compiler's memory and collectives
+virtual cluster (:func:`~workbench.core.compile.virtual.compile_step`) and puts the compiler's memory and collectives
 beside the prediction, demoting a layout whose compiled memory does not fit.
 
 ZeRO's stages: ``dp`` alone is stage 0, ``zero_stage=1`` on ``dp`` is stage 1 (and holds stage 2's split
@@ -26,9 +26,9 @@ import time
 import typing as tp
 
 from workbench.core.axes import MODE_DECODE, MODE_TRAIN, PartitionAxis
-from workbench.core.layout_plan import Layout
-from workbench.core.ledger import libtpu_version, zero_parameter_copy_bytes
+from workbench.core.cost.ledger import libtpu_version, zero_parameter_copy_bytes
 from workbench.core.mesh import MESH_AXES
+from workbench.core.sharding.plan import Layout
 
 TASKS = ("train", "prefill", "decode")
 REMATS = ("none", "dots_saveable", "full")
@@ -162,8 +162,8 @@ class Advice:
         TPU slice (XLA's TPU compiler), if its compiled memory exceeds the HBM it moves from ``ranked`` to
         ``rejected`` with that reason. A GPU cluster's program is XLA:CPU's (in the worker), whose memory is not
         a GPU's: it is shown, not held against the HBM."""
-        from workbench.core.cost import step_time
-        from workbench.core.virtual import compile_step
+        from workbench.core.compile.virtual import compile_step
+        from workbench.core.cost.step_time import step_time
 
         if progress is not None:
             progress(f"compiling {c.label} for {self.cluster.name}")
@@ -258,7 +258,7 @@ def _mesh(mesh_shape: tp.Mapping[str, int], cluster: tp.Any = None) -> tp.Any:
 
     shape = tuple(int(mesh_shape.get(a, 1)) for a in MESH_AXES)
     if cluster is not None:
-        from workbench.core.virtual import cluster_mesh
+        from workbench.core.compile.virtual import cluster_mesh
 
         return cluster_mesh(cluster, shape, MESH_AXES)
     return AbstractMesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(shape))
@@ -340,11 +340,11 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
     """
     import jax.numpy as jnp
 
-    from workbench.core.layout_cost import predict_step
-    from workbench.core.layout_plan import Layout
-    from workbench.core.ledger import ledger
+    from workbench.core.compile.steps import OPTIMIZERS
+    from workbench.core.cost.ledger import ledger
+    from workbench.core.cost.predicted import predict_step
     from workbench.core.pipeline import pipeline_partition_axis
-    from workbench.core.steps import OPTIMIZERS
+    from workbench.core.sharding.plan import Layout
 
     start = time.perf_counter()
     if task not in TASKS:
@@ -428,7 +428,7 @@ _PART_NAMES = {"params": "parameters", "grads": "gradients", "optimizer": "optim
 
 
 def _ms(seconds: float) -> str:
-    from workbench.core.cost import format_seconds
+    from workbench.core.cost.step_time import format_seconds
 
     return format_seconds(seconds)
 
@@ -481,7 +481,7 @@ def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, resc
         words.append(f"{kind}s over {','.join(axes)} on {level}: {_ms(seconds)} of {_ms(st.time_s)}")
     else:
         words.append(f"{st.bound}-bound ({_ms(max(st.compute_s, st.memory_s))} of {_ms(st.time_s)})")
-    from workbench.core.cost import span
+    from workbench.core.cost.network import span
 
     tp_size = c.mesh_shape.get("tp", 1)
     if tp_size > 1 and cluster.platform == "gpu" and span(("tp",), c.mesh_shape, cluster).units > 1:

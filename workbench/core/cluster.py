@@ -1,6 +1,6 @@
 """Virtual clusters: the chips a cluster is made of, how many, and the networks between them.
 
-A :class:`Cluster` is data: its chip (a :class:`~workbench.core.inspect.Hardware`: peak FLOP/s per dtype,
+A :class:`Cluster` is data: its chip (a :class:`~workbench.core.cost.chips.Hardware`: peak FLOP/s per dtype,
 HBM capacity and bandwidth), its device count and its network levels (:class:`NetworkLevel`): a TPU
 slice's ICI torus (axes with or without wraparound) and the DCN between slices; a GPU cluster's NVLink
 inside a node and the inter-node network beside it. Build one with :meth:`Cluster.tpu`,
@@ -15,7 +15,7 @@ inside a node and the inter-node network beside it. Build one with :meth:`Cluste
 64
 
 :func:`cluster_mesh` (or :meth:`Cluster.mesh`) gives the mesh to place a program's abstract arguments on
-(a TPU slice's compile-only devices, :func:`tpu_devices`), and :func:`workbench.core.virtual.compile_on`
+(a TPU slice's compile-only devices, :func:`tpu_devices`), and :func:`workbench.core.compile.virtual.compile_on`
 compiles the program for the cluster (TPU: XLA's TPU compiler, ahead of time; else a worker process with as
 many simulated CPU devices).
 """
@@ -33,8 +33,8 @@ import typing as tp
 import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
-from workbench.core._roofline import H100, H200, RING, SWITCH, TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, Hardware
-from workbench.core._xla_log import xla_log_lines
+from workbench.core.compile.xla_log import xla_log_lines
+from workbench.core.cost.chips import H100, H200, RING, SWITCH, TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, Hardware
 
 PLATFORMS = ("tpu", "gpu", "cpu")
 TPU_AOT_HINT = 'pip install "jax-workbench[tpu-aot]"'
@@ -326,7 +326,7 @@ def cluster_mesh(cluster: Cluster, mesh_shape: tp.Sequence[int], axis_names: tp.
                  ) -> Mesh | AbstractMesh:
     """The mesh to place a program's abstract arguments on: a TPU cluster's compile-only devices laid on its
     torus (a ``Mesh``), else an ``AbstractMesh`` that the worker makes concrete. Auto axes, as ``make_mesh``.
-    :func:`workbench.core.virtual.compile_on` compiles a program placed on it."""
+    :func:`workbench.core.compile.virtual.compile_on` compiles a program placed on it."""
     shape, names = cluster.check_mesh_shape(mesh_shape), tuple(axis_names)
     if len(names) != len(shape) or len(set(names)) != len(names):
         raise ValueError(f"give one distinct axis name per mesh axis; got {names} for shape {shape}")

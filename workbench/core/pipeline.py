@@ -487,7 +487,7 @@ def make_pipeline_train_step(config: PipelineConfig, optimizer: tp.Any = None, *
     with ``model.shard_model(mesh, pipeline_partition_axis())`` so each device stores only its stages."""
     import optax
 
-    from workbench.core.compile_cache import PROGRAMS, signature
+    from workbench.core.compile.cache import PROGRAMS, signature
     from workbench.core.models.training import TrainState, _place
 
     partition_axis = pipeline_partition_axis(partition_axis)

@@ -1,5 +1,5 @@
 """The KV cache as HTML: coloured slots per row (contiguous) or the page table (paged), from a
-:class:`~workbench.core.cache_view.ContiguousFill` / :class:`~workbench.core.cache_view.PagedFill`."""
+:class:`~workbench.core.views.cache_fill.ContiguousFill` / :class:`~workbench.core.views.cache_fill.PagedFill`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from workbench.core.cache_view import ContiguousFill, PagedFill
+from workbench.core.views.cache_fill import ContiguousFill, PagedFill
 from workbench.widgets._html import escape, format_bytes
 
 __all__ = ["cache_html"]

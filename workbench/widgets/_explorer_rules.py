@@ -13,8 +13,8 @@ import typing as tp
 import ipywidgets as widgets
 
 from workbench.core import axes as ax
-from workbench.core.explore import Layout
-from workbench.core.spec_text import format_axes, format_entry, parse_axes, parse_entry
+from workbench.core.sharding.spec_text import format_axes, format_entry, parse_axes, parse_entry
+from workbench.core.views.explore import Layout
 
 MODES = (("MODE_TRAIN", ax.MODE_TRAIN), ("MODE_PREFILL", ax.MODE_PREFILL), ("MODE_DECODE", ax.MODE_DECODE),
          ("MODE_INSERT", ax.MODE_INSERT))

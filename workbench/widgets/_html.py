@@ -98,7 +98,7 @@ def error_html(message: str) -> str:
 
 
 def typed_html(typed: str, on_mesh: str | None = None) -> str:
-    """An array's type on Explicit axes (``float32[8@dp,4@tp]``, :func:`~workbench.core.layout.typed_notation`)
+    """An array's type on Explicit axes (``float32[8@dp,4@tp]``, :func:`~workbench.core.sharding.blocks.typed_notation`)
     in code font, class ``wb-typed``, the text in ``data-typed``.
 
     ``on_mesh``: what ``jax.typeof`` prints on the array's own mesh. Where Auto axes keep the sharding

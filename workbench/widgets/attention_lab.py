@@ -1,9 +1,9 @@
 """AttentionLab: pick an attention implementation and a reference, see how they differ and what they cost.
 
-A view over :mod:`workbench.core.attention_lab`: :func:`~workbench.core.attention_lab.compare` fills
-the results table, :func:`~workbench.core.attention_lab.attention_weights` and
+A view over :mod:`workbench.core.views.attention_lab`: :func:`~workbench.core.views.attention_lab.compare` fills
+the results table, :func:`~workbench.core.views.attention_lab.attention_weights` and
 ``Comparison.output_difference`` the two heatmaps, and
-:func:`~workbench.core.attention_lab.model_comparison` the "use in model" panel.
+:func:`~workbench.core.views.attention_lab.model_comparison` the "use in model" panel.
 
 The implementation menus are read from ``OperationRegistry`` again after every notebook cell
 (an IPython ``post_run_cell`` hook), on every interaction and on :meth:`AttentionLab.refresh`, so an
@@ -22,7 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 import plotly.graph_objects as go
 
-from workbench.core.attention_lab import (
+from workbench.core.operations import OperationRegistry
+from workbench.core.operations.attention.common import RETURN_WEIGHTS
+from workbench.core.views.attention_lab import (
     DTYPES,
     Comparison,
     LabOptions,
@@ -33,8 +35,6 @@ from workbench.core.attention_lab import (
     make_inputs,
     model_comparison,
 )
-from workbench.core.operations import OperationRegistry
-from workbench.core.operations.attention.common import RETURN_WEIGHTS
 from workbench.widgets._errors import InlineError
 from workbench.widgets._html import escape, format_bytes, html_table
 

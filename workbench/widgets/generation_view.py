@@ -2,10 +2,10 @@
 button, and the KV cache filling (contiguous slots) or its page table (paged).
 
 ``generate`` runs in a background thread, so the kernel keeps handling widget messages while it
-decodes: the stop button sets a flag that the streamer (:class:`~workbench.core.token_stream.TokenStream`)
+decodes: the stop button sets a flag that the streamer (:class:`~workbench.core.views.token_stream.TokenStream`)
 returns from ``should_stop()``, and the compiled loop ends after the current step. The cache picture
-is predicted from the streamed step count while decoding (:func:`~workbench.core.cache_view.streamed_fill`)
-and read from the returned cache at the end (:func:`~workbench.core.cache_view.cache_fill`).
+is predicted from the streamed step count while decoding (:func:`~workbench.core.views.cache_fill.streamed_fill`)
+and read from the returned cache at the end (:func:`~workbench.core.views.cache_fill.cache_fill`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import typing as tp
 import ipywidgets as widgets
 import numpy as np
 
-from workbench.core.cache_view import cache_fill, streamed_fill
-from workbench.core.token_stream import TokenStream, stable_text
+from workbench.core.views.cache_fill import cache_fill, streamed_fill
+from workbench.core.views.token_stream import TokenStream, stable_text
 from workbench.widgets._cache_html import cache_html
 from workbench.widgets._errors import InlineError, error_message
 from workbench.widgets._html import escape

@@ -9,9 +9,9 @@ import typing as tp
 import ipywidgets as widgets
 
 from workbench.core.advisor import Advice, Candidate, Constraints, advise
-from workbench.core.cost import format_seconds
-from workbench.core.ledger import KINDS
-from workbench.core.steps import OPTIMIZERS
+from workbench.core.compile.steps import OPTIMIZERS
+from workbench.core.cost.ledger import KINDS
+from workbench.core.cost.step_time import format_seconds
 from workbench.widgets._errors import InlineError, error_message
 from workbench.widgets._html import error_html, escape, format_bytes
 

@@ -1,9 +1,9 @@
 """MeshView: a mesh's devices laid out by axes, with controls that reshape it.
 
-The picture comes from :func:`workbench.core.layout.mesh_grid`; the sizes offered come from
-:func:`~workbench.core.layout.axis_size_choices` (one axis takes the rest of the devices, as
+The picture comes from :func:`workbench.core.sharding.blocks.mesh_grid`; the sizes offered come from
+:func:`~workbench.core.sharding.blocks.axis_size_choices` (one axis takes the rest of the devices, as
 ``make_mesh``'s ``-1``), and "apply" builds the new mesh with
-:func:`~workbench.core.layout.reshape_mesh`. Other views follow with ``on_change(fn)`` or
+:func:`~workbench.core.sharding.blocks.reshape_mesh`. Other views follow with ``on_change(fn)`` or
 ``observe(fn, names="mesh")``.
 """
 
@@ -15,8 +15,8 @@ import ipywidgets as widgets
 import traitlets
 from jax.sharding import Mesh
 
-from workbench.core.layout import MeshGrid, axis_size_choices, mesh_grid, reshape_mesh, set_axis_size
 from workbench.core.mesh import describe_mesh
+from workbench.core.sharding.blocks import MeshGrid, axis_size_choices, mesh_grid, reshape_mesh, set_axis_size
 from workbench.widgets._errors import InlineError, error_message
 from workbench.widgets._html import TEXT_COLOR, device_color, escape
 

@@ -1,7 +1,7 @@
 """ModuleTree: an NNX model rendered with treescope, its parameter counts per subtree, and each parameter's
 sharding; choosing a parameter shows its :class:`~workbench.widgets.sharding_view.ShardingView`.
 
-The rows and totals come from :mod:`workbench.core.tree_view` (tested without a widget). treescope's
+The rows and totals come from :mod:`workbench.core.views.param_tree` (tested without a widget). treescope's
 HTML needs its scripts to run, so it goes into an ``ipywidgets.Output`` as display data (an
 ``ipywidgets.HTML`` value would not run them).
 """
@@ -13,9 +13,9 @@ import typing as tp
 import ipywidgets as widgets
 
 from workbench.core.axes import MODE_TRAIN, PartitionAxis
-from workbench.core.layout import format_spec
-from workbench.core.rules import ParamPlacement
-from workbench.core.tree_view import SubtreeTotal, format_count, param_rows, subtree_totals
+from workbench.core.sharding.blocks import format_spec
+from workbench.core.sharding.placement import ParamPlacement
+from workbench.core.views.param_tree import SubtreeTotal, format_count, param_rows, subtree_totals
 from workbench.widgets._errors import InlineError, error_message
 from workbench.widgets._html import error_html, escape, format_bytes, typed_html
 
@@ -225,8 +225,8 @@ class ModuleTree(InlineError, widgets.VBox):
 
     # -- internals -------------------------------------------------------------------------------------------
     def _expert_summary(self, capacity_factor: float | None) -> tp.Any:
-        from workbench.core import explore
-        from workbench.core.moe_view import expert_parallel_summary
+        from workbench.core.views import explore
+        from workbench.core.views.expert_dispatch import expert_parallel_summary
 
         mesh, partition_axis, mode, rules = self._layout_args
         mesh = mesh if mesh is not None else next((r.sharding.mesh for r in self._rows if r.sharding is not None),

@@ -97,7 +97,7 @@ def collectives_html(model: tp.Any, config: PipelineConfig, batch_shape: tuple[i
     import jax.numpy as jnp
     from flax import nnx
 
-    from workbench.core.inspect import collectives
+    from workbench.core.hlo.collectives import collectives
     from workbench.core.mesh import make_mesh
     from workbench.core.pipeline import pipeline_loss_and_grads, pipeline_partition_axis
 

@@ -1,7 +1,7 @@
 """ShardingExplorer: every parameter's PartitionSpec, bytes per device and collectives, edited live.
 
-A view over :mod:`workbench.core.explore`: each edit of the rules editor resolves a new
-:class:`~workbench.core.explore.Layout` (shapes only, nothing allocated) and re-renders the table,
+A view over :mod:`workbench.core.views.explore`: each edit of the rules editor resolves a new
+:class:`~workbench.core.views.explore.Layout` (shapes only, nothing allocated) and re-renders the table,
 the memory chart and the diff; the collectives panel compiles one step on request; "apply"
 re-shards the live model; "export" shows the layout as Python and as JSON, and :meth:`ShardingExplorer.load`
 (or pasting JSON beside it) switches to a given layout. A bad edit shows an inline error and leaves the last
@@ -20,11 +20,12 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from workbench.core import explore, layout_export
-from workbench.core import ledger as ledgers
 from workbench.core.axes import MODE_TRAIN, PartitionAxis, label
+from workbench.core.compile.steps import OPTIMIZERS
+from workbench.core.cost import ledger as ledgers
 from workbench.core.mesh import MESH_AXES, describe_mesh
-from workbench.core.steps import OPTIMIZERS
+from workbench.core.sharding import export as layout_export
+from workbench.core.views import explore
 from workbench.widgets._cluster_html import (
     collective_seconds,
     ledger_html,
@@ -129,7 +130,7 @@ def collectives_html(sc: explore.StepCollectives, *, stale: bool = False,
                      seconds: tp.Mapping[tuple[str, tuple[str, ...]], float] | None = None) -> str:
     """The collectives of one step per kind and mesh axes, with XLA's warnings condensed; with ``seconds``
     (``(kind, axes) -> predicted seconds per step`` on a cluster's network) a column of predicted time."""
-    from workbench.core.cost import format_seconds
+    from workbench.core.cost.step_time import format_seconds
 
     timed = seconds is not None
     rows = "".join(f'<tr class="wb-collective-row"><td style="{_CELL}">{escape(kind)}</td><td style="{_CELL}">'
@@ -182,10 +183,11 @@ class ShardingExplorer(InlineError):
 
     With ``cluster`` (a virtual :class:`~workbench.core.cluster.Cluster`) ``mesh`` may be the axis sizes
     (``{"fsdp": 16, "tp": 4}``; default every device on ``fsdp``) or ``cluster_mesh(cluster, ...)``; a control
-    offers the cluster's valid mesh shapes; the memory chart is the ledger (:func:`workbench.core.ledger.ledger`:
+    offers the cluster's valid mesh shapes; the memory chart is the ledger (:func:`workbench.core.cost.ledger.ledger`:
     parameters, gradients, optimizer state, activations under the remat policy, temporaries, per device)
     against the device's HBM, re-computed on every edit; "collectives" compiles the step for the cluster's
-    devices and adds the predicted step time (:func:`workbench.core.cost.step_time`), each collective's time on
+    devices and adds the predicted step time (:func:`workbench.core.cost.step_time.step_time`), each collective's
+    time on
     the cluster's network and the compiled memory beside the ledger.
 
     "export" (:meth:`export`) shows the layout as a Python snippet and as JSON (with the cluster, the remat
@@ -379,7 +381,7 @@ class ShardingExplorer(InlineError):
             self._step_out.value = ('<div style="font-size:12px;color:#555">simulated CPU devices have no chip or '
                                     "network numbers: no step time (use Cluster.tpu(...) or Cluster.h100(...))</div>")
         elif sc.analysis is not None:
-            from workbench.core.cost import step_time
+            from workbench.core.cost.step_time import step_time
 
             self.step_time = step_time(sc.analysis)
         self._render()
@@ -387,14 +389,14 @@ class ShardingExplorer(InlineError):
 
     def compute_experts(self) -> bool:
         """For a MoE model: the alltoall forward's all-to-alls and matmul FLOPs against dense, and the drops
-        of a sample batch at the chosen capacity factor (see :mod:`workbench.core.moe_view`)."""
+        of a sample batch at the chosen capacity factor (see :mod:`workbench.core.views.expert_dispatch`)."""
         return self._experts.run()
 
     def _on_experts(self, summary: tp.Any) -> None:
         self.experts, self._experts_layout = summary, self.layout
 
     def _expert_summary(self, capacity_factor: float | None) -> tp.Any:
-        from workbench.core.moe_view import expert_parallel_summary
+        from workbench.core.views.expert_dispatch import expert_parallel_summary
 
         return expert_parallel_summary(self.model, self.layout, capacity_factor=capacity_factor,
                                        batch=(self._batch_b.value, self._batch_t.value), cluster=self.cluster)
@@ -587,9 +589,9 @@ class ShardingExplorer(InlineError):
 
     def predicted_step(self) -> tp.Any:
         """The step the controls describe, timed from the model's shapes on the cluster
-        (:func:`workbench.core.layout_cost.predict_step`): compute, HBM traffic and each collective per layer
+        (:func:`workbench.core.cost.predicted.predict_step`): compute, HBM traffic and each collective per layer
         kind, before any compile."""
-        from workbench.core.layout_cost import predict_step
+        from workbench.core.cost.predicted import predict_step
 
         b, t = self._batch_b.value, self._batch_t.value
         task = self._task.value
@@ -730,8 +732,8 @@ def _cluster_mesh(mesh: tp.Any, cluster: tp.Any) -> tp.Any:
             raise ValueError("give a mesh (make_mesh(...)), or cluster=Cluster... with the axis sizes "
                              "({'fsdp': 16, 'tp': 4})")
         return mesh
-    from workbench.core.steps import full_mesh_shape
-    from workbench.core.virtual import cluster_mesh
+    from workbench.core.compile.steps import full_mesh_shape
+    from workbench.core.compile.virtual import cluster_mesh
 
     if mesh is None:
         valid = cluster.valid_mesh_shapes(len(MESH_AXES))

@@ -1,6 +1,6 @@
 """ShardingView: which block of an array each device holds, for any rank, with a spec editor.
 
-The layout comes from :func:`workbench.core.layout.sharding_layout` (no allocation); beside the scaling
+The layout comes from :func:`workbench.core.sharding.blocks.sharding_layout` (no allocation); beside the scaling
 book's notation ``A[I_fsdp, J_tp]`` stands the type JAX gives the array on Explicit axes,
 ``float32[8@fsdp,16@tp]``. The last two dimensions are drawn as a grid of blocks, one panel per block
 of the leading dimensions (``jax.debug.visualize_sharding`` stops at 2-D). Blocks take their device's
@@ -15,7 +15,7 @@ import typing as tp
 import ipywidgets as widgets
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
-from workbench.core.layout import ShardingLayout, format_spec, sharding_layout
+from workbench.core.sharding.blocks import ShardingLayout, format_spec, sharding_layout
 from workbench.widgets._errors import InlineError
 from workbench.widgets._html import (
     TEXT_COLOR,

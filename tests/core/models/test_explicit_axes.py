@@ -10,13 +10,13 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from workbench.core.axes import PartitionAxis
-from workbench.core.layout import typed_notation
 from workbench.core.mesh import as_auto, call_on_auto_axes, explicit_mesh_of, explicit_spec, make_mesh
 from workbench.core.models.causal_lm import LOGITS_AXES
 from workbench.core.models.generation_config import GenerationConfig
 from workbench.core.models.loss import causal_lm_loss, labels_from
 from workbench.core.models.presets import tiny
 from workbench.core.models.training import make_train_step, to_state
+from workbench.core.sharding.blocks import typed_notation
 
 IDS = jnp.asarray(np.random.RandomState(0).randint(3, 250, (4, 16)), jnp.int32)
 EXPLICIT = make_mesh(dp=2, tp=4, axis_types=AxisType.Explicit)

@@ -13,7 +13,7 @@ import pytest
 
 from workbench.core.models.generation_config import GenerationConfig
 from workbench.core.models.presets import tiny
-from workbench.core.token_stream import TokenStream
+from workbench.core.views.token_stream import TokenStream
 
 IDS = np.array([[1, 2, 3, 4]], np.int32)
 CONFIG = GenerationConfig(max_new_tokens=24, do_sample=False)

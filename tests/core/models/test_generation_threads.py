@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from workbench.core.compile_cache import PROGRAMS
+from workbench.core.compile.cache import PROGRAMS
 from workbench.core.models.generation import GenerationConfig, generate, is_compiled
 from workbench.core.models.presets import tiny
 

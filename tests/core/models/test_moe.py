@@ -8,7 +8,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from workbench.core.axes import HiddenStateSharding, PartitionAxis
-from workbench.core.inspect import collectives
+from workbench.core.hlo.collectives import collectives
 from workbench.core.mesh import make_mesh
 from workbench.core.models.hf_moe import (
     from_hf_experts,

@@ -13,7 +13,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from workbench.core.inspect import collectives
+from workbench.core.hlo.collectives import collectives
 from workbench.core.mesh import make_mesh
 from workbench.core.models.moe import MoE
 from workbench.core.models.moe_alltoall import capacity, dispatch_slots

@@ -24,11 +24,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from workbench.core.axes import BATCH, LENGTH, PartitionAxis
-from workbench.core.compile_cache import PROGRAMS, signature
+from workbench.core.compile.cache import PROGRAMS, signature
 from workbench.core.models.loss import causal_lm_loss, labels_from
 from workbench.core.models.moe_losses import expert_counts
 from workbench.core.models.tokenizer import ByteTokenizer
-from workbench.core.zero import check_zero_stage, state_sharding
+from workbench.core.sharding.zero import check_zero_stage, state_sharding
 
 Batch = dict[str, tp.Any]
 
@@ -96,7 +96,7 @@ def to_state(model: nnx.Module, optimizer: optax.GradientTransformation | None =
 
     ``optimizer`` defaults to ``make_optimizer()`` (constant lr). Optimizer moments take the
     sharding of their parameter (``zero_stage=1``: split over ``dp`` as well, ZeRO-1,
-    :mod:`workbench.core.zero`); scalars (counts) are replicated. ``train_step`` keeps these shardings.
+    :mod:`workbench.core.sharding.zero`); scalars (counts) are replicated. ``train_step`` keeps these shardings.
     """
     check_zero_stage(zero_stage)
     optimizer = make_optimizer() if optimizer is None else optimizer

@@ -13,7 +13,7 @@ import pytest
 from tests.core.operations.attention.reference import reference_attention
 from tests.core.operations.attention.test_ring import computation_of
 from tests.core.operations.attention.test_sequence_parallel import CASES, grads, inputs, segments
-from workbench.core import inspect
+from workbench.core.hlo.collectives import collectives, collectives_in
 from workbench.core.mesh import make_mesh
 from workbench.core.operations.base import OperationMetadata, OperationRegistry
 
@@ -116,7 +116,7 @@ def test_bias_gradient_is_summed_outside_the_skipped_tiles():
     hlo = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(q, k, v, bias).compile().as_text()
     branches = {b.strip().lstrip("%") for group in re.findall(r"branch_computations=\{([^}]*)\}", hlo)
                 for b in group.split(",")}
-    records = inspect.collectives_in(hlo)
+    records = collectives_in(hlo)
     assert branches and "all-reduce" in {r.kind for r in records}
     assert not [r.name for r in records if computation_of(hlo, r.name) in branches]
 
@@ -125,7 +125,7 @@ def test_bias_gradient_is_summed_outside_the_skipped_tiles():
 def program_collectives(op, q, k, v, gradient=False):
     out = lambda q, k, v: op(q, k, v, causal=True).attention_outputs
     fn = jax.grad(lambda q, k, v: jnp.sum(out(q, k, v)), argnums=(0, 1, 2)) if gradient else out
-    return inspect.collectives(fn, q, k, v, mesh=op.metadata.mesh)
+    return collectives(fn, q, k, v, mesh=op.metadata.mesh)
 
 
 @pytest.mark.parametrize("gradient", [False, True], ids=["forward", "gradient"])

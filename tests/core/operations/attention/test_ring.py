@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from tests.core.operations.attention.reference import reference_attention
 from tests.core.operations.attention.test_sequence_parallel import grads, inputs, segments
-from workbench.core import inspect
+from workbench.core.hlo.collectives import collectives_in, loop_collectives
 from workbench.core.mesh import make_mesh
 from workbench.core.operations.attention.ring import ring_work
 from workbench.core.operations.attention.zigzag import from_zigzag, to_zigzag, zigzag_chunks, zigzag_order
@@ -121,10 +121,10 @@ def test_permutes_do_not_depend_on_the_step_computation(load_balance):
     trip computes feeds it, nothing this trip computes waits for it (CPU: synchronous collective-permutes)."""
     q, k, v = inputs(t=64, kv=2)
     hlo = compiled_hlo(ring(load_balance, dp=2, sp=4), q, k, v, causal=True)
-    records = inspect.loop_collectives(hlo)
+    records = loop_collectives(hlo)
     assert [r.kind for r in records] == ["collective-permute"] * 2  # a key and a value block
     assert all(r.from_carry and r.to_carry_only for r in records)
-    trips = [c.trips for c in inspect.collectives_in(hlo) if c.name in {r.name for r in records}]
+    trips = [c.trips for c in collectives_in(hlo) if c.name in {r.name for r in records}]
     assert trips == [3, 3]  # sp - 1: the last block is folded after the loop
 
 
@@ -139,14 +139,14 @@ def test_backward_loop_sends_ahead_and_keeps_collectives_out_of_conditionals(loa
     op = ring(load_balance, dp=2, sp=4)
     loss = lambda q, k, v, b: jnp.sum(op(q, k, v, bias=b, causal=True).attention_outputs)
     hlo = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(q, k, v, bias).compile().as_text()
-    records = inspect.loop_collectives(hlo)
-    trips = {c.name: c.trips for c in inspect.collectives_in(hlo)}
+    records = loop_collectives(hlo)
+    trips = {c.name: c.trips for c in collectives_in(hlo)}
     assert sorted((trips[r.name], r.from_carry, r.to_carry_only) for r in records) == \
         [(2, True, False)] * 2 + [(2, True, True)] * 2 + [(3, True, True)] * 2
-    assert [c.trips for c in inspect.collectives_in(hlo) if c.kind == "all-reduce"] == [1]
+    assert [c.trips for c in collectives_in(hlo) if c.kind == "all-reduce"] == [1]
     branches = {b.strip().lstrip("%") for group in re.findall(r"branch_computations=\{([^}]*)\}", hlo)
                 for b in group.split(",")}
-    assert branches and not [c for c in inspect.collectives_in(hlo) if computation_of(hlo, c.name) in branches]
+    assert branches and not [c for c in collectives_in(hlo) if computation_of(hlo, c.name) in branches]
 
 
 def computation_of(hlo: str, instruction: str) -> str:
@@ -175,7 +175,7 @@ def test_loop_collectives_sees_a_permute_the_step_waits_for():
         return jax.lax.fori_loop(0, 7, step, (acc, x))[0][None]
 
     fn = jax.jit(jax.shard_map(folds_what_arrived, mesh=mesh, in_specs=P("sp"), out_specs=P("sp")))
-    (record,) = inspect.loop_collectives(fn.lower(jnp.ones((64, 16))).compile().as_text())
+    (record,) = loop_collectives(fn.lower(jnp.ones((64, 16))).compile().as_text())
     assert record.from_carry and not record.to_carry_only
 
 

@@ -6,7 +6,7 @@ key/value block it holds into an online softmax (``tile_update``) while the bloc
 next device with ``ppermute``, so each query block meets every key block while a device never
 holds more than two of them (the one it folds, the one arriving): logits take ``T S / sp^2`` per
 device. Each step sends the next block before folding the current one (double buffering), so the
-transfer neither waits for nor holds up the step's computation; ``workbench.core.inspect.loop_collectives``
+transfer neither waits for nor holds up the step's computation; ``workbench.core.hlo.collectives.loop_collectives``
 shows it in the compiled HLO.
 
 Under a causal mask, tiles no query sees are skipped, but with contiguous blocks device ``i`` still

@@ -1,0 +1,456 @@
+"""A layout's step time predicted from the model's shapes, without compiling: what a layout search ranks by.
+
+:func:`predict_step` counts, per device, the matmul FLOPs, the HBM bytes and every collective of one train,
+prefill or decode step of a :class:`~workbench.core.models.config.ModelConfig` laid out on a mesh of
+``(pp, dp, fsdp, ep, tp, sp)`` sizes, and prices them on a :class:`~workbench.core.cluster.Cluster` with
+:mod:`workbench.core.cost.network` (the roofline and :func:`~workbench.core.cost.network.transfer`). It returns a
+:class:`~workbench.core.cost.step_time.StepTime`, the same record a compiled step gets, with the work split by layer
+kind (:meth:`~workbench.core.cost.step_time.StepTime.by_kind`: "attention", "mlp", "experts", "embedding+head",
+"optimizer", "pipeline") and a pipeline's bubble. The references are the chapters of "How to Scale Your
+Model" (Austin et al., https://jax-ml.github.io/scaling-book/): "Transformer Math" (transformers/),
+"Training" (training/), "Training LLaMA 3" (applied-training/), "Inference" (inference/), "Serving LLaMA 3"
+(applied-inference/) and "How to Think About GPUs" (gpus/).
+
+>>> from workbench.core.cluster import Cluster
+>>> from workbench.core.models.presets import full_config
+>>> step = predict_step(full_config("llama-3-70b"), Cluster.h100(nodes=8), {"fsdp": 8, "tp": 8}, batch=(32, 4096))
+>>> step.bound, round(step.time_s, 2), sorted(step.by_kind())
+('communication', 1.34, ['attention', 'embedding+head', 'mlp', 'optimizer'])
+
+The derivation (``n``: tokens a device holds, ``D`` hidden, ``F`` MLP width, ``H`` heads of ``h`` dims, ``K``
+key/value heads, ``V`` vocabulary, ``T`` sequence, ``m`` microbatches; every dimension a mesh axis splits is
+divided by its size):
+
+**Where the work goes.** Tokens split over the batch axes (``batch_axes``, default ``("fsdp", "dp")``, the
+default ``PartitionAxis.batch_axis``) and the sequence over ``sp``; ``tp`` splits heads, MLP widths and the
+vocabulary (Megatron); ``ep`` splits experts; ``pp`` the stacked layers (a MoE family's leading dense layers
+run outside the pipeline, on every device, as :mod:`workbench.core.pipeline` runs them). An axis the batch
+does not split repeats the work that axis does not split: with ``ep`` outside ``batch_axes`` every ``ep``
+device runs the same attention (the experts still split: each takes ``1/ep`` of the tokens, as
+:mod:`workbench.core.models.moe_alltoall` does).
+
+**FLOPs** (Transformer Math): a matmul of a ``(n, a)`` input by an ``(a, b)`` weight is ``2nab``: ``2n`` times
+the weight's elements. Per token: attention projections (q, k, v, o; MLA's absorbed form: ``q_a``, ``q_b``,
+``kv_a``, ``W_uk``, ``W_uv``, ``o``); attention scores ``QK^T`` and ``PV``, ``2 T H (d_qk + d_v)``, counted as
+the dense ``T x T`` product (the book's ``12 B T^2 N H`` a layer in training: a causal mask halves the useful
+FLOPs only with a kernel that skips the masked blocks; a sliding window is not credited either); the MLP
+``2 * 3DF`` (SwiGLU; GELU ``2 * 2DF``); a mixture of experts the top-``k`` experts, the shared experts and the
+router ``2 D E``; the LM head ``2 D V`` (the embedding is a lookup, no FLOPs). The backward is twice the forward
+(``6 N`` a token in all: the book's ``6 * params * tokens``); ``remat="full"`` recomputes each layer's forward in
+its backward, except what the backward does not read, which XLA removes: a dense MLP's output projection
+(and a MoE's shared experts' one), whose result only joins the residual stream (its recompute comes back with
+sandwich norms, whose backward reads it). That is ``8 N - 2 N_down`` a token for a dense model (the compiled
+step agrees exactly, ``tests/core/cost/test_predicted.py``). ``"dots_saveable"`` saves every matmul output and
+recomputes elementwise ops only: no matmul FLOPs more, as ``"none"``. The head is outside the remat policy.
+Decode: one token per sequence, attention over ``kv_length`` (split over ``sp``); prefill computes logits for
+each sequence's last position only.
+
+**HBM bytes** (the roofline chapter's memory time, for decode the Inference chapter's bound). Each pass reads
+the (gathered) weights a device uses: forward, backward, a recompute; an FSDP gather also writes what it
+gathers; the backward writes a gradient per microbatch; AdamW reads parameters, gradients and both moments and
+writes three (7 accesses of each parameter's shard, moments in the parameters' dtype as optax keeps them).
+Decode reads the weights of the experts its tokens reach (``1 - (1 - 1/E)^copies`` of them) and every layer's
+KV cache (``2 K h`` elements a token, MLA's latent ``C + R``), and writes one token of it; prefill writes the
+cache. Activations: each matmul's input read and output written, attention as a fused (flash) kernel (Q read,
+K and V read once, O written; the scores stay on chip), norms and residuals ``5 D`` a token a sublayer, the
+gated activation ``3F``; a train step moves them three times (forward, and the backward's two reads) and again
+under ``"full"``; the loss reads and writes float32 logits (the ledger's three copies).
+
+**Collectives**, each ``cost.transfer(kind, bytes, axes, mesh, cluster)`` times its runs (Training chapter;
+GPUs chapter for NVLink and the network between nodes):
+
+- FSDP: weights shard over ``fsdp`` and ``sp`` (the workbench's layout: ``('fsdp', 'sp')`` on the embedding
+  dimension; experts over ``fsdp`` only). Each layer's weights are all-gathered in the forward and again in
+  the backward (GSPMD inserts the gather after autodiff: the backward saves the sharded weight, not the
+  gathered one, whatever the remat policy; per microbatch under a pipeline), and the gradients are
+  reduce-scattered once a step;
+- data parallelism: gradients all-reduced over the token axes a weight is replicated on (``dp``, and ``sp``
+  for experts), after the reduce-scatter when both; with ZeRO-1 (``zero_stage=1``) the ``dp`` share is a
+  reduce-scatter into the optimizer state's split and an all-gather of the updated weights (the same bytes),
+  and the optimizer's traffic divides by ``dp``;
+- TP (Megatron, no sequence parallelism): an all-reduce of the ``n D`` activations after attention's output
+  projection and after the MLP's, the same two in the backward (the input gradients of the column-parallel
+  projections, summed before one all-reduce), and the recompute's (the attention one only, as above); the
+  embedding's vocabulary-split lookup and the head's input gradient one each;
+- EP: two all-to-alls of the ``n k D`` routed copies a MoE layer forward (dispatch, return), two backward, two
+  more under ``"full"``; with ``ep`` outside ``batch_axes`` an all-gather of the ``1/ep`` token split after the
+  layer (its transpose, a reduce-scatter, in the backward); perfectly balanced, nothing dropped;
+- SP (ring attention): each layer passes its K and V around the ``sp`` ring, ``sp - 1`` collective-permutes
+  forward and twice that backward (K, V and their gradients); decode, with the cache split over ``sp``,
+  all-reduces each layer's partial attention outputs;
+- PP: a collective-permute of the ``n D / m`` activations per microbatch and stage, forward and backward, and
+  the bubble: ``(p - 1) / (v m + p - 1)`` of the schedule idle (:class:`~.pipeline_schedule.PipelineConfig`'s
+  closed form), ``f / (1 - f)`` times the pipelined layers' busy time added to the step.
+
+The step overlaps compute, memory and communication (``overlap=True``: the longest part, the book's
+assumption) or runs them one after another; the bubble adds either way. Not counted: norm weights and their
+gradients, the softmax's statistics across ``tp``, the loss's scalars, optimizer FLOPs (the roofline counts
+matmul FLOPs, as :func:`~workbench.core.cost.step_time.step_time` does).
+
+Compiled steps differ in ways ``tests/core/cost/test_predicted.py`` measures (a 4-layer Llama, fsdp=4 x tp=2):
+the dots agree to the FLOP (XLA:CPU) or within 0.01 % (XLA:TPU); XLA:TPU's TP all-reduces are these to the
+byte. Both compilers all-reduce the scanned layers' gradients whole over fsdp, then slice, where this model
+reduce-scatters them (twice as long on the network). XLA:CPU (what a GPU cluster compiles to here) computes
+bfloat16 as float32 (bytes x2) and all-reduces each column-parallel input gradient on its own (5 a dense layer's
+backward, not 2); XLA:TPU gathers some weights again for each use in the backward (3.5x these gathers there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import numbers
+import typing as tp
+
+from workbench.core.cluster import Cluster
+from workbench.core.cost.network import transfer
+from workbench.core.cost.roofline import rate_dtype, roofline
+from workbench.core.cost.step_time import CollectiveTime, StepTime, WorkPart
+from workbench.core.mesh import MESH_AXES
+from workbench.core.pipeline_schedule import PipelineConfig
+from workbench.core.sharding.zero import check_zero_stage
+
+TASKS = ("train", "prefill", "decode")
+REMATS = ("none", "dots_saveable", "full")
+KINDS = ("attention", "mlp", "experts", "embedding+head", "optimizer", "pipeline")
+BATCH_AXES = ("fsdp", "dp")  # PartitionAxis.batch_axis
+_ITEM_BYTES = {"bf16": 2, "int8": 1, "fp8": 1}
+ADAMW_ACCESSES = 7  # reads: param, grad, mu, nu; writes: param, mu, nu
+LOGITS_COPIES = 3  # float32 logits, their softmax, their cotangent (as the ledger counts them)
+NORM_RESIDUAL = 5  # elements a token a sublayer: a norm's read and write, the residual add's two reads, a write
+_DENSE_W = ("fsdp", "sp", "tp")  # mesh axes that split a projection, the head or the embedding
+_LATENT_W = ("fsdp", "sp")  # MLA's down-projections to its latents: no tp
+_EXPERT_W = ("ep", "fsdp", "tp")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shapes:
+    """Per-layer sizes of a config in elements, undivided by any mesh axis (see the module doc)."""
+
+    hidden: int
+    vocab: int
+    layers: int
+    dense_layers: int  # a MoE family's leading dense layers
+    moe: bool
+    attn_split: int  # weights of the attention matmuls tp splits
+    attn_rep: int  # ... tp does not split (MLA's latent down-projections)
+    attn_act_full: int  # activation elements a token those matmuls read / write that tp does not split
+    attn_act_split: int  # ... that tp splits
+    heads: int
+    score_qk: int  # a head's QK^T contraction width
+    score_v: int  # a head's PV width
+    kv_ring: int  # K and V elements a token that ring attention passes on
+    kv_cache: int  # KV cache elements a token and layer
+    kv_split: bool  # whether tp splits the K / V heads (MLA's latent: no)
+    mlp: int  # a dense MLP's weights
+    mlp_down: int
+    mlp_act_full: int
+    mlp_act_split: int
+    expert: int  # one routed expert's weights
+    experts: int
+    topk: int
+    expert_width: int
+    shared: int  # the shared experts' weights
+    shared_width: int
+    router: int
+    head: int
+    embed: int  # 0 when tied to the head
+    recompute_down: bool  # a post-MLP norm reads the output projection's result in the backward
+
+
+@functools.lru_cache(maxsize=128)
+def _shapes(c: tp.Any) -> _Shapes:
+    d, f, h = c.hidden_size, c.intermediate_size, c.num_attention_heads
+    if c.mla:
+        lat, r, nope, vd, rq = c.kv_lora_rank, c.qk_rope_head_dim, c.qk_nope_head_dim, c.v_head_dim, c.q_lora_rank
+        q_split = (rq or d) * h * (nope + r)
+        attn_rep = (d * rq if rq else 0) + d * (lat + r)
+        attn_split = q_split + lat * h * (nope + vd) + h * vd * d  # q(_b), kv_b (W_uk, W_uv), o
+        act_full = (d + 2 * rq if rq else d) + d + (lat + r) + d  # q(_a) in (+ q_a out, q_b in), kv_a in/out, o out
+        act_split = h * (nope + r) + h * (nope + lat) + h * (lat + vd) + h * vd  # q out, W_uk, W_uv, o in
+        score_qk, score_v = lat + r, lat  # the absorbed form: an MQA over [c; k_pe] with values c
+        kv_ring, kv_cache, kv_split = 2 * lat + r, lat + r, False
+    else:
+        hd, kv = c.head_dim, c.num_key_value_heads
+        attn_rep, attn_split = 0, 2 * d * h * hd + 2 * d * kv * hd
+        act_full, act_split = 4 * d, 2 * h * hd + 2 * kv * hd
+        score_qk = score_v = hd
+        kv_ring = kv_cache = 2 * kv * hd
+        kv_split = True
+    gated = c.mlp_type != "gelu"
+    widths = 3 if gated else 2
+    fe = c.expert_intermediate_size if c.mlp_type == "moe" else 0
+    moe = c.mlp_type == "moe"
+    return _Shapes(
+        hidden=d, vocab=c.vocab_size, layers=c.num_hidden_layers, dense_layers=c.first_dense_layers, moe=moe,
+        attn_split=attn_split, attn_rep=attn_rep, attn_act_full=act_full, attn_act_split=act_split, heads=h,
+        score_qk=score_qk, score_v=score_v, kv_ring=kv_ring, kv_cache=kv_cache, kv_split=kv_split,
+        mlp=widths * d * f, mlp_down=d * f, mlp_act_full=(widths - 1) * d + d,
+        mlp_act_split=(widths - 1) * f + f + 3 * f,
+        expert=3 * d * fe, experts=c.num_local_experts if moe else 0, topk=c.num_experts_per_tok if moe else 0,
+        expert_width=fe, shared=3 * d * fe * c.moe_shared_experts, shared_width=fe * c.moe_shared_experts,
+        router=d * c.num_local_experts if moe else 0, head=d * c.vocab_size,
+        embed=0 if c.tie_word_embeddings else d * c.vocab_size, recompute_down=bool(c.sandwich_norms))
+
+
+class _Acc:
+    """Per-kind FLOPs and bytes, and the collectives (merged when alike), as :func:`predict_step` adds them."""
+
+    def __init__(self, sizes: dict[str, int]):
+        self.sizes = sizes
+        self.flops = dict.fromkeys(KINDS, 0.0)
+        self.bytes = dict.fromkeys(KINDS, 0.0)
+        self.comms: dict[tuple, list] = {}
+
+    def comm(self, part: str, kind: str, axes: tp.Sequence[str], nbytes: float, runs: float, name: str,
+             pipelined: bool = False) -> None:
+        axes = tuple(a for a in axes if self.sizes[a] > 1)
+        if not axes or runs <= 0 or nbytes <= 0:
+            return
+        key = (part, kind, axes, int(nbytes), name)
+        entry = self.comms.setdefault(key, [0, pipelined])
+        entry[0] += int(runs)
+
+
+def _check(task: str, remat: str, batch: tp.Any, batch_axes: tp.Sequence[str], mesh_shape: tp.Mapping[str, int],
+           cluster: Cluster) -> dict[str, int]:
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}; got {task!r}")
+    if remat not in REMATS:
+        raise ValueError(f"remat must be one of {REMATS}; got {remat!r}")
+    if (not isinstance(batch, tuple | list) or len(batch) != 2
+            or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch)):
+        raise ValueError(f"batch is (sequences, length), two positive ints; got {batch!r}")
+    unknown = sorted(set(mesh_shape) - set(MESH_AXES))
+    if unknown:
+        raise ValueError(f"mesh axes {unknown} are not the workbench's {MESH_AXES}")
+    sizes = {a: mesh_shape.get(a, 1) for a in MESH_AXES}
+    if any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 1 for s in sizes.values()):
+        raise ValueError(f"mesh sizes are positive ints; got {dict(mesh_shape)}")
+    sizes = {a: int(s) for a, s in sizes.items()}
+    if math.prod(sizes.values()) != cluster.num_devices:
+        raise ValueError(f"mesh {dict(mesh_shape)} has {math.prod(sizes.values())} devices; {cluster.name} has "
+                         f"{cluster.num_devices}")
+    bad = sorted(set(batch_axes) - {"dp", "fsdp", "ep"})
+    if bad:
+        raise ValueError(f"batch_axes split the batch: a subset of ('dp', 'fsdp', 'ep'); got {bad}")
+    return sizes
+
+
+def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, int], *, batch: tuple[int, int],
+                 task: str = "train", remat: str = "full", pipeline: PipelineConfig | None = None,
+                 kv_length: int | None = None, dtype: tp.Any = "bf16", mfu: float = 1.0, overlap: bool = True,
+                 batch_axes: tp.Sequence[str] = BATCH_AXES, zero_stage: int = 0) -> StepTime:
+    """The predicted time of one ``task`` step of ``config`` on ``cluster`` with a mesh of ``mesh_shape`` (workbench
+    axes, e.g. ``{"fsdp": 16, "tp": 4}``), derived from shapes alone (see the module doc for every term).
+
+    ``batch = (sequences, length)``: the global batch of a train step or a prefill; for decode the sequences
+    and the context length (one new token each; ``kv_length`` overrides the length). ``remat`` is the layers'
+    rematerialisation policy (train only); ``pipeline`` a :class:`PipelineConfig` whose ``num_stages`` is the
+    mesh's ``pp``; ``dtype`` the parameters' and activations' ("bf16", or "int8" / "fp8": 1 byte, their peak
+    rate); ``mfu`` the fraction of peak FLOP/s matmuls reach; ``overlap`` whether compute, memory and
+    communication overlap; ``batch_axes`` the mesh axes the batch splits over; ``zero_stage=1`` the optimizer
+    state split over ``dp`` (ZeRO-1, :mod:`workbench.core.sharding.zero`). Raises ``ValueError`` for a
+    batch or sequence the mesh does not divide, and for ``pp > 1`` without a matching ``pipeline``.
+    """
+    sizes = _check(task, remat, batch, batch_axes, mesh_shape, cluster)
+    zero = check_zero_stage(zero_stage) == 1 and task == "train" and sizes["dp"] > 1
+    mesh = dict(sizes)
+    s = _shapes(config)
+    pp, ep, tp_, sp = sizes["pp"], sizes["ep"], sizes["tp"], sizes["sp"]
+    rate = rate_dtype(dtype)
+    wb = ab = _ITEM_BYTES[rate]
+    train, decode = task == "train", task == "decode"
+    r = 1 if train and remat == "full" else 0
+    batch_axes = tuple(dict.fromkeys(batch_axes))
+    data = math.prod(sizes[a] for a in batch_axes)
+    big, length = batch
+    if big % data:
+        raise ValueError(f"{big} sequences do not split over the batch axes {batch_axes} ({data} ways); use a "
+                         f"multiple of {data} or fewer data-parallel devices")
+    if pp > 1 and pipeline is None:
+        raise ValueError(f"the mesh has pp={pp}: pass pipeline=PipelineConfig(num_stages={pp}, num_microbatches=...)")
+    if pipeline is not None and pipeline.num_stages != pp:
+        raise ValueError(f"PipelineConfig(num_stages={pipeline.num_stages}) but the mesh has pp={pp}; make them equal")
+    m = pipeline.num_microbatches if pipeline is not None else 1
+    v = pipeline.virtual_stages if pipeline is not None else 1
+    if pipeline is not None:
+        pipeline.check_batch(big, data)
+    stacked = s.layers - s.dense_layers
+    stacked_dev = pipeline.check_layers(stacked) * v if pipeline is not None else stacked
+    bubble = pipeline.bubble_fraction if pipeline is not None else 0.0
+
+    seqs = big // data  # sequences a device holds
+    if decode:
+        kv = kv_length or length
+        if kv % sp:
+            raise ValueError(f"a KV cache of {kv} positions does not split over sp={sp}")
+        n, span_kv, n_head = seqs, kv // sp, seqs
+    else:
+        if length % sp:
+            raise ValueError(f"a sequence of {length} positions does not split over sp={sp}")
+        n, span_kv, n_head = seqs * length // sp, length, (seqs * length // sp if train else seqs)
+    nm = n / m
+    d, k = s.hidden, s.topk
+    passes = 3 + r if train else 1  # forward, backward (twice the forward), recompute
+    g_runs = 2 * m if train else m  # FSDP gathers: forward and backward, per microbatch
+    w_reads = (2 + r) * m if train else m
+    grad_writes = m if train else 0
+    acts = passes  # activation traffic: forward, the backward's two reads, a recompute
+    tokens = set(batch_axes) | ({"sp"} if not decode else set())
+    acc = _Acc(sizes)
+
+    def gather(axes: tp.Sequence[str]) -> tuple[str, ...]:
+        return tuple(a for a in ("fsdp", "sp") if a in axes and sizes[a] > 1)
+
+    def weights(part: str, gathered_bytes: float, axes: tp.Sequence[str], layers: int, name: str,
+                gathers: int | None = None, pipelined: bool = True) -> float:
+        """Collectives of a weight group (FSDP gathers; gradient reduce-scatter, all-reduce), and its shard's
+        bytes (what the optimizer updates)."""
+        g = gather(axes)
+        ways = math.prod(sizes[a] for a in g)
+        acc.comm(part, "all-gather", g, gathered_bytes, layers * (g_runs if gathers is None else gathers),
+                 f"{name} weights (FSDP)", pipelined)
+        shard = gathered_bytes / ways
+        if train:
+            acc.comm(part, "reduce-scatter", g, shard, layers, f"{name} gradients (FSDP)")
+            reduce = [a for a in MESH_AXES if a in tokens and a not in axes]
+            if zero and "dp" in reduce:  # ZeRO-1: the dp share reduce-scattered, the updated block gathered back
+                reduce.remove("dp")
+                acc.comm(part, "reduce-scatter", ("dp",), shard / sizes["dp"], layers, f"{name} gradients (ZeRO-1)")
+                acc.comm(part, "all-gather", ("dp",), shard, layers, f"{name} updated weights (ZeRO-1)")
+            acc.comm(part, "all-reduce", reduce, shard, layers, f"{name} gradients (data parallel)")
+        return shard * layers
+
+    def gather_writes(axes: tp.Sequence[str]) -> int:
+        return g_runs if gather(axes) else 0
+
+    shard_bytes = 0.0
+    layers_attn = s.dense_layers + stacked_dev
+    layers_dense = s.dense_layers + (0 if s.moe else stacked_dev)
+    layers_moe = stacked_dev if s.moe else 0
+
+    # -- attention ------------------------------------------------------------------------------------------
+    heads = s.heads / tp_
+    w_attn = (s.attn_split / tp_ + s.attn_rep) * wb
+    kv_ring = s.kv_ring / (tp_ if s.kv_split else 1)
+    kv_cache = s.kv_cache / (tp_ if s.kv_split else 1)
+    per_layer = 2 * n * (s.attn_split / tp_ + s.attn_rep) + 2 * n * span_kv * heads * (s.score_qk + s.score_v)
+    attn_flops = passes * per_layer
+    attn_bytes = w_attn * (w_reads + gather_writes(_DENSE_W) + grad_writes)
+    attn_bytes += acts * ab * (n * (s.attn_act_full + s.attn_act_split / tp_ + heads * (s.score_qk + s.score_v)
+                                    + NORM_RESIDUAL * d) + (0 if decode else seqs * length * kv_ring))
+    if decode:
+        attn_bytes += ab * kv_cache * (seqs * span_kv + n)  # read the cache, write the new token
+    elif task == "prefill":
+        attn_bytes += ab * kv_cache * n
+    acc.flops["attention"] += layers_attn * attn_flops
+    acc.bytes["attention"] += layers_attn * attn_bytes
+    shard_bytes += weights("attention", w_attn, _DENSE_W, layers_attn, "attention")
+    tp_runs = m * (1 + (1 + r if train else 0))
+    acc.comm("attention", "all-reduce", ("tp",), nm * d * ab, layers_attn * tp_runs, "attention output (TP)", True)
+    if not decode:
+        ring = m * (sp - 1) * (1 + (2 + r if train else 0))
+        acc.comm("attention", "collective-permute", ("sp",), nm * kv_ring * ab, layers_attn * ring,
+                 "K, V round the ring (SP)", True)
+    else:
+        acc.comm("attention", "all-reduce", ("sp",), seqs * heads * (s.score_v + 2) * 4, layers_attn,
+                 "partial attention outputs (SP)", True)
+
+    # -- dense MLPs -------------------------------------------------------------------------------------------
+    w_mlp = s.mlp / tp_ * wb
+    recomputed = s.mlp - (0 if s.recompute_down else s.mlp_down)
+    mlp_flops = (3 if train else 1) * 2 * n * s.mlp / tp_ + r * 2 * n * recomputed / tp_
+    mlp_bytes = w_mlp * (w_reads + gather_writes(_DENSE_W) + grad_writes)
+    mlp_bytes += acts * ab * n * (s.mlp_act_full + s.mlp_act_split / tp_ + NORM_RESIDUAL * d)
+    mlp_tp_runs = m * (1 + (1 + (r if s.recompute_down else 0) if train else 0))
+    if layers_dense:
+        acc.flops["mlp"] += layers_dense * mlp_flops
+        acc.bytes["mlp"] += layers_dense * mlp_bytes
+        shard_bytes += weights("mlp", w_mlp, _DENSE_W, layers_dense, "MLP")
+        acc.comm("mlp", "all-reduce", ("tp",), nm * d * ab, layers_dense * mlp_tp_runs, "MLP output (TP)", True)
+
+    # -- mixtures of experts ------------------------------------------------------------------------------------
+    moe_flops = moe_bytes = 0.0
+    if layers_moe:
+        n_e = n if "ep" in batch_axes else n / ep  # tokens a device sends to the experts
+        copies = n_e * k
+        w_exp = s.experts / ep * s.expert / tp_ * wb
+        reached = 1 - (1 - 1 / s.experts) ** (copies * ep)  # share of this device's experts some token reaches
+        w_shared = s.shared / tp_ * wb
+        w_router = s.router * wb
+        fe = s.expert_width / tp_
+        shared_recomputed = s.shared - (0 if s.recompute_down else d * s.shared_width)
+        moe_flops = ((3 if train else 1) * 2 * (copies * s.expert / tp_ + n * s.shared / tp_ + n * s.router)
+                     + r * 2 * (copies * s.expert / tp_ + n * shared_recomputed / tp_ + n * s.router))
+        moe_bytes = (w_exp * (w_reads * reached + gather_writes(("fsdp",)) + grad_writes)
+                     + w_shared * (w_reads + gather_writes(_DENSE_W) + grad_writes)
+                     + w_router * (w_reads + grad_writes))
+        moe_bytes += acts * ab * (n * (2 * d + s.router / d + NORM_RESIDUAL * d)  # router in / out, norm, residual
+                                  + copies * (3 * d + 6 * fe + 4 * d)  # the experts' matmuls, dispatch and return
+                                  + (n * (3 * d + 6 * s.shared_width / tp_) if s.shared else 0))
+        acc.flops["experts"] += layers_moe * moe_flops
+        acc.bytes["experts"] += layers_moe * moe_bytes
+        shard_bytes += weights("experts", w_exp, _EXPERT_W, layers_moe, "expert")
+        if s.shared:
+            shard_bytes += weights("experts", w_shared, _DENSE_W, layers_moe, "shared expert")
+        shard_bytes += weights("experts", w_router, (), layers_moe, "router")
+        a2a_runs = m * (2 + (2 + 2 * r if train else 0))
+        acc.comm("experts", "all-to-all", ("ep",), copies / m * d * ab, layers_moe * a2a_runs,
+                 "routed tokens (EP)", True)
+        if "ep" not in batch_axes:
+            acc.comm("experts", "all-gather", ("ep",), nm * d * ab, layers_moe * m * (1 + r), "token split (EP)", True)
+            if train:
+                acc.comm("experts", "reduce-scatter", ("ep",), nm / ep * d * ab, layers_moe * m,
+                         "token split (EP)", True)
+        acc.comm("experts", "all-reduce", ("tp",), nm * d * ab, layers_moe * tp_runs, "MoE output (TP)", True)
+
+    # -- embedding and head (outside the pipeline and the remat policy) ----------------------------------------
+    w_head = s.head / tp_ * wb
+    w_embed = s.embed / tp_ * wb
+    head_flops = (3 if train else 1) * 2 * n_head * s.head / tp_
+    vocab = s.vocab / tp_
+    head_bytes = w_head * ((2 if train else 1) + (1 if train else 0) + (1 + train) * bool(gather(_DENSE_W)))
+    head_bytes += ab * n_head * vocab * (2 if train else 1) + (LOGITS_COPIES * 4 * n_head * vocab if train else 0)
+    head_bytes += ab * n * d * (4 if train else 2) + (w_embed if train else 0)  # lookups (and their gradient)
+    acc.flops["embedding+head"] += head_flops
+    acc.bytes["embedding+head"] += head_bytes
+    shard_bytes += weights("embedding+head", w_head, _DENSE_W, 1, "head", gathers=2 if train else 1, pipelined=False)
+    if s.embed:
+        shard_bytes += weights("embedding+head", w_embed, _DENSE_W, 1, "embedding", gathers=1, pipelined=False)
+    acc.comm("embedding+head", "all-reduce", ("tp",), n * d * ab, 1 + train, "embedding lookup, head input (TP)")
+
+    # -- the optimizer and the pipeline ---------------------------------------------------------------------------
+    if train:
+        acc.bytes["optimizer"] += ADAMW_ACCESSES * shard_bytes / (sizes["dp"] if zero else 1)
+    if pp > 1:
+        acc.comm("pipeline", "collective-permute", ("pp",), nm * d * ab, m * v * (2 if train else 1),
+                 "activations between stages (PP)", True)
+
+    # -- price it ----------------------------------------------------------------------------------------------------
+    # the share of each kind's per-layer collectives the schedule runs (a MoE's dense prefix runs before it)
+    staged = {"attention": stacked_dev / layers_attn, "mlp": 0.0 if s.moe or not layers_dense else 1.0,
+              "experts": 1.0, "pipeline": 1.0}
+    timed = []
+    pipelined_s = 0.0
+    for (part, kind, axes, nbytes, name), (runs, pipelined) in acc.comms.items():
+        t = transfer(kind, nbytes, axes, mesh, cluster)
+        timed.append(CollectiveTime(kind, axes, nbytes, runs, t.seconds, t.level, t.bound, name, False, part))
+        if pipelined and bubble:
+            pipelined_s += t.seconds * runs * staged.get(part, 0.0)
+    flops, hbm = sum(acc.flops.values()), sum(acc.bytes.values())
+    line = roofline(flops, hbm, cluster, rate, mfu)
+    bubble_s = 0.0
+    if bubble:
+        stage_flops = sum(staged[kind] * acc.flops[kind] for kind in ("attention", "mlp", "experts"))
+        stage_bytes = sum(staged[kind] * acc.bytes[kind] for kind in ("attention", "mlp", "experts"))
+        stage = roofline(stage_flops, stage_bytes, cluster, rate, mfu)
+        busy = (max(stage.time_s, pipelined_s) if overlap else stage.time_s + pipelined_s)
+        bubble_s = busy * bubble / (1 - bubble)
+    parts = tuple(WorkPart(kind, acc.flops[kind], acc.bytes[kind]) for kind in KINDS
+                  if acc.flops[kind] or acc.bytes[kind])
+    return StepTime(cluster, mesh, line, tuple(timed), mfu, overlap, None, parts, bubble, bubble_s)
+
+
+__all__ = ["BATCH_AXES", "KINDS", "REMATS", "TASKS", "predict_step"]

@@ -1,0 +1,257 @@
+"""A step's time on a cluster: its matmuls on the chips and its collectives on the network, as a
+:class:`StepTime` of parts (each collective timed, the work split by kind), from a compiled program
+(:func:`step_time`) or from a prediction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import typing as tp
+
+from workbench.core.cluster import Cluster
+from workbench.core.cost.network import transfer
+from workbench.core.cost.roofline import Roofline, roofline
+
+
+# -- a step ---------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class CollectiveTime:
+    """One collective of a step: ``seconds`` per run, ``runs`` per step (loop trips)."""
+
+    kind: str
+    axes: tuple[str, ...]
+    nbytes: int
+    runs: int
+    seconds: float
+    level: str
+    bound: str
+    name: str = ""
+    overlapped: bool = False  # runs beside a permute the other way round the same ring: costs nothing more
+    part: str = ""  # the layer kind it serves ("attention", "mlp", ...), where a prediction knows it
+
+    @property
+    def total_s(self) -> float:
+        return 0.0 if self.overlapped else self.seconds * self.runs
+
+
+class WorkPart(tp.NamedTuple):
+    """One layer kind's share of a step's work on a device: its matmul FLOPs and HBM bytes."""
+
+    kind: str
+    flops: float
+    hbm_bytes: float
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+    """A step's predicted time on ``cluster``: compute, memory and communication, each collective with its
+    network level. ``overlap``: the parts run at once (the step takes the longest, the book's assumption) or
+    one after another (compute / memory, then every collective).
+
+    A prediction from structure (:func:`workbench.core.cost.predicted.predict_step`) also says how the work splits
+    over layer kinds (``parts``, see :meth:`by_kind`) and adds a pipeline's idle time, ``bubble_s``, to the
+    step: the schedule's ``bubble_fraction`` of its ticks run nothing, whatever overlaps inside a tick.
+    """
+
+    cluster: Cluster
+    mesh: dict[str, int]
+    roofline: Roofline
+    collectives: tuple[CollectiveTime, ...]
+    mfu_assumed: float
+    overlap: bool = True
+    xla_seconds: float | None = None
+    parts: tuple[WorkPart, ...] = ()
+    bubble_fraction: float = 0.0
+    bubble_s: float = 0.0
+
+    @property
+    def compute_s(self) -> float:
+        return self.roofline.compute_s
+
+    @property
+    def memory_s(self) -> float:
+        return self.roofline.memory_s
+
+    @property
+    def comm_s(self) -> float:
+        return sum(c.total_s for c in self.collectives)
+
+    @property
+    def time_s(self) -> float:
+        busy = max(self.roofline.time_s, self.comm_s) if self.overlap else self.roofline.time_s + self.comm_s
+        return busy + self.bubble_s
+
+    @property
+    def bound(self) -> str:
+        """"compute", "memory" or "communication": the longest part (a pipeline bubble aside)."""
+        return "communication" if self.comm_s > self.roofline.time_s else self.roofline.bound
+
+    def by_kind(self) -> dict[str, dict[str, float]]:
+        """Seconds of compute, memory and communication per layer kind (``parts`` and each collective's
+        ``part``): ``{"attention": {"compute_s": ..., "memory_s": ..., "comm_s": ...}, ...}``, e.g. for
+        ``pandas.DataFrame(step.by_kind()).T``. Compute and memory are the roofline's, shared out by FLOPs and
+        bytes; a step without parts (a compiled one) is one kind, "step"."""
+        r = self.roofline
+        parts = self.parts or (WorkPart("step", r.flops, r.hbm_bytes),)
+        out = {p.kind: {"compute_s": r.compute_s * p.flops / r.flops if r.flops else 0.0,
+                        "memory_s": r.memory_s * p.hbm_bytes / r.hbm_bytes if r.hbm_bytes else 0.0,
+                        "comm_s": 0.0} for p in parts}
+        for c in self.collectives:
+            kind = (c.part or "other") if self.parts else "step"
+            out.setdefault(kind, {"compute_s": 0.0, "memory_s": 0.0, "comm_s": 0.0})["comm_s"] += c.total_s
+        return out
+
+    @property
+    def mfu(self) -> float:
+        """FLOPs per device over (peak x step time): the dots the program runs (a rematerialised forward
+        counted again, so strictly the hardware FLOPs utilisation)."""
+        peak_s = self.compute_s * self.mfu_assumed
+        return peak_s / self.time_s if self.time_s else 0.0
+
+    def by_level(self) -> dict[str, float]:
+        """Communication seconds per network level."""
+        out: dict[str, float] = {}
+        for c in self.collectives:
+            out[c.level] = out.get(c.level, 0.0) + c.total_s
+        return out
+
+    def rows(self) -> list[tuple[str, tuple[str, ...], str, str, int, float, float]]:
+        """Collectives grouped by (kind, axes, level, bound): their runs and seconds, longest first."""
+        groups: dict[tuple, list[CollectiveTime]] = {}
+        for c in self.collectives:
+            groups.setdefault((c.kind, c.axes, c.level, "overlapped" if c.overlapped else c.bound), []).append(c)
+        rows = [(k[0], k[1], k[2], k[3], sum(c.runs for c in cs), sum(c.nbytes * c.runs for c in cs),
+                 sum(c.total_s for c in cs)) for k, cs in groups.items()]
+        return sorted(rows, key=lambda r: -r[-1])
+
+    def _head(self) -> list[tuple[str, str, str]]:
+        r = self.roofline
+        mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items() if v > 1) or "one device"
+        levels = ", ".join(f"{k} {format_seconds(v)}" for k, v in self.by_level().items() if k != "none")
+        fs = format_seconds
+        head = [("step", fs(self.time_s), f"{self.bound}-bound on {self.cluster.name}, {mesh}; parts "
+                 + ("overlapped (the longest)" if self.overlap else "one after another") + f"; MFU {self.mfu:.0%}"),
+                ("compute", fs(r.compute_s), f"{r.flops:.3g} FLOP per device at {self.mfu_assumed:.0%} of peak"),
+                ("memory", fs(r.memory_s), f"{r.hbm_bytes:.3g} B per device (intensity {r.intensity:.0f} FLOP/B, "
+                                           f"critical {r.critical_intensity:.0f})"),
+                ("communication", fs(self.comm_s), levels or "no collectives")]
+        if self.bubble_s:
+            head.append(("pipeline bubble", fs(self.bubble_s), f"{self.bubble_fraction:.0%} of the schedule's ticks "
+                         f"idle, added to the step"))
+        if self.xla_seconds is not None:
+            head.append(("XLA's estimate", fs(self.xla_seconds), "cost_analysis()['optimal_seconds'] (XLA:TPU): "
+                         "a loop body counted once, so about one layer of a scanned model"))
+        return head
+
+    def summary(self, top: int = 12) -> str:
+        """The parts and the longest ``top`` collective groups as a text table."""
+        lines = [f"{name:<15}{value:>10}  {note}" for name, value, note in self._head()]
+        if self.collectives:
+            lines.append(f"\n{'collective':<20}{'axes':<18}{'level':<12}{'bound':<11}{'runs':>6}"
+                         f"{'bytes/device':>14}{'time':>11}")
+            for kind, axes, level, bound, runs, nbytes, total in self.rows()[:top]:
+                lines.append(f"{kind:<20}{','.join(axes) or '-':<18}{level:<12}{bound:<11}{runs:>6}"
+                             f"{_b(nbytes):>14}{format_seconds(total):>11}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
+    def html(self, top: int | None = None) -> str:
+        """:meth:`summary` as HTML tables: the parts, then the longest ``top`` collective groups (all by default)."""
+        esc = html.escape
+        head = "".join(f"<tr><th style='text-align:left'>{esc(n)}</th><td>{esc(v)}</td><td style='text-align:left'>"
+                       f"{esc(note)}</td></tr>" for n, v, note in self._head())
+        body = "".join(f"<tr><td>{esc(k)}</td><td>{esc(','.join(a) or '-')}</td><td>{esc(lv)}</td><td>{esc(b)}</td>"
+                       f"<td>{runs}</td><td>{esc(_b(nb))}</td><td>{esc(format_seconds(t))}</td></tr>"
+                       for k, a, lv, b, runs, nb, t in self.rows()[:top])
+        table = ("<table><tr><th>collective</th><th>axes</th><th>level</th><th>bound</th><th>runs</th>"
+                 f"<th>bytes/device</th><th>time</th></tr>{body}</table>") if body else ""
+        return f"<div><table>{head}</table>{table}</div>"
+
+
+def format_seconds(seconds: float) -> str:
+    """``0.0123`` -> ``"12.3 ms"`` (three significant digits, s / ms / us / ns)."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+def _b(nbytes: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def _pair_opposite_permutes(timed: list[CollectiveTime], records: tp.Sequence[tp.Any], hlo_text: str
+                            ) -> list[CollectiveTime]:
+    """Collective-permutes in one loop body that send the two ways round the same ring of a TPU torus (one's
+    pairs are the other's reversed: XLA's bidirectional windowed einsums) use opposite links at once: per body
+    and ring, the busier direction's permutes take time, the other's are marked ``overlapped``. (Through a
+    switch both directions leave by the same egress: they add up.)"""
+    from workbench.core.hlo.collectives import loop_collectives
+
+    body = {r.name: r.body for r in loop_collectives(hlo_text)}
+    ways: dict[tuple, list[list[int]]] = {}
+    for i, record in enumerate(records):
+        pairs = frozenset(getattr(record, "source_target_pairs", None) or ())
+        if record.kind != "collective-permute" or not pairs or record.name not in body or timed[i].level != "ici":
+            continue
+        reverse = frozenset((b, a) for a, b in pairs)
+        ring = min(sorted(pairs), sorted(reverse))
+        ways.setdefault((body[record.name], tuple(ring)), [[], []])[sorted(pairs) != ring].append(i)
+    out = list(timed)
+    for forward, backward in ways.values():
+        if forward and backward:
+            light = min((forward, backward), key=lambda side: sum(timed[i].total_s for i in side))
+            for i in light:
+                out[i] = dataclasses.replace(timed[i], overlapped=True)
+    return out
+
+
+def step_time(analysis: tp.Any = None, cluster: Cluster | None = None, mesh_shape: tp.Mapping[str, int] | None = None,
+              *, mfu: float = 1.0, dtype: tp.Any = "bf16", overlap: bool = True, flops: float | None = None,
+              hbm_bytes: float | None = None, collectives: tp.Iterable[tp.Any] | None = None) -> StepTime:
+    """The predicted time of a compiled step (a :class:`~workbench.core.compile.virtual.CompiledAnalysis`) on
+    ``cluster`` (default: the one it was compiled for) with its mesh (or ``mesh_shape``, name -> size).
+
+    Compute is the program's dots (``analysis.matmul_flops``, each once per loop trip) at ``mfu`` of the peak of
+    ``dtype``; memory its HBM bytes (``analysis.hbm_bytes``); communication every collective
+    (:func:`collective_time`) times its loop trips. ``flops``, ``hbm_bytes`` and ``collectives`` (records or
+    ``(kind, bytes, axes[, runs])`` tuples) replace the analysis's. Collectives run one after another, except
+    permutes in one loop body going opposite ways round a TPU ring (both directions of its links at once). A
+    GPU cluster's program is compiled by XLA:CPU (bfloat16 math widened to float32, CPU fusion): its bytes are
+    an overestimate.
+    """
+    cluster = cluster or getattr(analysis, "cluster", None)
+    if cluster is None:
+        raise ValueError("step_time needs a cluster: pass cluster=Cluster.tpu(...) / Cluster.h100(...)")
+    if mesh_shape is None and analysis is None:
+        raise ValueError("step_time needs the mesh: pass mesh_shape={'fsdp': 16, 'tp': 4, ...} or an analysis")
+    mesh = dict(zip(analysis.axis_names, analysis.mesh_shape, strict=True)) if analysis is not None else {}
+    if mesh_shape is not None:
+        mesh = {**{name: 1 for name in mesh}, **{k: int(v) for k, v in mesh_shape.items()}}
+    flops = analysis.matmul_flops if flops is None else flops
+    hbm_bytes = analysis.hbm_bytes if hbm_bytes is None else hbm_bytes
+    records = analysis.collectives if collectives is None else collectives
+    timed = []
+    for record in records:
+        if isinstance(record, tuple):
+            kind, nbytes, axes, runs = (*record, 1)[:4]
+            name = ""
+        else:
+            if record.mesh_axes is None:
+                raise ValueError(f"collective {record.name} has no mesh axes; compile with a mesh")
+            kind, nbytes, axes, runs, name = record.kind, record.bytes, record.mesh_axes, record.trips, record.name
+        t = transfer(kind, nbytes, tuple(axes), mesh, cluster)
+        timed.append(CollectiveTime(kind, tuple(axes), int(nbytes), int(runs), t.seconds, t.level, t.bound, name))
+    if collectives is None and getattr(analysis, "hlo_text", ""):
+        timed = _pair_opposite_permutes(timed, analysis.collectives, analysis.hlo_text)
+    xla = getattr(analysis, "xla_seconds", None) if cluster == getattr(analysis, "cluster", None) else None
+    return StepTime(cluster, mesh, roofline(flops, hbm_bytes, cluster, dtype, mfu), tuple(timed), mfu, overlap, xla)
