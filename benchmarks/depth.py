@@ -24,7 +24,7 @@ Big table (`--big`, the default; under a minute): the Llama-3.1-70B config (hidd
 the time of `CausalLM.lazy_init(config)` (abstract: nothing allocated), then, in a subprocess with 64
 simulated CPU devices (`XLA_FLAGS=--xla_force_host_platform_device_count=64`), bfloat16 parameters
 laid on an fsdp=64 and an fsdp=8 x tp=8 mesh, the time `explore.step_collectives(kind="train")` takes
-to compile the loss and gradient from abstract values, and the collectives one step runs, by kind
+to compile the loss, gradients and AdamW update from abstract values, and the collectives one step runs, by kind
 (`sc.summary`: a collective inside the layer scan runs once per layer; bytes are left out: XLA's CPU
 backend converts bfloat16 to float32 before its collectives, so they would read twice a GPU's or TPU's).
 The issue that asked for the layer scan measured 7 s for `lazy_init` and 137 s for that compile before it.

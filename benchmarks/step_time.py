@@ -6,7 +6,7 @@
 The train step (loss, gradient, AdamW update, state donated; bfloat16; remat "full") compiled as
 `benchmarks/virtual_cluster.py` compiles it: on a TPU v5p:4x4x4 slice (XLA's TPU compiler, ahead of time) with
 fsdp=16 x tp=4, and on 8 nodes x 8 H100 (a worker with 64 simulated CPU devices) with fsdp=8 x tp=8. Printed:
-the model's compute / memory / communication parts, the collectives by network level, MFU, and on TPU XLA's own
+the model's compute / memory / communication parts, the collectives by network level, MFU and HFU, and on TPU XLA's own
 estimate (`optimal_seconds`, a loop body counted once), then the same layout predicted from shapes without
 compiling (`workbench.core.cost.predicted.predict_step`). Nothing is timed on a device: these are predictions.
 
@@ -46,8 +46,8 @@ def predict_timing(batch: tuple[int, int]) -> None:
 
     from workbench.core.cluster import Cluster
     from workbench.core.cost.predicted import predict_step
-    from workbench.core.cost.step_time import format_seconds
     from workbench.core.models.presets import full_config
+    from workbench.core.units import format_seconds
 
     print(header(f"Llama-3-70B train step, batch {batch[0]} x {batch[1]}: predict_step over every layout"))
     config = full_config("llama-3-70b")
@@ -82,6 +82,7 @@ def main() -> None:
 
     from workbench.core.cluster import Cluster
     from workbench.core.compile.virtual import compile_step
+    from workbench.core.cost.flops import model_flops
     from workbench.core.cost.predicted import predict_step
     from workbench.core.cost.step_time import step_time
     from workbench.core.models.presets import full_config
@@ -96,13 +97,14 @@ def main() -> None:
         t0 = time.perf_counter()
         analysis = compile_step(model, cluster, mesh_shape, batch=batch)
         seconds = time.perf_counter() - t0
-        step = step_time(analysis)
+        # the dots include remat's recompute (HFU); MFU counts the model's FLOPs, a device's share of them
+        step = step_time(analysis, model_flops=model_flops(model.config, batch) / cluster.num_devices)
         tokens = batch[0] * batch[1]
         print(f"## {cluster.name}, {' x '.join(f'{k}={v}' for k, v in mesh_shape.items())}, batch {batch[0]} x "
               f"{batch[1]} ({tokens / cluster.num_devices:.0f} tokens per device); compiled in {seconds:.0f} s\n")
         print(step.summary())
         print(f"\n{tokens / step.time_s:,.0f} tokens/s predicted; at 50 % of peak FLOP/s: "
-              f"{step_time(analysis, mfu=0.5).time_s:.3g} s a step\n")
+              f"{step_time(analysis, efficiency=0.5).time_s:.3g} s a step\n")
         shapes = predict_step(model.config, cluster, mesh_shape, batch=batch, remat="full")
         print("Predicted from shapes, without compiling (layout_cost.predict_step):\n")
         print(shapes.summary(top=6) + "\n")

@@ -1,9 +1,12 @@
-"""Dependencies point one way (DESIGN.md): no import cycle among workbench's modules, counting the
-imports inside functions too (a function-level import that closes a cycle only hides it), and nothing
-in core imports widgets."""
+"""Dependencies point one way (DESIGN.md): no import cycle among workbench's modules, counting every import
+(top level, inside functions, under ``if TYPE_CHECKING``: an import that closes a cycle there only hides it);
+nothing in core imports widgets; workbench imports sit at the top of a module (a function-level one only for a
+heavy optional dependency, saying so on its line); no module named like a standard-library module; no import of
+another module's private name."""
 
 import ast
 import pathlib
+import sys
 
 import workbench
 
@@ -16,14 +19,12 @@ def module_name(path: pathlib.Path) -> str:
 
 
 def imports_of(path: pathlib.Path, modules: set[str]) -> set[str]:
-    """The workbench modules ``path`` imports anywhere in its code, except under ``if TYPE_CHECKING``."""
+    """The workbench modules ``path`` imports anywhere in its code, ``if TYPE_CHECKING`` blocks included."""
     here = module_name(path)
     package = here if path.name == "__init__.py" else here.rsplit(".", 1)[0]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            return
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -91,3 +92,47 @@ def test_core_imports_no_widget():
     assert {m: sorted(d for d in deps if d.startswith("workbench.widgets"))
             for m, deps in graph.items() if m.startswith("workbench.core")
             and any(d.startswith("workbench.widgets") for d in deps)} == {}
+
+
+def _workbench_imports(tree: ast.Module) -> list[tuple[ast.stmt, bool]]:
+    """Every ``import``/``from`` statement naming a workbench module, and whether it is at the module's top level."""
+    top = {id(n) for n in tree.body}
+    return [(n, id(n) in top) for n in ast.walk(tree)
+            if (isinstance(n, ast.Import) and any(a.name.startswith("workbench") for a in n.names))
+            or (isinstance(n, ast.ImportFrom) and (n.module or "").startswith("workbench"))]
+
+
+def test_workbench_imports_are_at_the_top_unless_a_comment_says_why():
+    """A function-level import of a workbench module hides a dependency; it is allowed only where importing a heavy
+    optional dependency (torch, transformers, ipywidgets, libtpu, ...) eagerly would cost every user, and then its
+    line (or the line above) says so in a comment."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for node, at_top in _workbench_imports(ast.parse(path.read_text())):
+            said = "#" in lines[node.lineno - 1] or "#" in lines[node.lineno - 2]
+            if not at_top and not said:
+                found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
+    assert found == []
+
+
+def test_no_module_is_named_like_a_standard_library_module():
+    shadowing = sorted(str(p.relative_to(ROOT.parent)) for p in ROOT.rglob("*.py")
+                       if p.stem in sys.stdlib_module_names or p.parent.name in sys.stdlib_module_names)
+    assert shadowing == []
+
+
+def test_no_module_imports_another_module_s_private_name():
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node, _ in _workbench_imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                found += [f"{path.relative_to(ROOT.parent)}:{node.lineno} {a.name} from {node.module}"
+                          for a in node.names if a.name.startswith("_")
+                          and not (node.module or "").rsplit(".", 1)[-1].startswith("_")]
+    assert found == []
+
+
+def test_the_finders_find_what_they_look_for():
+    tree = ast.parse("import os\nfrom workbench.core import mesh\ndef f():\n    from workbench.core.axes import _x\n")
+    assert [(n.lineno, top) for n, top in _workbench_imports(tree)] == [(2, True), (4, False)]

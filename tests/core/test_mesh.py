@@ -1,5 +1,7 @@
 """make_mesh and simulate_devices, checked against jax.devices() and real collectives."""
 
+import itertools
+import math
 import subprocess
 import sys
 
@@ -10,7 +12,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from workbench.core.mesh import MESH_AXES, describe_mesh, make_mesh, simulate_devices
+from workbench.core.mesh import MESH_AXES, describe_mesh, make_mesh, mesh_factorizations, simulate_devices
 
 
 def test_default_mesh_puts_every_device_on_fsdp():
@@ -89,3 +91,15 @@ def test_describe_an_abstract_mesh():
 
     mesh = AbstractMesh((4, 64), ("fsdp", "ep"))
     assert describe_mesh(mesh) == "AbstractMesh(fsdp=4, ep=64): 256 devices, shapes only"
+
+
+def test_factorizations_are_every_shape():
+    shapes = mesh_factorizations(8)
+    brute = [dict(zip(MESH_AXES, s, strict=True)) for s in itertools.product([1, 2, 4, 8], repeat=len(MESH_AXES))
+             if math.prod(s) == 8]
+    assert shapes == brute and len(shapes) == 56  # 2^3 over 6 axes: C(3 + 5, 5)
+    assert mesh_factorizations(6, ("a", "b")) == [{"a": 1, "b": 6}, {"a": 2, "b": 3}, {"a": 3, "b": 2},
+                                                  {"a": 6, "b": 1}]
+    assert mesh_factorizations(1, ()) == [{}]
+    with pytest.raises(ValueError):
+        mesh_factorizations(0)

@@ -98,3 +98,24 @@ def test_a_plain_class_can_share_its_status_line():
     assert failed and p.error == "rank: TypeError: no <int>" and "no &lt;int&gt;" in p.status.value
     p._clear_error()
     assert p.status.value == "" and p.error == ""
+
+
+def test_a_panel_clears_only_its_own_error():
+    box = Box()
+    with box._guard("export", clear="own"):
+        raise ValueError("no code")
+    assert box.error == "export: ValueError: no code"
+    with box._guard("ledger", clear="own"):
+        pass  # another panel's success: the export's error stays said
+    assert box.error == "export: ValueError: no code"
+    box._clear_error("ledger")
+    assert box.error == "export: ValueError: no code"
+    with box._guard("export", clear="own"):
+        pass
+    assert box.error == "" and box._error.value == ""
+    box._show_error("said directly")
+    with box._guard("export", clear="own"):
+        pass
+    assert box.error == "said directly"
+    box._clear_error()  # no source: whatever is on show
+    assert box.error == ""

@@ -32,10 +32,10 @@ def test_controls_redraw_the_timeline_and_bubble():
 def test_a_bad_combination_shows_inline_and_the_view_keeps_working():
     view = PipelineView(4, 8, "interleaved")
     view.microbatches.value = 2  # interleaved needs m to be a multiple of p
-    assert "wb-error" in view.timeline.value and "multiple of num_stages=4" in view.timeline.value
-    assert view.schedule is None
+    assert "multiple of num_stages=4" in view.error and "wb-error" in view._error.value
+    assert view.schedule is None and view.timeline.value == ""
     view.microbatches.value = 8
-    assert "wb-error" not in view.timeline.value and view.schedule is not None
+    assert view.error == "" and "wb-pp-cell" in view.timeline.value and view.schedule is not None
 
 
 def test_schedule_renders_statically():

@@ -51,7 +51,7 @@ def test_table_shows_every_parameter_and_the_chart_is_plotly(explorer):
 def test_the_change_summary_counts_what_the_chart_counts(explorer):
     """Ticking the KV cache after an edit: the summary's 'after' is the chart's total, its 'before' the previous
     layout counted the same way (both with the cache), not the totals of the edit's moment."""
-    from workbench.widgets._html import format_bytes
+    from workbench.core.units import format_bytes
 
     old = explorer.layout
     explorer.editor.fields["tensor_parallel_axis"].value = "dp"
@@ -121,7 +121,9 @@ def test_filter_box_filters_rows_and_a_bad_regex_is_an_inline_error(explorer):
     explorer._filter.value = r"mlp/.*kernel"
     assert len(table_specs(explorer)) == 3  # gate, up, down: each stacked over the 2 layers
     explorer._filter.value = "(("
-    assert "not a regex" in explorer._filter_error.value and len(table_specs(explorer)) == 3
+    assert explorer.error.startswith("filter: '((' is not a regex: ") and len(table_specs(explorer)) == 3
+    explorer._filter.value = ""
+    assert explorer.error == ""
 
 
 def test_collectives_button_fills_the_panel_and_marks_it_stale_after_an_edit(explorer):
@@ -155,7 +157,8 @@ def test_apply_reshards_the_live_model_as_the_layout_says(llama):
 
 def test_an_abstract_model_cannot_be_applied(explorer):
     assert explorer._apply_button.disabled
-    assert explorer.apply() is None and "live model" in explorer._apply_status.value
+    assert explorer.apply() is None and explorer.error.startswith("apply: ") and "live model" in explorer.error
+    assert explorer._apply_status.value == ""
 
 
 def test_static_html_and_display(explorer):

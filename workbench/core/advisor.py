@@ -20,19 +20,29 @@ gradients in a jitted step), ``fsdp`` is stage 3. Gradient accumulation is not e
 from __future__ import annotations
 
 import dataclasses
+import functools
+import html
 import itertools
 import math
 import time
 import typing as tp
 
 from workbench.core.axes import MODE_DECODE, MODE_TRAIN, PartitionAxis
-from workbench.core.cost.ledger import libtpu_version, zero_parameter_copy_bytes
+from workbench.core.compile.steps import OPTIMIZERS
+from workbench.core.compile.virtual import cluster_mesh, compile_step
+from workbench.core.cost.ledger import REMATS, TASKS, ledger, libtpu_version, zero_parameter_copy_bytes
+from workbench.core.cost.network import span
+from workbench.core.cost.predicted import predict_step
+from workbench.core.cost.step_time import step_time
 from workbench.core.mesh import MESH_AXES
+from workbench.core.models import CausalLM, ModelConfig
+from workbench.core.pipeline import pipeline_partition_axis
+from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.sharding.plan import Layout
+from workbench.core.tables import html_table
+from workbench.core.units import format_bytes, format_seconds
 
-TASKS = ("train", "prefill", "decode")
-REMATS = ("none", "dots_saveable", "full")
-GiB = 2**30
+_gib = functools.partial(format_bytes, unit="GiB")  # figures to compare, all in GiB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +87,7 @@ class Candidate:
     fits: bool
     zero_stage: int = 0
     reason: str = ""
-    model_compute_s: float = 0.0  # the step's FLOPs without recompute at peak: what MFU counts
+    recompute_s: float = 0.0  # compute seconds the remat policy adds to the step
     compiled: tp.Any = None  # virtual.CompiledAnalysis after confirm
     compiled_step: tp.Any = None  # cost.StepTime of the compiled program
     confirm_note: str = ""
@@ -97,13 +107,6 @@ class Candidate:
     @property
     def time_s(self) -> float:
         return self.step.time_s
-
-    @property
-    def mfu(self) -> float:
-        """Model FLOPs utilisation: the step's FLOPs without rematerialisation (what the model needs) over peak x
-        predicted step time; a recomputed forward lowers it (the step's own ``StepTime.mfu`` counts it, the
-        hardware FLOPs utilisation)."""
-        return self.model_compute_s / self.time_s if self.time_s else 0.0
 
     @property
     def split_axes(self) -> int:
@@ -150,7 +153,7 @@ class Advice:
                     f"(Constraints), or change the batch so it divides over the data axes")
         smallest = self.rejected[0]
         return (f"no layout fits {self.cluster.name}: the smallest, {smallest.label}, needs "
-                f"{smallest.ledger.total / GiB:.1f} GiB per device ({smallest.reason}). Fewer tokens per step (the "
+                f"{_gib(smallest.ledger.total)} per device ({smallest.reason}). Fewer tokens per step (the "
                 f"advisor does not model gradient accumulation) or more chips would.")
 
     def confirm(self, k: int = 3, *, progress: tp.Callable[[str], None] | None = None) -> list[Candidate]:
@@ -162,8 +165,6 @@ class Advice:
         TPU slice (XLA's TPU compiler), if its compiled memory exceeds the HBM it moves from ``ranked`` to
         ``rejected`` with that reason. A GPU cluster's program is XLA:CPU's (in the worker), whose memory is not
         a GPU's: it is shown, not held against the HBM."""
-        from workbench.core.compile.virtual import compile_step
-        from workbench.core.cost.step_time import step_time
 
         if progress is not None:
             progress(f"compiling {c.label} for {self.cluster.name}")
@@ -177,10 +178,12 @@ class Advice:
         c.compiled = compile_step(model, self.cluster, c.mesh_shape, kind=kind, batch=batch,
                                   optimizer=self.optimizer, partition_axis=c.partition_axis, rules=c.rules or None,
                                   pipeline=c.pipeline, zero_stage=c.zero_stage)
-        c.compiled_step = step_time(c.compiled)
+        # a decode step compiles as a one-token forward without a cache: not the predicted step's model FLOPs
+        c.compiled_step = step_time(c.compiled, efficiency=c.step.efficiency,
+                                    model_flops=None if self.task == "decode" else c.step.model_flops)
         total, hbm = c.compiled.memory.total, self.cluster.hbm_per_device
         here = self._ledger_total_compiled_here(c, model)
-        c.confirm_note = (f"compiled: {total / GiB:.2f} GiB per device (ledger {here / total - 1:+.1%}"
+        c.confirm_note = (f"compiled: {_gib(total, decimals=2)} per device (ledger {here / total - 1:+.1%}"
                           + ("" if here == c.ledger.total else
                              f" for the libtpu {'.'.join(map(str, libtpu_version()))} that compiled it") + "), "
                           f"step {c.compiled_step.time_s * 1e3:.3g} ms from the compiled program"
@@ -189,8 +192,8 @@ class Advice:
             c.confirm_note += "; XLA:CPU's buffer assignment (bfloat16 widened), not held against the GPU's HBM"
         elif hbm is not None and total > hbm and c in self.ranked:
             c.fits = False
-            c.reason = (f"demoted by the compiler: the compiled step needs {total / GiB:.1f} GiB per device > "
-                        f"{hbm / GiB:.1f} GiB HBM (the ledger said {c.ledger.total / GiB:.1f} GiB)")
+            c.reason = (f"demoted by the compiler: the compiled step needs {_gib(total)} per device > "
+                        f"{_gib(hbm)} HBM (the ledger said {_gib(c.ledger.total)})")
             self.ranked.remove(c)
             self.rejected.insert(0, c)
         return c
@@ -207,14 +210,16 @@ class Advice:
 
     # -- display ------------------------------------------------------------------------------------------------
     def rows(self, top: int = 10) -> list[tuple[str, ...]]:
-        """``(rank, layout, memory/device, HBM use, step, tokens/s, MFU, bound, reason)`` of the top ``top``."""
+        """``(rank, layout, memory/device, HBM use, step, tokens/s, MFU, bound, reason)`` of the top ``top``; MFU
+        (:attr:`StepTime.mfu <workbench.core.cost.step_time.StepTime.mfu>`) is marked ``≤`` where it is an upper
+        bound (no efficiency factor)."""
         hbm = self.cluster.hbm_per_device
         tokens = self.batch[0] * (1 if self.task == "decode" else self.batch[1])
         out = []
         for i, c in enumerate(self.ranked[:top], 1):
             use = "-" if hbm is None else f"{c.ledger.total / hbm:.0%}"
-            out.append((str(i), c.label, f"{c.ledger.total / GiB:.1f} GiB", use, _ms(c.time_s),
-                        f"{tokens / c.time_s:,.0f}", f"{c.mfu:.0%}", c.step.bound, c.reason))
+            out.append((str(i), c.label, f"{_gib(c.ledger.total)}", use, _ms(c.time_s),
+                        f"{tokens / c.time_s:,.0f}", c.step.mfu_text(), c.step.bound, c.reason))
         return out
 
     def table(self, top: int = 10) -> str:
@@ -241,15 +246,9 @@ class Advice:
 
     def html(self, top: int = 10) -> str:
         """:meth:`table` as an HTML table: the summary line, then the top ``top`` layouts."""
-        import html
-
         head = ("#", "layout", "memory/device", "of HBM", "step", "tokens/s", "MFU", "bound by", "why")
-        cell = "padding:2px 6px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top"
-        body = "".join("<tr>" + "".join(f'<td style="{cell}">{html.escape(v)}</td>' for v in row) + "</tr>"
-                       for row in self.rows(top))
-        heads = "".join(f'<th style="{cell}">{h}</th>' for h in head)
         return (f'<div class="wb-advice" style="font-size:12px"><div>{html.escape(self.summary())}</div>'
-                f'<table style="border-collapse:collapse"><tr>{heads}</tr>{body}</table></div>')
+                f"{html_table(self.rows(top), header=head)}</div>")
 
 
 # -- enumeration ------------------------------------------------------------------------------------------------
@@ -258,8 +257,6 @@ def _mesh(mesh_shape: tp.Mapping[str, int], cluster: tp.Any = None) -> tp.Any:
 
     shape = tuple(int(mesh_shape.get(a, 1)) for a in MESH_AXES)
     if cluster is not None:
-        from workbench.core.compile.virtual import cluster_mesh
-
         return cluster_mesh(cluster, shape, MESH_AXES)
     return AbstractMesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(shape))
 
@@ -271,8 +268,6 @@ def _pipeline_configs(p: int, rows_per_shard: int, num_layers: int) -> list[tp.A
     """The pipelines a ``pp = p`` layout may run: 1F1B and interleaved (two stages per device) with ``m = p, 2p,
     4p`` microbatches where ``m`` divides a data shard's rows (and ``2 p`` the layers, for interleaved). GPipe is
     left out: the same bubble as 1F1B with ``m`` microbatches stashed instead of ``p``."""
-    from workbench.core.pipeline_schedule import PipelineConfig
-
     configs = []
     for schedule, v in (("1f1b", 1), ("interleaved", 2)):
         if num_layers % (p * v):
@@ -315,8 +310,6 @@ def _shape_filter(shape: dict[str, int], config: tp.Any, cluster: tp.Any, task: 
 
 
 def _abstract_model(model_or_config: tp.Any, dtype: tp.Any) -> tp.Any:
-    from workbench.core.models import CausalLM, ModelConfig
-
     if isinstance(model_or_config, ModelConfig):
         return CausalLM.lazy_init(model_or_config, dtype=dtype, param_dtype=dtype)
     if not hasattr(model_or_config, "config"):
@@ -328,23 +321,19 @@ def _abstract_model(model_or_config: tp.Any, dtype: tp.Any) -> tp.Any:
 def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_len: int, task: str = "train",
            optimizer: str = "adamw", remat: str | tp.Sequence[str] | None = None,
            constraints: Constraints | None = None, partition_axis: PartitionAxis | None = None,
-           rules: tp.Sequence[tuple[str, tp.Any]] | None = None, confirm: int = 0, mfu: float = 1.0,
+           rules: tp.Sequence[tuple[str, tp.Any]] | None = None, confirm: int = 0, efficiency: float = 1.0,
            dtype: tp.Any = None) -> Advice:
     """Rank the layouts of ``model_or_config`` on ``cluster`` for a ``task`` step (see the module doc).
 
     ``batch_tokens`` tokens per step in sequences of ``seq_len`` (train, prefill); for ``"decode"``,
     ``batch_tokens`` sequences each decode one token against a KV cache of ``seq_len``. ``remat``: one policy,
     several, or None (train: all three; prefill and decode have no backward). ``confirm``: compile the top
-    ``confirm`` layouts (:meth:`Advice.confirm`). ``dtype``: of an abstract model built from a config
-    (default bfloat16).
+    ``confirm`` layouts (:meth:`Advice.confirm`). ``efficiency``: the fraction of peak FLOP/s matmuls reach (1, the
+    default: the roofline's ideal, so each MFU is an upper bound). ``dtype``: of an abstract model built from a
+    config (default bfloat16).
     """
     import jax.numpy as jnp
 
-    from workbench.core.compile.steps import OPTIMIZERS
-    from workbench.core.cost.ledger import ledger
-    from workbench.core.cost.predicted import predict_step
-    from workbench.core.pipeline import pipeline_partition_axis
-    from workbench.core.sharding.plan import Layout
 
     start = time.perf_counter()
     if task not in TASKS:
@@ -393,13 +382,13 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
         layout = Layout.of(model, _mesh(shape), shape_pa, rules, mode)
         kv_length = seq_len if task == "decode" else None
         zeros = (0, 1) if constraints.zero and task == "train" and shape["dp"] > 1 else (0,)
-        no_remat: dict[tuple, tp.Any] = {}  # (pipeline, zero) -> the step without recompute: what MFU counts
+        no_remat: dict[tuple, tp.Any] = {}  # (pipeline, zero) -> the step without recompute
         for pipeline, r, zero in sorted(itertools.product(pipelines, remats, zeros), key=lambda k: k[1] != "none"):
             considered += 1
             led = ledger(model, layout, kind=task, batch=step_batch, optimizer=optimizer, remat=r, cluster=cluster,
                          pipeline=pipeline, kv_length=kv_length, zero_stage=zero)
             step = predict_step(config, cluster, shape, batch=step_batch, task=task, remat=r, pipeline=pipeline,
-                                kv_length=kv_length, mfu=mfu, zero_stage=zero)
+                                kv_length=kv_length, efficiency=efficiency, zero_stage=zero)
             fits = led.total <= cluster.hbm_per_device * (1 - constraints.headroom)
             c = Candidate(shape, r, pipeline, shape_pa, rules, led, step, fits, zero)
             if r == "none" or task != "train":
@@ -407,8 +396,8 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
             elif (pipeline, zero) not in no_remat:
                 no_remat[pipeline, zero] = predict_step(config, cluster, shape, batch=step_batch, task=task,
                                                         remat="none", pipeline=pipeline, kv_length=kv_length,
-                                                        mfu=mfu, zero_stage=zero)
-            c.model_compute_s = no_remat[pipeline, zero].compute_s * mfu
+                                                        efficiency=efficiency, zero_stage=zero)
+            c.recompute_s = step.compute_s - no_remat[pipeline, zero].compute_s
             (ranked if fits else rejected).append(c)
     # equal times (compute-bound layouts often tie): fewer split axes, then less memory
     ranked.sort(key=lambda c: (float(f"{c.time_s:.4g}"), c.split_axes, c.ledger.total))
@@ -428,8 +417,6 @@ _PART_NAMES = {"params": "parameters", "grads": "gradients", "optimizer": "optim
 
 
 def _ms(seconds: float) -> str:
-    from workbench.core.cost.step_time import format_seconds
-
     return format_seconds(seconds)
 
 
@@ -460,8 +447,8 @@ def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, resc
     if not c.fits:
         parts = c.ledger.parts()
         big = max(parts, key=parts.get)
-        text = (f"does not fit: {c.ledger.total / GiB:.1f} GiB > {hbm * (1 - headroom) / GiB:.1f} GiB usable HBM "
-                f"({_PART_NAMES.get(big, big)} {parts[big] / GiB:.1f} GiB)")
+        text = (f"does not fit: {_gib(c.ledger.total)} > {_gib(hbm * (1 - headroom))} usable HBM "
+                f"({_PART_NAMES.get(big, big)} {_gib(parts[big])})")
         if rescued_by is not None:
             change = [f"remat {rescued_by.remat}"] if rescued_by.remat != c.remat else []
             if rescued_by.pipeline != c.pipeline and rescued_by.pipeline is not None:
@@ -471,7 +458,7 @@ def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, resc
                               f"{pl.schedule} m={pl.num_microbatches}")
             if rescued_by.zero_stage != c.zero_stage:
                 change.append(f"ZeRO-{rescued_by.zero_stage}" if rescued_by.zero_stage else "no ZeRO")
-            text += f"; with {' and '.join(change)} it fits ({rescued_by.ledger.total / GiB:.1f} GiB)"
+            text += f"; with {' and '.join(change)} it fits ({_gib(rescued_by.ledger.total)})"
         return text
     st = c.step
     words: list[str] = []
@@ -481,7 +468,6 @@ def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, resc
         words.append(f"{kind}s over {','.join(axes)} on {level}: {_ms(seconds)} of {_ms(st.time_s)}")
     else:
         words.append(f"{st.bound}-bound ({_ms(max(st.compute_s, st.memory_s))} of {_ms(st.time_s)})")
-    from workbench.core.cost.network import span
 
     tp_size = c.mesh_shape.get("tp", 1)
     if tp_size > 1 and cluster.platform == "gpu" and span(("tp",), c.mesh_shape, cluster).units > 1:
@@ -496,9 +482,8 @@ def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, resc
         needed = per_chip * fsdp_comm / st.compute_s
         words.append(f"{per_chip:,.0f} tokens per chip is below the {needed:,.0f} needed to hide FSDP's "
                      f"all-gathers")
-    recompute_s = st.compute_s - c.model_compute_s / (st.mfu_assumed or 1.0)
-    if c.model_compute_s and recompute_s > 0.01 * st.compute_s:
-        words.append(f"remat {c.remat} recomputes the forward: {_ms(recompute_s)} of compute more")
+    if c.recompute_s > 0.01 * st.compute_s:
+        words.append(f"remat {c.remat} recomputes the forward: {_ms(c.recompute_s)} of compute more")
     bubble = getattr(st, "bubble_fraction", 0.0) or 0.0
     if c.pipeline is not None and bubble:
         words.append(f"pipeline bubble {bubble:.0%} (p={c.pipeline.num_stages}, m={c.pipeline.num_microbatches})")
@@ -511,4 +496,4 @@ def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, resc
     return "; ".join(words)
 
 
-__all__ = ["REMATS", "TASKS", "Advice", "Candidate", "Constraints", "advise", "reason"]
+__all__ = ["Advice", "Candidate", "Constraints", "advise", "reason"]

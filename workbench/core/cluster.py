@@ -35,6 +35,7 @@ from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from workbench.core.compile.xla_log import xla_log_lines
 from workbench.core.cost.chips import H100, H200, RING, SWITCH, TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, Hardware
+from workbench.core.mesh import mesh_factorizations
 
 PLATFORMS = ("tpu", "gpu", "cpu")
 TPU_AOT_HINT = 'pip install "jax-workbench[tpu-aot]"'
@@ -238,7 +239,8 @@ class Cluster:
         """
         _positive("ndim", ndim)
         if self.platform != "tpu":
-            return tuple(_factorisations(self.num_devices, ndim))
+            names = tuple(f"a{i}" for i in range(ndim))
+            return tuple(tuple(s.values()) for s in mesh_factorizations(self.num_devices, names))
         shapes = set()
         for groups in itertools.product(range(ndim), repeat=len(self.physical_axes)):
             shape = [1] * ndim
@@ -289,16 +291,6 @@ def _valid_mesh_shapes(cluster: Cluster, ndim: int) -> frozenset[tuple[int, ...]
 def _positive(name: str, value: tp.Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int; got {value!r}")
-
-
-def _factorisations(n: int, ndim: int) -> tp.Iterator[tuple[int, ...]]:
-    if ndim == 1:
-        yield (n,)
-        return
-    for d in range(1, n + 1):
-        if n % d == 0:
-            for rest in _factorisations(n // d, ndim - 1):
-                yield (d, *rest)
 
 
 # -- the mesh a cluster's programs are placed on ----------------------------------------------------------

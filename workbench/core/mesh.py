@@ -187,3 +187,37 @@ def call_on_auto_axes(fn: tp.Callable[..., tp.Any], args: tuple, mesh: Mesh | Ab
     specs = out_specs(out)
     return jax.tree.map(lambda x, spec: jax.sharding.reshard(x, NamedSharding(mesh, explicit_spec(spec, mesh))),
                         out, specs)
+
+
+def divisors(n: int) -> list[int]:
+    """The positive divisors of ``n``, ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def mesh_factorizations(n_devices: int, axis_names: tp.Sequence[str] = MESH_AXES) -> list[dict[str, int]]:
+    """Every mesh shape over ``axis_names`` whose sizes multiply to ``n_devices``, in lexicographic order.
+
+    >>> len(mesh_factorizations(8)), mesh_factorizations(4, ("dp", "tp"))
+    (56, [{'dp': 1, 'tp': 4}, {'dp': 2, 'tp': 2}, {'dp': 4, 'tp': 1}])
+    """
+    if isinstance(n_devices, bool) or not isinstance(n_devices, int) or n_devices < 1:
+        raise ValueError(f"n_devices must be a positive int; got {n_devices!r}")
+    names = tuple(axis_names)
+
+    def rec(n: int, k: int) -> list[tuple[int, ...]]:
+        if k == 1:
+            return [(n,)]
+        return [(d, *rest) for d in divisors(n) for rest in rec(n // d, k - 1)]
+
+    if not names:
+        return [{}] if n_devices == 1 else []
+    return [dict(zip(names, sizes, strict=True)) for sizes in rec(n_devices, len(names))]
+
+
+def mesh_of(tree: tp.Any) -> Mesh | AbstractMesh | None:
+    """The mesh of the first ``NamedSharding`` leaf of ``tree``, or None."""
+    for leaf in jax.tree.leaves(tree):
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, NamedSharding):
+            return sharding.mesh
+    return None

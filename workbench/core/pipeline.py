@@ -33,6 +33,15 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from workbench.core.axes import PartitionAxis
+from workbench.core.compile.cache import PROGRAMS, signature
+from workbench.core.mesh import mesh_of
+from workbench.core.models.block import ACTIVATION_AXES
+from workbench.core.models.causal_lm import SequenceClassifier
+from workbench.core.models.loss import causal_lm_loss, labels_from
+from workbench.core.models.sharding import with_mesh
+from workbench.core.models.stack import layer_kinds, run_layers, run_stack
+from workbench.core.models.training import TrainState, place_batch, prepare_batch
+from workbench.core.operations import OperationRegistry
 from workbench.core.pipeline_schedule import (
     FORWARD,
     IDLE,
@@ -157,11 +166,9 @@ def _model(parts: _Parts, rest: nnx.State, layers: nnx.State) -> nnx.Module:
 def _check_model(model: nnx.Module, config: PipelineConfig) -> int:
     if not hasattr(model, "layers") or not hasattr(model, "rope_tables"):
         raise TypeError(f"pipeline parallelism runs a workbench CausalLM (stacked layers); got {type(model).__name__}")
-    from workbench.core.models.causal_lm import SequenceClassifier
 
     if isinstance(model, SequenceClassifier):
         raise TypeError("pipeline parallelism trains causal LMs; a SequenceClassifier's head reads one token")
-    from workbench.core.operations import OperationRegistry
 
     if OperationRegistry.capabilities(model.attn_mechanism).mesh_axes:
         raise ValueError(f"{model.attn_mechanism!r} is sequence-parallel attention, which runs its own shard_map "
@@ -182,7 +189,6 @@ def _run_pipeline(parts: _Parts, schedule: PipelineSchedule, mesh: jax.sharding.
     first = c.first_dense_layers
     per_stage = config.check_layers(c.num_hidden_layers - first)
     kinds_all = [c.layer_kind(i) for i in range(first, c.num_hidden_layers)]
-    from workbench.core.models.stack import layer_kinds, run_stack
 
     kinds, kind_L = layer_kinds(kinds_all)
     kind_VL = jnp.asarray(kind_L.reshape(config.total_stages, per_stage))
@@ -191,8 +197,6 @@ def _run_pipeline(parts: _Parts, schedule: PipelineSchedule, mesh: jax.sharding.
     layers_gd = nnx.graphdef(model0.layers)
     staged = _stage_layers(parts.layers, config)
     scan, remat = model0.scan_layers, model0.remat
-
-    from workbench.core.models.block import ACTIVATION_AXES
 
     act_spec = (model0.partition_axis or PartitionAxis()).resolve(ACTIVATION_AXES, shape=x_mBTD.shape[1:], mesh=mesh)
     act_spec = _drop_unit_axes(act_spec, mesh)
@@ -234,8 +238,6 @@ def _run_pipeline(parts: _Parts, schedule: PipelineSchedule, mesh: jax.sharding.
             return out
 
         def head_loss(rest_, y_BTD, i):
-            from workbench.core.models.loss import causal_lm_loss
-
             m_ = _model(parts, rest_, jax.tree.map(lambda a: a[0], layers_v))
             logits = m_.head(m_.norm(y_BTD)).astype(m_.logits_dtype)
             return causal_lm_loss(logits, labels_mBT[i], num_items_in_batch=num_tokens)[0]
@@ -333,9 +335,7 @@ def _drop_unit_axes(spec: P, mesh: jax.sharding.Mesh) -> P:
 
 def _pipeline_mesh(mesh: jax.sharding.Mesh | None, params: tp.Any, config: PipelineConfig) -> jax.sharding.Mesh:
     if mesh is None:
-        from workbench.core.models.training import _mesh_of
-
-        mesh = _mesh_of(params)
+        mesh = mesh_of(params)
     if mesh is None or PP not in mesh.axis_names:
         raise ValueError("pipeline parallelism needs the model on a mesh with a 'pp' axis: "
                          "model.shard_model(make_mesh(pp=..., ...), pipeline_partition_axis())")
@@ -363,8 +363,6 @@ def _embed_all(graphdef, params, other, input_ids, attention_mask):
     x_BTD = model.embed(input_ids, positions_BT)
     c = model.config
     if c.first_dense_layers:
-        from workbench.core.models.stack import run_layers
-
         kinds_L = [c.layer_kind(i) for i in range(c.first_dense_layers)]
         x_BTD, _, _ = run_layers(model.dense_layers, x_BTD, model.rope_tables(positions_BT), mask_B1TS,
                                  kinds_L=kinds_L, scan=model.scan_layers, remat=model.remat)
@@ -373,8 +371,6 @@ def _embed_all(graphdef, params, other, input_ids, attention_mask):
 
 def _local_model(model: nnx.Module) -> nnx.Module:
     """The model without its mesh: inside the pipeline's shard_map the automatic axes place everything."""
-    from workbench.core.models.sharding import with_mesh
-
     return with_mesh(model, None)
 
 
@@ -382,8 +378,6 @@ def pipeline_loss_and_grads(graphdef: nnx.GraphDef, params: nnx.State, other: nn
                             config: PipelineConfig, mesh: jax.sharding.Mesh) -> tuple[Array, Array, nnx.State]:
     """Traceable: ``(loss, num_tokens, grads)`` of a causal-LM batch through the pipeline (grads shaped like
     ``params``)."""
-    from workbench.core.models.loss import labels_from
-
     input_ids = batch["input_ids"]
     mask = batch.get("attention_mask")
     labels = batch.get("labels")
@@ -412,13 +406,11 @@ def pipeline_value_and_grad(model: nnx.Module, batch: dict[str, tp.Any], config:
                             mesh: jax.sharding.Mesh | None = None) -> tuple[Array, nnx.State]:
     """``(loss, grads)`` of next-token cross-entropy on ``batch`` through the pipeline, compiled; equal to
     ``jax.value_and_grad`` of the unpipelined loss. ``mesh`` defaults to the model's (``shard_model``)."""
-    from workbench.core.models.training import _prepare
-
     _check_model(model, config)
     model = _local_model(model)
     graphdef, params, other = nnx.split(model, nnx.Param, ...)
     mesh = _pipeline_mesh(mesh, params, config)
-    batch = _prepare(batch)
+    batch = prepare_batch(batch)
     _check_batch(batch["input_ids"], config, mesh)
     fn = jax.jit(lambda params, other, batch: pipeline_loss_and_grads(graphdef, params, other, batch, config, mesh))
     loss, _, grads = fn(params, other, batch)
@@ -487,8 +479,6 @@ def make_pipeline_train_step(config: PipelineConfig, optimizer: tp.Any = None, *
     with ``model.shard_model(mesh, pipeline_partition_axis())`` so each device stores only its stages."""
     import optax
 
-    from workbench.core.compile.cache import PROGRAMS, signature
-    from workbench.core.models.training import TrainState, _place
 
     partition_axis = pipeline_partition_axis(partition_axis)
 
@@ -506,7 +496,7 @@ def make_pipeline_train_step(config: PipelineConfig, optimizer: tp.Any = None, *
         if optimizer is not None and state.tx is not optimizer:
             state = state.replace(tx=optimizer)
         mesh = _pipeline_mesh(None, state.params, config)
-        batch = _place(batch, state, partition_axis)
+        batch = place_batch(batch, state, partition_axis)
         _check_batch(batch["input_ids"], config, mesh)
         key = ("pipeline_train_step", config, signature((state, batch)))
 

@@ -7,8 +7,9 @@ import math
 
 import numpy as np
 
+from workbench.core.units import format_bytes
 from workbench.core.views.cache_fill import ContiguousFill, PagedFill
-from workbench.widgets._html import escape, format_bytes
+from workbench.widgets._html import escape
 
 __all__ = ["cache_html"]
 

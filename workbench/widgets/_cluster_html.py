@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import typing as tp
 
-from workbench.core.cost.step_time import format_seconds
 from workbench.core.mesh import MESH_AXES
-from workbench.widgets._html import escape, format_bytes
+from workbench.core.units import format_bytes, format_seconds
+from workbench.widgets._html import escape
 
 __all__ = ["LEDGER_PARTS", "collective_seconds", "ledger_html", "mesh_label", "mesh_options", "parse_mesh_label",
            "step_time_html"]
@@ -119,7 +119,7 @@ def ledger_html(ledger: tp.Any, *, n_devices: int, compiled_total: int | None = 
 # -- the step time -----------------------------------------------------------------------------------------
 def step_time_html(st: tp.Any, *, width_px: int = 520, top: int = 8) -> str:
     """A :class:`~workbench.core.cost.step_time.StepTime` as bars: compute, HBM traffic and communication per network
-    level (each on the same scale; with overlap the step takes the longest), the bounding resource, MFU, XLA's
+    level (each on the same scale; with overlap the step takes the longest), the bounding resource, MFU and HFU, XLA's
     own estimate where there is one, and the longest collective groups."""
     levels = [(level, s) for level, s in st.by_level().items() if s > 0]
     phases = [(name, color, getattr(st, f"{name}_s")) for name, color in _PHASES]
@@ -135,7 +135,7 @@ def step_time_html(st: tp.Any, *, width_px: int = 520, top: int = 8) -> str:
     xla = (f" · XLA's own estimate {format_seconds(st.xla_seconds)} (counts a loop body once: about one layer)"
            if st.xla_seconds is not None else "")
     head = (f'<div class="wb-step-total" style="font-weight:600">predicted step: {escape(format_seconds(st.time_s))}, '
-            f"{escape(st.bound)}-bound · MFU {st.mfu:.0%} (assumed {st.mfu_assumed:.0%} of peak on matmuls)"
+            f"{escape(st.bound)}-bound · {escape(st.utilisation())}"
             f"</div><div style='color:#555'>{escape(how)}{escape(xla)}</div>")
     kinds = ""
     if st.parts:

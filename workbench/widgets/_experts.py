@@ -7,7 +7,9 @@ import typing as tp
 
 import ipywidgets as widgets
 
-from workbench.widgets._html import error_html, escape, format_bytes
+from workbench.core.units import format_bytes
+from workbench.widgets._errors import Guard
+from workbench.widgets._html import escape
 
 CAPACITY_OPTIONS = [("no drop", None), ("1.0", 1.0), ("1.25", 1.25), ("1.5", 1.5), ("2.0", 2.0)]
 
@@ -40,11 +42,12 @@ def experts_html(summary: tp.Any, *, stale: bool = False) -> str:
 
 class ExpertsPanel:
     """A capacity-factor dropdown, an "experts" button and the result. A click calls ``compute(capacity_factor)``
-    (the owner knows the model, layout and batch) and hands a result to ``on_result``; ``.summary`` is the last."""
+    (the owner knows the model, layout and batch) and hands a result to ``on_result``; ``.summary`` is the last.
+    ``guard`` is the owner's ``InlineError._guard``: a failure is the owner's inline error, prefixed "experts"."""
 
-    def __init__(self, compute: tp.Callable[[float | None], tp.Any],
+    def __init__(self, compute: tp.Callable[[float | None], tp.Any], guard: tp.Callable[..., Guard],
                  on_result: tp.Callable[[tp.Any], None] | None = None):
-        self._compute, self._on_result = compute, on_result
+        self._compute, self._guard, self._on_result = compute, guard, on_result
         self.summary: tp.Any = None
         self.capacity = widgets.Dropdown(options=CAPACITY_OPTIONS, value=1.25, description="capacity",
                                          layout=widgets.Layout(width="170px"), style={"description_width": "60px"})
@@ -56,12 +59,12 @@ class ExpertsPanel:
         self.widget = widgets.VBox([widgets.HBox([self.capacity, self.button]), self.out])
 
     def run(self) -> bool:
+        before = self.out.value
         self.out.value = '<div style="font-size:12px;color:#555">compiling alltoall and dense…</div>'
-        try:
+        with self._guard("experts", plain=(ValueError, TypeError), clear="own") as failed:
             summary = self._compute(self.capacity.value)
-        except Exception as e:  # a callback must not raise: say why inline
-            kind = "" if isinstance(e, ValueError | TypeError) else f"{type(e).__name__}: "
-            self.out.value = error_html(f"experts: {kind}{e}")
+        if failed:  # the reason is the owner's inline error; the last result stays
+            self.out.value = before
             return False
         self.summary = summary
         self.out.value = experts_html(summary)

@@ -118,10 +118,10 @@ class RulesEditor:
     _mesh_axes: tuple[str, ...] = ()
 
     def _rules_are(self, rules: tuple[tuple[str, tp.Any], ...]) -> bool:
-        try:
-            return tuple(r for r in (rule.read() for rule in self._rules) if r is not None) == rules
-        except ValueError:
-            return False
+        """Whether the filled-in rows read as ``rules`` do, text for text (a row in other words, or one that does
+        not parse, is rewritten as the layout says it)."""
+        typed = [(r.pattern.value.strip(), r.axes.value.strip()) for r in self._rules]
+        return [t for t in typed if all(t)] == [(pattern, format_axes(axes)) for pattern, axes in rules]
 
     def _build_fields(self, layout: Layout, groups: dict[str, tuple[str, ...]]) -> None:
         """Roles and the parameters' fields in view; the batch and KV cache fields in a folded section."""

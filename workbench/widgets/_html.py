@@ -10,8 +10,8 @@ import colorsys
 import html
 import typing as tp
 
-__all__ = ["device_background", "device_color", "device_colors", "error_html", "escape", "format_bytes",
-           "html_table", "ids_text", "typed_html"]
+__all__ = ["device_background", "device_color", "device_colors", "error_html", "escape", "ids_text",
+           "typed_html"]
 
 _GOLDEN = 0.618033988749895
 TEXT_COLOR = "#1b1b1b"
@@ -60,33 +60,6 @@ def ids_text(device_ids: tp.Sequence[int]) -> str:
                          else f"{start}–{prev}")
         start = prev = d
     return ",".join(parts)
-
-
-def format_bytes(n: int | float) -> str:
-    """``512`` -> ``"512 B"``, ``1536`` -> ``"1.5 KiB"``, ``2**21`` -> ``"2 MiB"``."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            text = f"{value:.0f}" if unit == "B" or value == int(value) else f"{value:.3g}"
-            return f"{text} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-_CELL = "padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top"
-
-
-def html_table(rows: tp.Iterable[tp.Sequence[tp.Any]], header: tp.Sequence[tp.Any] | None = None,
-               css_class: str = "wb-table") -> str:
-    """An HTML table of ``rows`` (every value escaped), with an optional header row."""
-    head = ""
-    if header is not None:
-        head = "<thead><tr>" + "".join(f'<th style="{_CELL};font-weight:600">{escape(h)}</th>'
-                                       for h in header) + "</tr></thead>"
-    body = "".join("<tr>" + "".join(f'<td style="{_CELL}">{escape(v)}</td>' for v in row) + "</tr>"
-                   for row in rows)
-    return (f'<table class="{escape(css_class)}" style="border-collapse:collapse;font-size:12px">'
-            f"{head}<tbody>{body}</tbody></table>")
 
 
 def error_html(message: str) -> str:

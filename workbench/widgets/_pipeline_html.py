@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import typing as tp
 
-from workbench.widgets._html import escape, format_bytes
+from workbench.core.pipeline_schedule import BACKWARD, FORWARD
+from workbench.core.units import format_bytes
+from workbench.widgets._html import escape
 
 FORWARD_COLOR, BACKWARD_COLOR, IDLE_COLOR = "#9ecae1", "#a1d99b", "#f0f0f0"
 
@@ -14,8 +16,6 @@ FORWARD_COLOR, BACKWARD_COLOR, IDLE_COLOR = "#9ecae1", "#a1d99b", "#f0f0f0"
 def schedule_html(schedule: tp.Any, *, microbatch_bytes: int | None = None, cell: int = 22) -> str:
     """The timeline of ``schedule`` (a ``PipelineSchedule``) with its bubble (table vs closed form) and the
     stage inputs each device keeps alive (times ``microbatch_bytes`` when given)."""
-    from workbench.core.pipeline_schedule import BACKWARD, FORWARD
-
     c = schedule.config
     ticks, p = schedule.grid.shape
     cell = max(10, min(cell, 900 // max(ticks, 1)))

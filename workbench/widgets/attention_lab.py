@@ -16,14 +16,19 @@ import json
 import typing as tp
 import weakref
 
+import IPython  # ipywidgets requires it
 import ipywidgets as widgets
 import jax
 import jax.numpy as jnp
 import numpy as np
 import plotly.graph_objects as go
 
+from workbench.core.models.tokenizer import as_tokenizer
 from workbench.core.operations import OperationRegistry
 from workbench.core.operations.attention.common import RETURN_WEIGHTS
+from workbench.core.operations.attention.flex import FlexAttention
+from workbench.core.tables import html_table
+from workbench.core.units import format_bytes
 from workbench.core.views.attention_lab import (
     DTYPES,
     Comparison,
@@ -36,7 +41,8 @@ from workbench.core.views.attention_lab import (
     model_comparison,
 )
 from workbench.widgets._errors import InlineError
-from workbench.widgets._html import escape, format_bytes, html_table
+from workbench.widgets._html import escape
+from workbench.widgets.generation_view import default_tokenizer
 
 __all__ = ["AttentionLab", "comparison_html", "model_comparison_html"]
 
@@ -136,8 +142,6 @@ class AttentionLab(InlineError, widgets.VBox):
         self.runs = runs
         self.max_new_tokens = max_new_tokens
         if tokenizer is not None:
-            from workbench.core.models.tokenizer import as_tokenizer
-
             tokenizer = as_tokenizer(tokenizer)  # ours, a Hugging Face tokenizer, or a local directory
         self.tokenizer = tokenizer if tokenizer is not None or model is None else self._default_tokenizer(model)
         self.comparison: Comparison | None = None
@@ -394,8 +398,6 @@ class AttentionLab(InlineError, widgets.VBox):
     def _default_tokenizer(model: tp.Any) -> tp.Any:
         """A ``ByteTokenizer`` for a byte-vocab model only (as GenerationView): byte ids mean nothing to a
         real model's vocab, whose tokenizer must be passed."""
-        from workbench.widgets.generation_view import default_tokenizer
-
         return default_tokenizer(model)
 
     def _current_classes(self) -> tuple:
@@ -437,8 +439,6 @@ class AttentionLab(InlineError, widgets.VBox):
 
     def _block_mask_html(self) -> str:
         """A flex implementation's block mask at the lab's T: its picture and sparsity."""
-        from workbench.core.operations.attention.flex import FlexAttention
-
         impl = OperationRegistry.get(self.impl)
         if not issubclass(impl, FlexAttention):
             return ""
@@ -496,16 +496,12 @@ class AttentionLab(InlineError, widgets.VBox):
     def _on_head(self, change: dict) -> None:
         if not self._syncing and self.comparison is not None:
             self.refresh_implementations()
-            if self._draw() and self.error.startswith("heatmaps:"):
-                self._clear_error()  # only the heatmaps' own error: a bad edit elsewhere stays said
+            if self._draw():
+                self._clear_error("heatmaps")  # only the heatmaps' own error: a bad edit elsewhere stays said
 
     def _install_cell_hook(self) -> None:
         """Re-read the registry after every notebook cell (so later registrations show up)."""
-        try:
-            from IPython import get_ipython
-        except ImportError:
-            return
-        shell = get_ipython()
+        shell = IPython.get_ipython()
         if shell is None:
             return
         ref = weakref.ref(self)

@@ -18,10 +18,13 @@ import typing as tp
 import ipywidgets as widgets
 import numpy as np
 
+from workbench.core.models.generation import GenerationConfig, is_compiled
+from workbench.core.models.presets import TINY_VOCAB
+from workbench.core.models.tokenizer import ByteTokenizer, as_tokenizer
 from workbench.core.views.cache_fill import cache_fill, streamed_fill
 from workbench.core.views.token_stream import TokenStream, stable_text
 from workbench.widgets._cache_html import cache_html
-from workbench.widgets._errors import InlineError, error_message
+from workbench.widgets._errors import InlineError
 from workbench.widgets._html import escape
 
 __all__ = ["GenerationView", "default_tokenizer"]
@@ -32,8 +35,6 @@ _MONO = "font-family:var(--jp-code-font-family,monospace);font-size:12px"
 def default_tokenizer(model: tp.Any) -> tp.Any:
     """``ByteTokenizer`` for a model whose vocab is the byte vocab (259 ids, or 264 as the tiny presets
     round it); None otherwise (then the prompt is typed as token ids)."""
-    from workbench.core.models.presets import TINY_VOCAB
-    from workbench.core.models.tokenizer import ByteTokenizer
 
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     return ByteTokenizer() if vocab is not None and ByteTokenizer.vocab_size <= vocab <= TINY_VOCAB else None
@@ -56,8 +57,6 @@ class GenerationView(InlineError, widgets.VBox):
     def __init__(self, model: tp.Any, tokenizer: tp.Any = None, *, prompt: str = "", generation_config: tp.Any = None,
                  cache: str = "contiguous", cache_length: int | None = None, page_size: int = 16, pad_to: int = 16,
                  refresh_s: float = 0.1, chat: bool | None = None, **kwargs: tp.Any):
-        from workbench.core.models.generation import GenerationConfig
-        from workbench.core.models.tokenizer import as_tokenizer
 
         if not callable(getattr(model, "generate", None)):
             raise TypeError(f"GenerationView needs a model with generate() (a CausalLM); got {type(model).__name__}")
@@ -167,8 +166,6 @@ class GenerationView(InlineError, widgets.VBox):
 
     def generation_config(self) -> tp.Any:
         """The GenerationConfig the controls describe (raises ValueError/TypeError saying what to change)."""
-        from workbench.core.models.generation import GenerationConfig
-
         tok, cfg = self.tokenizer, getattr(self.model, "config", None)
         eos = getattr(tok, "eos_token_id", None) if tok is not None else getattr(cfg, "eos_token_id", None)
         pad = getattr(tok, "pad_token_id", None) if tok is not None else getattr(cfg, "pad_token_id", None)
@@ -205,8 +202,6 @@ class GenerationView(InlineError, widgets.VBox):
     def generate(self) -> threading.Thread | None:
         """Start generating from the controls (what the button does), in a background thread; None, with an
         inline error, when the inputs are invalid or a run is going."""
-        from workbench.core.models.generation import is_compiled
-
         if self.running:
             self._show_error("a generation is running: press stop first")
             return None
@@ -293,26 +288,25 @@ class GenerationView(InlineError, widgets.VBox):
 
         status, css = "failed", "wb-gen-failed"
         try:
-            out = self.model.generate(ids, config, mask, prng_key=jax.random.key(self.seed.value),
-                                      streamer=stream if config.num_beams == 1 else None, cache=cache)
-            self.output = out
-            stream.join(timeout=10)  # its last live picture first, then the final one below
-            new_BN = np.asarray(out.sequences)[:, ids.shape[1]:]
-            self._text.value = self._text_html(ids, mask, new_BN)
-            fill = cache_fill(out.cache)
-            self._cache.value = cache_html(fill, prompt_len=ids.shape[1], source="after the run: output.cache",
-                                           nbytes=getattr(out.cache, "nbytes", None))
-            t = out.timings
-            rate = out.num_new_tokens * ids.shape[0] / t["decode"] if t.get("decode") else float("nan")
-            how = "stopped" if stream.stop_requested and out.num_new_tokens < config.max_new_tokens else "done"
-            compile_note = (f"compiled in {t['compile']:.2f} s (first run of this config and prompt length)"
-                            if t.get("compile") else "no compile (program reused)")
-            tokens = f"{out.num_new_tokens} new token{'s' * (out.num_new_tokens != 1)} per row"
-            status = (f"{how}: {tokens} · {compile_note} · prefill {1e3 * t['prefill']:.0f} ms · decode "
-                      f"{1e3 * t['decode']:.0f} ms ({rate:,.0f} tokens/s)")
-            css = f"wb-gen-{how}"
-        except Exception as e:  # shown inline; the kernel and the last good picture stay
-            self._show_error(error_message(e, "generation failed"))
+            with self._guard("generation failed"):  # shown inline; the kernel and the last good picture stay
+                out = self.model.generate(ids, config, mask, prng_key=jax.random.key(self.seed.value),
+                                          streamer=stream if config.num_beams == 1 else None, cache=cache)
+                self.output = out
+                stream.join(timeout=10)  # its last live picture first, then the final one below
+                new_BN = np.asarray(out.sequences)[:, ids.shape[1]:]
+                self._text.value = self._text_html(ids, mask, new_BN)
+                fill = cache_fill(out.cache)
+                self._cache.value = cache_html(fill, prompt_len=ids.shape[1], source="after the run: output.cache",
+                                               nbytes=getattr(out.cache, "nbytes", None))
+                t = out.timings
+                rate = out.num_new_tokens * ids.shape[0] / t["decode"] if t.get("decode") else float("nan")
+                how = "stopped" if stream.stop_requested and out.num_new_tokens < config.max_new_tokens else "done"
+                compile_note = (f"compiled in {t['compile']:.2f} s (first run of this config and prompt length)"
+                                if t.get("compile") else "no compile (program reused)")
+                tokens = f"{out.num_new_tokens} new token{'s' * (out.num_new_tokens != 1)} per row"
+                status = (f"{how}: {tokens} · {compile_note} · prefill {1e3 * t['prefill']:.0f} ms · decode "
+                          f"{1e3 * t['decode']:.0f} ms ({rate:,.0f} tokens/s)")
+                css = f"wb-gen-{how}"
         finally:
             # ready for the next run before the final status shows, so a client that sees it can press generate
             self._busy = False

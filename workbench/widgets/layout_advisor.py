@@ -10,10 +10,11 @@ import ipywidgets as widgets
 
 from workbench.core.advisor import Advice, Candidate, Constraints, advise
 from workbench.core.compile.steps import OPTIMIZERS
-from workbench.core.cost.ledger import KINDS
-from workbench.core.cost.step_time import format_seconds
-from workbench.widgets._errors import InlineError, error_message
-from workbench.widgets._html import error_html, escape, format_bytes
+from workbench.core.cost.ledger import TASKS
+from workbench.core.units import format_bytes, format_seconds
+from workbench.widgets._errors import InlineError
+from workbench.widgets._html import error_html, escape
+from workbench.widgets.sharding_explorer import ShardingExplorer
 
 __all__ = ["LayoutAdvisor", "advice_html"]
 
@@ -49,7 +50,7 @@ def advice_html(advice: Advice, *, top: int = 10, rejected: int = 5, selected: i
         use = "" if hbm is None else f" ({c.ledger.total / hbm:.0%} of HBM)"
         mark = ";background:#eef5ff" if selected == i else ""
         cells = (str(i), c.label, f"{format_bytes(c.ledger.total)}{use}", format_seconds(c.time_s),
-                 f"{tokens / c.time_s:,.0f}", f"{c.mfu:.0%}", c.step.bound)
+                 f"{tokens / c.time_s:,.0f}", c.step.mfu_text(), c.step.bound)
         rows.append(f'<tr class="wb-advice-row" data-rank="{i}" style="{mark}">'
                     + "".join(f'<td style="{_CELL};white-space:nowrap">{escape(v)}</td>' for v in cells)
                     + f'<td style="{_CELL}">{_breakdown_bar(c, scale)}</td>'
@@ -89,7 +90,7 @@ class LayoutAdvisor(InlineError):
         self._tokens.add_class("wb-advisor-tokens")
         self._seq = w.BoundedIntText(seq_len, min=1, max=1 << 24, description="sequence length", style=style,
                                      layout=w.Layout(width="210px"))
-        self._task = w.Dropdown(options=KINDS, value=task, description="task", layout=w.Layout(width="150px"),
+        self._task = w.Dropdown(options=TASKS, value=task, description="task", layout=w.Layout(width="150px"),
                                 style={"description_width": "35px"})
         self._optimizer = w.Dropdown(options=OPTIMIZERS, value=optimizer, description="optimizer",
                                      layout=w.Layout(width="170px"), style={"description_width": "62px"})
@@ -171,10 +172,10 @@ class LayoutAdvisor(InlineError):
         if c is None:
             return False
         self._out.value = f'<div style="font-size:12px;color:#555">compiling {escape(c.label)}…</div>'
-        try:
+        with self._guard("confirm", clear="own") as failed:
             self.advice.confirm_one(c)
-        except Exception as e:  # a callback must not raise: say why
-            self._out.value = error_html(error_message(e, "confirm"))
+        if failed:
+            self._out.value = ""
             return False
         self._out.value = _confirmed_html(c)
         options = [(f"{i}: {x.label}", i) for i, x in enumerate(self.advice.ranked[:self.top], 1)]
@@ -186,18 +187,15 @@ class LayoutAdvisor(InlineError):
 
     def open_in_explorer(self) -> bool:
         """A ShardingExplorer on the cluster, laid out as the chosen row."""
-        from workbench.widgets.sharding_explorer import ShardingExplorer
-
         c = self.selected()
         if c is None:
             return False
-        try:
+        with self._guard("open in explorer", catch=(ValueError, TypeError), clear="own") as failed:
             batch = self.advice.batch if self.advice.task != "decode" else (self.advice.batch[0], 1)
             model = self.model.with_options(remat=c.remat) if hasattr(self.model, "with_options") else self.model
             self.explorer = ShardingExplorer(model, c.mesh_shape, c.partition_axis, c.rules, cluster=self.cluster,
                                              batch=batch)
-        except (ValueError, TypeError) as e:
-            self._out.value = error_html(f"open in explorer: {e}")
+        if failed:
             return False
         self.explorer._task.value = self.advice.task
         self.explorer._optimizer_name.value = self.advice.optimizer
@@ -209,11 +207,11 @@ class LayoutAdvisor(InlineError):
         c = self.selected()
         if c is None:
             return None
-        try:
+        with self._guard("export", catch=(ValueError, TypeError, AttributeError), clear="own") as failed:
             layout = c.layout(self.model)
             code, text = layout.to_code(cluster=self.cluster), layout.to_json(cluster=self.cluster)
-        except (ValueError, TypeError, AttributeError) as e:
-            self._out.value = error_html(f"export: {e}")
+        if failed:
+            self._out.value = ""
             return None
         self._out.value = (f'<div class="wb-export" style="font-size:12px"><div style="font-weight:600">'
                            f"{escape(c.label)} as code</div><pre>{escape(code)}</pre>"
@@ -223,8 +221,7 @@ class LayoutAdvisor(InlineError):
 
     # -- rendering ---------------------------------------------------------------------------------------------
     def _render_table(self) -> None:
-        if self.advice is not None:
-            self._status.value = ""
+        if self.advice is not None:  # the status line is the error area: rank() clears it, a row change keeps it
             self._table.value = advice_html(self.advice, top=self.top, selected=self._row.value)
 
     def _repr_mimebundle_(self, **kwargs: tp.Any) -> dict[str, tp.Any]:

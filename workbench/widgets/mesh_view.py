@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 
 from workbench.core.mesh import describe_mesh
 from workbench.core.sharding.blocks import MeshGrid, axis_size_choices, mesh_grid, reshape_mesh, set_axis_size
-from workbench.widgets._errors import InlineError, error_message
+from workbench.widgets._errors import Guard, InlineError
 from workbench.widgets._html import TEXT_COLOR, device_color, escape
 
 __all__ = ["MeshView", "mesh_html"]
@@ -166,12 +166,10 @@ class MeshView(InlineError, widgets.VBox):
         self.mesh = new
         self._picture.value = mesh_html(new, self._rows, self._cols)
         self._refresh_status()
-        failures = []
+        failures: list[str] = []  # a follower's bug must not break this view: each one's error, said together
         for fn in list(self._callbacks):
-            try:
+            with Guard(failures.append, f"{getattr(fn, '__qualname__', fn)}"):
                 fn(new)
-            except Exception as e:  # a follower's bug must not break this view
-                failures.append(error_message(e, f"{getattr(fn, '__qualname__', fn)}"))
         self._show_error("mesh applied, but a follower failed: " + "; ".join(failures) if failures else "")
         return True
 

@@ -15,12 +15,17 @@ import ipywidgets as widgets
 from workbench.core.axes import MODE_TRAIN, PartitionAxis
 from workbench.core.sharding.blocks import format_spec
 from workbench.core.sharding.placement import ParamPlacement
-from workbench.core.views.param_tree import SubtreeTotal, format_count, param_rows, subtree_totals
-from workbench.widgets._errors import InlineError, error_message
-from workbench.widgets._html import error_html, escape, format_bytes, typed_html
+from workbench.core.units import format_bytes, format_count
+from workbench.core.views import explore
+from workbench.core.views.expert_dispatch import expert_parallel_summary
+from workbench.core.views.param_tree import SubtreeTotal, param_rows, subtree_totals
+from workbench.widgets._errors import InlineError
+from workbench.widgets._experts import ExpertsPanel
+from workbench.widgets._html import escape, typed_html
 
 __all__ = ["ModuleTree", "param_summary_html", "tree_totals_html"]
 
+_TREE_FAILED = "treescope could not render this model"
 _MONO = "font-family:var(--jp-code-font-family,monospace);font-size:12px"
 
 
@@ -116,6 +121,7 @@ class ModuleTree(InlineError, widgets.VBox):
         self._mesh = mesh
         self._sharding_view: tp.Any = None
         self._header = widgets.HTML(self._header_html())
+        error_area = self._error_area()  # before the tree: its render may fail
         self._tree = widgets.Output(layout=widgets.Layout(max_height="320px", overflow="auto",
                                                           border="1px solid #ddd"))
         self._tree.add_class("wb-treescope")
@@ -145,9 +151,7 @@ class ModuleTree(InlineError, widgets.VBox):
         self._layout_args = (mesh, partition_axis, mode, rules)
         self.experts: tp.Any = None  # an ExpertsPanel for a MoE model
         if getattr(getattr(model, "config", None), "num_local_experts", 0):
-            from workbench.widgets._experts import ExpertsPanel
-
-            self.experts = ExpertsPanel(self._expert_summary)
+            self.experts = ExpertsPanel(self._expert_summary, self._guard)
             note = widgets.HTML('<div style="font-size:12px;color:#555">how the MoE layers run on this mesh: the '
                                 "alltoall forward's all-to-all pair from the compiled HLO, its matmul FLOPs against "
                                 "dense, and the copies a sample batch drops at a capacity factor</div>")
@@ -155,7 +159,7 @@ class ModuleTree(InlineError, widgets.VBox):
         tabs = widgets.Tab(children=children)
         for i, title in enumerate(("tree (treescope)", "parameter counts", "one layer", "experts")[:len(children)]):
             tabs.set_title(i, title)
-        super().__init__([self._header, tabs, self._choose, self._error_area(), self._summary, self._detail],
+        super().__init__([self._header, tabs, self._choose, error_area, self._summary, self._detail],
                          **kwargs)
         self.add_class("wb-module-tree")
         self._choose.observe(self._on_choose, names="value")
@@ -203,17 +207,21 @@ class ModuleTree(InlineError, widgets.VBox):
     def _on_layer(self, change: dict) -> None:
         from IPython.display import HTML
 
-        self._clear_error()
+        self._clear_choice_error()
         self._layer_tree.clear_output()
         if change["new"] < 0:
             return
-        try:
+        with self._guard(f"cannot render layer {change['new']}") as failed:  # whatever treescope does
             import treescope
 
             html = treescope.render_to_html(self.model.layers[change["new"]], ignore_exceptions=True, compressed=True)
-        except Exception as e:  # keep the widget usable whatever treescope does
-            html = error_html(error_message(e, f"cannot render layer {change['new']}"))
-        self._layer_tree.append_display_data(HTML(html))
+        if not failed:
+            self._layer_tree.append_display_data(HTML(html))
+
+    def _clear_choice_error(self) -> None:
+        """A new choice clears the last choice's error; the whole tree's failed render stays said."""
+        if self._error_source != _TREE_FAILED:
+            self._clear_error()
 
     def _repr_html_(self) -> str:
         return (f'<div class="wb-module-tree-static">{self._header_html()}'
@@ -225,8 +233,6 @@ class ModuleTree(InlineError, widgets.VBox):
 
     # -- internals -------------------------------------------------------------------------------------------
     def _expert_summary(self, capacity_factor: float | None) -> tp.Any:
-        from workbench.core.views import explore
-        from workbench.core.views.expert_dispatch import expert_parallel_summary
 
         mesh, partition_axis, mode, rules = self._layout_args
         mesh = mesh if mesh is not None else next((r.sharding.mesh for r in self._rows if r.sharding is not None),
@@ -260,17 +266,16 @@ class ModuleTree(InlineError, widgets.VBox):
     def _render_tree(self) -> None:
         from IPython.display import HTML
 
-        try:
+        with self._guard(_TREE_FAILED) as failed:  # the counts and specs stay usable without the picture
             import treescope
 
             html = treescope.render_to_html(self.model, ignore_exceptions=True, compressed=True)
-        except Exception as e:  # the counts and specs stay usable without the picture
-            html = error_html(error_message(e, "treescope could not render this model"))
-        self._tree.append_display_data(HTML(html))
+        if not failed:
+            self._tree.append_display_data(HTML(html))
 
     def _on_choose(self, change: dict) -> None:
         path = change["new"]
-        self._clear_error()
+        self._clear_choice_error()
         self._sharding_view = None
         if not path:
             self._summary.value, self._detail.children = "", ()

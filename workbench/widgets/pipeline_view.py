@@ -7,19 +7,25 @@ import typing as tp
 
 import ipywidgets as widgets
 
+from workbench.core.compile.steps import abstract_step
+from workbench.core.hlo.collectives import collectives
+from workbench.core.mesh import make_mesh
 from workbench.core.pipeline_schedule import SCHEDULES, PipelineConfig, pipeline_schedule
-from workbench.widgets._html import error_html, escape, format_bytes, html_table
+from workbench.core.tables import html_table
+from workbench.core.units import format_bytes
+from workbench.widgets._errors import InlineError
+from workbench.widgets._html import escape
 from workbench.widgets._pipeline_html import schedule_html
 
 __all__ = ["PipelineView", "collectives_html", "schedule_html"]
 
 
-class PipelineView:
+class PipelineView(InlineError):
     """Controls (stages, microbatches, schedule, stages per device) over :func:`pipeline_schedule`'s table.
 
     With ``model`` and ``batch_shape=(B, T)`` the memory line is in bytes (one microbatch's hidden states) and
     "compile" lists the collectives of the pipelined train step on a ``pp`` mesh of ``num_stages`` devices
-    (the rest on fsdp). ``view.schedule`` is the table drawn.
+    (the rest on fsdp). ``view.schedule`` is the table drawn; ``view.error`` the inline error ('' when none).
     """
 
     def __init__(self, num_stages: int = 4, num_microbatches: int = 8, schedule: str = "1f1b", *,
@@ -46,8 +52,8 @@ class PipelineView:
             control.observe(lambda _: self.redraw(), names="value")
         self.schedule = None
         self.widget = widgets.VBox([
-            widgets.HBox([self.stages, self.microbatches, self.virtual]), self.schedule_control, self.timeline,
-            widgets.HBox([self.compile_button]), self.collectives])
+            widgets.HBox([self.stages, self.microbatches, self.virtual]), self.schedule_control, self._error_area(),
+            self.timeline, widgets.HBox([self.compile_button]), self.collectives])
         self.redraw()
 
     @property
@@ -65,48 +71,35 @@ class PipelineView:
     def redraw(self) -> bool:
         """Re-draw from the controls; a bad combination shows why inline (and keeps the controls working)."""
         self.virtual.layout.display = None if self.schedule_control.value == "interleaved" else "none"
-        try:
+        with self._guard(clear=True) as failed:
             self.schedule = pipeline_schedule(self.config)
             self.timeline.value = schedule_html(self.schedule, microbatch_bytes=self._microbatch_bytes())
-        except Exception as e:
-            self.schedule = None
-            self.timeline.value = error_html(f"{type(e).__name__}: {e}")
-            return False
-        return True
+        if failed:
+            self.schedule, self.timeline.value = None, ""
+        return not failed
 
     def compile(self) -> bool:
         """Compile the pipelined train step of ``model`` and list its collectives (from the HLO)."""
         self.collectives.value = '<div style="font-size:12px;color:#555">compiling…</div>'
-        try:
+        with self._guard("compile", clear=True) as failed:
             self.collectives.value = collectives_html(self.model, self.config, self.batch_shape)
-        except Exception as e:
-            self.collectives.value = error_html(f"{type(e).__name__}: {e}")
-            return False
-        return True
+        if failed:
+            self.collectives.value = ""
+        return not failed
 
     def _repr_mimebundle_(self, **kwargs: tp.Any) -> dict[str, tp.Any]:
         return self.widget._repr_mimebundle_(**kwargs)
 
     def _repr_html_(self) -> str:
-        return self.timeline.value
+        return self._error_html() + self.timeline.value
 
 
 def collectives_html(model: tp.Any, config: PipelineConfig, batch_shape: tuple[int, int]) -> str:
-    """The collectives XLA put in the pipelined train step (loss and gradients) of ``model``."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from workbench.core.hlo.collectives import collectives
-    from workbench.core.mesh import make_mesh
-    from workbench.core.pipeline import pipeline_loss_and_grads, pipeline_partition_axis
-
+    """The collectives XLA put in the pipelined train step (loss, gradients and the AdamW update:
+    :func:`workbench.core.compile.steps.abstract_step`) of ``model``, compiled from abstract arguments."""
     mesh = make_mesh(pp=config.num_stages, fsdp=-1)
-    sharded = model.shard_model(mesh, pipeline_partition_axis())
-    graphdef, params, other = nnx.split(sharded, nnx.Param, ...)
-    batch = {"input_ids": jnp.zeros(batch_shape, jnp.int32)}
-    fn = jax.jit(lambda p, o, b: pipeline_loss_and_grads(graphdef, p, o, b, config, mesh))
-    found = collectives(fn, params, other, batch, mesh=mesh)
+    step = abstract_step(model, mesh, kind="train", batch=batch_shape, pipeline=config)
+    found = collectives(step.jit(), *step.args, mesh=mesh)
     rows = [(c.kind, ",".join(c.mesh_axes or ()) or "-", c.shape, format_bytes(c.bytes), c.trips)
             for c in found]
     return (f'<div style="font-size:12px">the compiled step on {escape(dict(mesh.shape))}: {len(found)} '

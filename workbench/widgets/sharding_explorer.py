@@ -20,12 +20,20 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from workbench.core.axes import MODE_TRAIN, PartitionAxis, label
-from workbench.core.compile.steps import OPTIMIZERS
+from workbench.core.axes import BATCH, LENGTH, MODE_TRAIN, PartitionAxis, label
+from workbench.core.compile.steps import OPTIMIZERS, full_mesh_shape
+from workbench.core.compile.virtual import cluster_mesh
 from workbench.core.cost import ledger as ledgers
+from workbench.core.cost.flops import model_flops
+from workbench.core.cost.predicted import predict_step
+from workbench.core.cost.step_time import step_time
 from workbench.core.mesh import MESH_AXES, describe_mesh
+from workbench.core.operations import OperationRegistry
+from workbench.core.pipeline import default_config
 from workbench.core.sharding import export as layout_export
+from workbench.core.units import format_bytes, format_seconds
 from workbench.core.views import explore
+from workbench.core.views.expert_dispatch import expert_parallel_summary
 from workbench.widgets._cluster_html import (
     collective_seconds,
     ledger_html,
@@ -37,7 +45,7 @@ from workbench.widgets._cluster_html import (
 from workbench.widgets._errors import InlineError
 from workbench.widgets._experts import ExpertsPanel, experts_html
 from workbench.widgets._explorer_rules import RulesEditor
-from workbench.widgets._html import error_html, escape, format_bytes
+from workbench.widgets._html import escape
 
 __all__ = ["ShardingExplorer", "collectives_html", "diff_html", "export_html", "layout_html", "memory_figure",
            "memory_html"]
@@ -88,7 +96,7 @@ def layout_html(layout: explore.Layout, *, pattern: str = "", changed: tp.Collec
             f"<thead><tr>{header}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
 
 
-def memory_html(memory: explore.MemoryBreakdown, n_devices: int) -> str:
+def memory_html(memory: ledgers.Ledger, n_devices: int) -> str:
     """A static stacked bar per device (HTML/CSS boxes, which JupyterLab's sanitiser keeps in an untrusted
     notebook, unlike inline SVG), with the numbers beside it."""
     parts = [(name, title, color, getattr(memory, name)) for name, title, color in _PARTS]
@@ -130,8 +138,6 @@ def collectives_html(sc: explore.StepCollectives, *, stale: bool = False,
                      seconds: tp.Mapping[tuple[str, tuple[str, ...]], float] | None = None) -> str:
     """The collectives of one step per kind and mesh axes, with XLA's warnings condensed; with ``seconds``
     (``(kind, axes) -> predicted seconds per step`` on a cluster's network) a column of predicted time."""
-    from workbench.core.cost.step_time import format_seconds
-
     timed = seconds is not None
     rows = "".join(f'<tr class="wb-collective-row"><td style="{_CELL}">{escape(kind)}</td><td style="{_CELL}">'
                    f'{escape(", ".join(axes) or "-")}</td><td style="{_CELL}">{n}</td><td style="{_CELL}">'
@@ -235,7 +241,7 @@ class ShardingExplorer(InlineError):
     def mesh(self) -> Mesh | jax.sharding.AbstractMesh:
         return self.layout.mesh
 
-    def memory(self) -> explore.MemoryBreakdown:
+    def memory(self) -> ledgers.Ledger:
         """Bytes per device of the current layout, with the optimizer and KV cache the controls choose."""
         return explore.layout_memory(self.layout, **self._memory_options())
 
@@ -254,7 +260,6 @@ class ShardingExplorer(InlineError):
         (:func:`workbench.core.pipeline.default_config`)."""
         if self.layout.pipeline is not None or dict(self.mesh.shape).get("pp", 1) == 1:
             return self.layout.pipeline
-        from workbench.core.pipeline import default_config
 
         return default_config(self.mesh, self._batch_b.value)
 
@@ -275,13 +280,10 @@ class ShardingExplorer(InlineError):
         """Show :meth:`export` under the "export" button (kept current on every edit); False with the error
         inline when the layout cannot be exported."""
         self._export_shown = True
-        try:
+        with self._guard("export", catch=(ValueError, TypeError), clear="own") as failed:
             code, text = self.export()
-        except (ValueError, TypeError) as e:
-            self._export_out.value = error_html(f"export: {e}")
-            return False
-        self._export_out.value = export_html(code, text)
-        return True
+        self._export_out.value = "" if failed else export_html(code, text)
+        return not failed
 
     def load(self, layout: explore.Layout | str) -> bool:
         """Switch to ``layout`` (a Layout of this model, e.g. an advised one, or the JSON of one): its mesh,
@@ -306,8 +308,9 @@ class ShardingExplorer(InlineError):
         if isinstance(layout, str):
             doc = layout_export.read(layout)
             shape, _ = doc["mesh"]
-            spec = None if self.cluster is None else _spec_or_none(self.cluster)
-            if doc["cluster"] is not None and doc["cluster"] != spec:
+            # a cluster export cannot name (a custom GPU one) says so: no layout was planned for it
+            if doc["cluster"] is not None and (self.cluster is None or
+                                               doc["cluster"] != layout_export.cluster_spec(self.cluster)):
                 where = (f"an explorer on {self.cluster.name}" if self.cluster is not None else
                          "an explorer without a cluster")
                 raise ValueError(f"this layout was planned for the cluster {doc['cluster']}, not for {where}; "
@@ -357,8 +360,9 @@ class ShardingExplorer(InlineError):
 
     def compute_collectives(self) -> bool:
         """Compile one step for the current layout (forward or train, as the toggle says) and show its collectives."""
+        before = self._collectives_out.value
         self._collectives_out.value = '<div style="font-size:12px;color:#555">compiling…</div>'
-        try:
+        with self._guard("collectives", catch=(ValueError, TypeError), clear="own") as failed:
             model = self.model
             attention = self._attention.value
             if attention and attention != getattr(model, "attn_mechanism", attention):
@@ -371,8 +375,8 @@ class ShardingExplorer(InlineError):
                 step = functools.partial(explore.cluster_step_collectives, cluster=self.cluster,
                                          optimizer=self._optimizer_name.value)
             sc = step(model, self.layout, kind=self._kind.value, batch=(self._batch_b.value, self._batch_t.value))
-        except (ValueError, TypeError) as e:
-            self._collectives_out.value = error_html(f"collectives: {e}")
+        if failed:  # the reason is inline; the last compiled step stays (marked stale when it is)
+            self._collectives_out.value = before
             return False
         self.collectives, self._collectives_layout = sc, self.layout
         self._compiled_key = self._step_key()
@@ -381,9 +385,11 @@ class ShardingExplorer(InlineError):
             self._step_out.value = ('<div style="font-size:12px;color:#555">simulated CPU devices have no chip or '
                                     "network numbers: no step time (use Cluster.tpu(...) or Cluster.h100(...))</div>")
         elif sc.analysis is not None:
-            from workbench.core.cost.step_time import step_time
-
-            self.step_time = step_time(sc.analysis)
+            share = None  # a forward's model FLOPs depend on which logits it needs: its MFU is not shown
+            if self._kind.value == "train":
+                batch = (self._batch_b.value, self._batch_t.value)
+                share = model_flops(self.layout.config, batch) / self.cluster.num_devices
+            self.step_time = step_time(sc.analysis, model_flops=share)
         self._render()
         return True
 
@@ -396,17 +402,15 @@ class ShardingExplorer(InlineError):
         self.experts, self._experts_layout = summary, self.layout
 
     def _expert_summary(self, capacity_factor: float | None) -> tp.Any:
-        from workbench.core.views.expert_dispatch import expert_parallel_summary
-
         return expert_parallel_summary(self.model, self.layout, capacity_factor=capacity_factor,
                                        batch=(self._batch_b.value, self._batch_t.value), cluster=self.cluster)
 
     def apply(self) -> float | None:
         """Re-shard the live model as the layout says; the seconds it took (None, with an inline error, if not)."""
-        try:
+        with self._guard("apply", catch=(ValueError, TypeError), clear="own") as failed:
             model, seconds = explore.apply(self.model, self.layout)
-        except (ValueError, TypeError) as e:
-            self._apply_status.value = error_html(str(e))
+        if failed:
+            self._apply_status.value = ""
             return None
         self.model = model
         self._apply_status.value = (f'<span class="wb-apply-status" style="font-size:12px">re-sharded '
@@ -427,7 +431,7 @@ class ShardingExplorer(InlineError):
                                       style={"description_width": "45px"})
         for control in (self._optimizer, self._kv_on, self._kv_b, self._kv_s):
             control.observe(lambda _: self._on_memory_options(), names="value")
-        self._task = w.Dropdown(options=ledgers.KINDS, value="train", description="step", layout=w.Layout(
+        self._task = w.Dropdown(options=ledgers.TASKS, value="train", description="step", layout=w.Layout(
             width="150px"), style={"description_width": "35px"})
         self._optimizer_name = w.Dropdown(options=OPTIMIZERS, value="adamw", description="optimizer",
                                           layout=w.Layout(width="170px"), style={"description_width": "62px"})
@@ -453,7 +457,6 @@ class ShardingExplorer(InlineError):
         self._diff = w.HTML()
         self._filter = w.Text(placeholder="filter paths (regex)", layout=w.Layout(width="300px"))
         self._filter.observe(lambda _: self._render_table(), names="value")
-        self._filter_error = w.HTML()
         self._table = w.HTML()
         self._table.add_class("wb-explorer-table-html")
         self._kind = w.ToggleButtons(options=explore.STEP_KINDS, value="forward", style={"button_width": "70px"})
@@ -489,7 +492,7 @@ class ShardingExplorer(InlineError):
         self._load_button = load = w.Button(description="load", icon="upload", tooltip="switch to the pasted layout")
         load.add_class("wb-load-button")
         load.on_click(lambda _: self._load_pasted())
-        self._experts = ExpertsPanel(self._expert_summary, self._on_experts)
+        self._experts = ExpertsPanel(self._expert_summary, self._guard, self._on_experts)
         self._capacity, self._experts_out = self._experts.capacity, self._experts.out
         section = lambda text: w.HTML(f'<div style="font-weight:600;margin-top:6px">{text}</div>')
         moe = getattr(self.layout.config, "num_local_experts", 0) > 0
@@ -516,7 +519,7 @@ class ShardingExplorer(InlineError):
             self._title, self._error,
             w.HBox([self.editor.widget, memory]),
             section("change from the previous layout"), self._diff,
-            section("parameters"), w.HBox([self._filter, self._filter_error]), self._table,
+            section("parameters"), self._filter, self._table,
             section("collectives of one step"), w.HBox(step_controls),
             *step_outputs, *experts, w.HBox([apply, self._apply_status]),
             section("export"), w.HBox([export, self._load_text, load]), self._export_out])
@@ -549,13 +552,14 @@ class ShardingExplorer(InlineError):
             self.show_export()
 
     def _render_table(self) -> None:
-        try:
-            html = layout_html(self.layout, pattern=self._filter.value, changed=self._changed)
-        except re.error as e:
-            self._filter_error.value = error_html(f"filter {self._filter.value!r} is not a regex: {e}")
-            return
-        self._filter_error.value = ""
-        self._table.value = html
+        pattern = self._filter.value
+        with self._guard("filter", catch=ValueError, clear="own") as failed:
+            try:
+                html = layout_html(self.layout, pattern=pattern, changed=self._changed)
+            except re.error as e:
+                raise ValueError(f"{pattern!r} is not a regex: {e}") from None
+        if not failed:  # else the last table stays
+            self._table.value = html
 
     def _memory_options(self) -> dict[str, tp.Any]:
         kv = (self._kv_b.value, self._kv_s.value, self._kv_dtype) if self._kv_on.value else None
@@ -591,8 +595,6 @@ class ShardingExplorer(InlineError):
         """The step the controls describe, timed from the model's shapes on the cluster
         (:func:`workbench.core.cost.predicted.predict_step`): compute, HBM traffic and each collective per layer
         kind, before any compile."""
-        from workbench.core.cost.predicted import predict_step
-
         b, t = self._batch_b.value, self._batch_t.value
         task = self._task.value
         return predict_step(self.layout.config, self.cluster, dict(self.mesh.shape), batch=(b, t), task=task,
@@ -604,17 +606,17 @@ class ShardingExplorer(InlineError):
             self._predicted_out.value = ('<div style="font-size:12px;color:#555">simulated CPU devices have no chip '
                                          "or network numbers: no step time</div>")
             return
-        try:
+        with self._guard("predicted step", catch=ValueError, clear="own") as failed:
             self._predicted_out.value = step_time_html(self.predicted_step(), top=4)
-        except ValueError as e:
-            self._predicted_out.value = error_html(f"predicted step: {e}")
+        if failed:
+            self._predicted_out.value = ""
 
     def _render_ledger(self) -> None:
         self._render_predicted()
-        try:
+        with self._guard("ledger", catch=ValueError, clear="own") as failed:
             led = self.ledger()
-        except ValueError as e:
-            self._ledger_out.value = error_html(f"ledger: {e}")
+        if failed:
+            self._ledger_out.value = ""
             return
         compiled, note = None, ""
         analysis = getattr(self.collectives, "analysis", None)
@@ -632,8 +634,6 @@ class ShardingExplorer(InlineError):
 
     def _tokens_text(self) -> str:
         """How the step's batch splits over the mesh, with the resolver's reasons (why a split was dropped)."""
-        from workbench.core.axes import BATCH, LENGTH
-
         b, t = self._batch_b.value, (1 if self._task.value == "decode" else self._batch_t.value)
         rows, positions = self.layout.partition_axis.explain((BATCH, LENGTH), self.layout.mode, shape=(b, t),
                                                             mesh=self.mesh)
@@ -692,7 +692,7 @@ def _params(model: tp.Any) -> tp.Any:
     return nnx.state(model, nnx.Param)
 
 
-def memory_figure(memory: explore.MemoryBreakdown, mesh: tp.Any) -> dict[str, tp.Any]:
+def memory_figure(memory: ledgers.Ledger, mesh: tp.Any) -> dict[str, tp.Any]:
     """The plotly figure of ``memory`` as a dict (``plotly.graph_objects.Figure(d)`` builds it): one
     stacked bar per device. A plain dict, so an edit re-renders without building a Figure object."""
     unit, scale = next((u, s) for u, s in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10), ("B", 1))
@@ -715,8 +715,6 @@ def memory_figure(memory: explore.MemoryBreakdown, mesh: tp.Any) -> dict[str, tp
 
 def _attention_options(model: tp.Any) -> list[str]:
     """The model's own attention, then the sequence-parallel ones (they need an sp axis of size > 1)."""
-    from workbench.core.operations import OperationRegistry
-
     own = getattr(model, "attn_mechanism", None)
     if own is None:
         return [""]
@@ -732,8 +730,6 @@ def _cluster_mesh(mesh: tp.Any, cluster: tp.Any) -> tp.Any:
             raise ValueError("give a mesh (make_mesh(...)), or cluster=Cluster... with the axis sizes "
                              "({'fsdp': 16, 'tp': 4})")
         return mesh
-    from workbench.core.compile.steps import full_mesh_shape
-    from workbench.core.compile.virtual import cluster_mesh
 
     if mesh is None:
         valid = cluster.valid_mesh_shapes(len(MESH_AXES))
@@ -746,13 +742,6 @@ def _cluster_mesh(mesh: tp.Any, cluster: tp.Any) -> tp.Any:
                          f"{cluster.num_devices}: pass the axis sizes ({{'fsdp': ..., 'tp': ...}}) or "
                          f"cluster_mesh(cluster, ...)")
     return mesh
-
-
-def _spec_or_none(cluster: tp.Any) -> dict[str, tp.Any] | None:
-    try:
-        return layout_export.cluster_spec(cluster)
-    except (ValueError, TypeError):
-        return None
 
 
 def _pipelined(partition_axis: PartitionAxis | None, mesh: tp.Any) -> PartitionAxis | None:

@@ -16,12 +16,12 @@ import ipywidgets as widgets
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from workbench.core.sharding.blocks import ShardingLayout, format_spec, sharding_layout
+from workbench.core.units import format_bytes
 from workbench.widgets._errors import InlineError
 from workbench.widgets._html import (
     TEXT_COLOR,
     device_background,
     escape,
-    format_bytes,
     ids_text,
     typed_html,
 )

@@ -1,5 +1,8 @@
 """train_flops against XLA: the formula's FLOPs equal the compiled step's dots, and XLA's own
-``cost_analysis()['flops']`` (which also counts elementwise work) is at most 10 % above them."""
+``cost_analysis()['flops']`` (which also counts elementwise work) is at most 10 % above them. MFU against PaLM's
+worked figure, and a remat="full" step's HFU over MFU against the recompute counted by hand."""
+
+import functools
 
 import jax
 import pytest
@@ -8,11 +11,15 @@ from flax import nnx
 import workbench as wb
 from workbench.core.cluster import Cluster
 from workbench.core.compile import steps
-from workbench.core.cost.flops import train_flops
+from workbench.core.cost.flops import mfu, model_flops, train_flops
 from workbench.core.cost.predicted import predict_step
+from workbench.core.cost.step_time import step_time
 from workbench.core.hlo.graph import matmul_flops
+from workbench.core.models.config import ModelConfig
+from workbench.core.models.presets import tiny_config
 
 
+@functools.cache
 def compiled_train_step(family, batch, remat, **overrides):
     model = nnx.eval_shape(lambda: wb.models.tiny(family, **overrides))
     # unrolled: cost_analysis() counts a while loop's body (a scanned layer) once
@@ -21,9 +28,12 @@ def compiled_train_step(family, batch, remat, **overrides):
     return model, jax.jit(step.fn, donate_argnums=step.donate_argnums).lower(*step.args).compile()
 
 
+FULL_REMAT = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3)
+
+
 @pytest.mark.parametrize("family, batch, remat, overrides", [
     ("llama", (4, 64), "none", {}),
-    ("llama", (2, 128), "full", dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3)),
+    ("llama", (2, 128), "full", FULL_REMAT),
     ("gpt2", (4, 64), "none", {}),  # GELU MLP, tied head
 ])
 def test_train_flops_match_xla(family, batch, remat, overrides):
@@ -51,6 +61,79 @@ def test_same_count_as_predict_step(family):
     for remat in ("none", "full"):
         predicted = predict_step(config, Cluster.h100(gpus_per_node=1), {}, batch=(2, 32), remat=remat)
         assert train_flops(config, (2, 32), remat=remat).hardware == predicted.roofline.flops
+
+
+def test_palm_540b_mfu():
+    """PaLM (Chowdhery et al. 2022), appendix B: 540B trains at 238.3K tokens/s on 6144 TPU v4 chips (275 TFLOP/s
+    bf16 each), sequences of T = 2048, with L = 118 layers, H = 48 heads of Q = 256 (multi-query, SwiGLU of 4 x
+    18432, a 256k vocabulary shared with the input): 6N + 12 L H Q T a token gives MFU 46.2 % (Table 3). PaLM's
+    parallel block has the same matmuls as a sequential one."""
+    hf = tiny_config("llama", hidden_size=18432, intermediate_size=4 * 18432, num_hidden_layers=118,
+                     num_attention_heads=48, num_key_value_heads=1, vocab_size=256_000, tie_word_embeddings=True)
+    palm = ModelConfig.from_hf({**hf, "head_dim": 256})
+    f = train_flops(palm, (2048, 2048))
+    assert f.matmul_params == pytest.approx(540.35e9, rel=1e-5)  # PaLM's N: "540.35B parameters"
+    assert f.attention_per_token == 12 * 118 * 48 * 256 * 2048
+    assert round(100 * mfu(238.3e3 * f.model_per_token, 1.0, 6144 * 275e12), 1) == 46.2
+    assert round(100 * f.mfu(2048 * 2048 / 238.3e3, 6144 * 275e12), 1) == 46.2
+
+
+def test_remat_full_hfu_over_mfu_is_the_recompute():
+    """A remat="full" step compiled by XLA: its dots (hardware FLOPs) give HFU, the model FLOPs MFU, and HFU / MFU
+    is the recompute by hand: per token and layer, 8 N for the attention weights and the MLP's against 6 N (one
+    more forward), less the MLP's output projection (2 D F: nothing reads its recompute), plus one more forward of
+    the scores (4/3 of the training 12 H Q T); the head is outside the remat (6 N both)."""
+    batch = (2, 128)
+    model, compiled = compiled_train_step("llama", batch, "full", **FULL_REMAT)
+    c = model.config
+    d, f, layers, heads, kv, q, v, t = (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
+                                         c.num_key_value_heads, c.head_dim, c.vocab_size, batch[1])
+    attention, mlp, scores = 2 * d * heads * q + 2 * d * kv * q, 3 * d * f, 4 * t * heads * q
+    model_per_token = 6 * layers * (attention + mlp) + 6 * d * v + 3 * layers * scores
+    hardware_per_token = model_per_token + layers * (2 * attention + 2 * (mlp - d * f) + scores)
+    h100 = Cluster.h100(gpus_per_node=1)
+    step = step_time(cluster=h100, mesh_shape={}, flops=matmul_flops(compiled.as_text()), hbm_bytes=0.0,
+                     collectives=[], model_flops=model_flops(model, batch))
+    assert step.hfu / step.mfu == pytest.approx(hardware_per_token / model_per_token, rel=1e-12)
+    assert step.hfu == pytest.approx(1.0) and step.mfu < 0.9  # all compute: HFU reads 1, MFU does not
+    # no efficiency factor: both are upper bounds, and say so
+    assert step.ideal and "MFU ≤ " in step.summary() and "HFU ≤ 100%" in step.summary()
+    slower = step_time(cluster=h100, mesh_shape={}, flops=step.roofline.flops, hbm_bytes=0.0, collectives=[],
+                       model_flops=step.model_flops, efficiency=0.5)
+    assert slower.hfu == pytest.approx(0.5) and "≤" not in slower.summary() and "at 50% of peak" in slower.summary()
+    # without the model's FLOPs a compiled step has an HFU and no MFU
+    assert step_time(cluster=h100, mesh_shape={}, flops=step.roofline.flops, hbm_bytes=0.0, collectives=[]).mfu is None
+
+
+def test_predicted_mfu_counts_model_flops_over_every_device():
+    """predict_step's MFU is the step's model FLOPs over all devices (PaLM's), so work a device repeats is not
+    credited: with ep outside the batch axes every ep device runs the same attention."""
+    config = nnx.eval_shape(lambda: wb.models.tiny("llama")).config
+    one = predict_step(config, Cluster.h100(gpus_per_node=1), {}, batch=(8, 64), remat="full")
+    f = train_flops(config, (8, 64), remat="full")
+    assert one.model_flops == f.model and one.roofline.flops == f.hardware
+    assert one.mfu == pytest.approx(one.hfu * f.model / f.hardware)
+    mixtral = nnx.eval_shape(lambda: wb.models.tiny("mixtral")).config
+    node = Cluster.h100(gpus_per_node=4)
+    shared = predict_step(mixtral, node, {"ep": 4}, batch=(8, 64), remat="none", batch_axes=("fsdp", "dp"))
+    assert shared.model_flops == train_flops(mixtral, (8, 64)).model / 4 < shared.roofline.flops
+    assert shared.mfu < shared.hfu
+
+
+def test_forward_model_flops():
+    """Prefill: 2N a token for the layers, 2 T H (d_qk + d_v) a token and layer for the scores, the head at each
+    sequence's last position; decode: one token per sequence over its context."""
+    c = ModelConfig.from_hf(tiny_config("llama"))
+    d, f, layers, heads, kv, q, v = (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
+                                     c.num_key_value_heads, c.head_dim, c.vocab_size)
+    layer_n = layers * (2 * d * heads * q + 2 * d * kv * q + 3 * d * f)
+    prefill = 3 * 64 * (2 * layer_n + layers * 4 * 64 * heads * q) + 3 * 2 * d * v
+    assert model_flops(c, (3, 64), task="prefill") == prefill
+    assert model_flops(c, (3, 64), task="decode", kv_length=100) == 3 * (2 * layer_n + layers * 4 * 100 * heads * q
+                                                                         + 2 * d * v)
+    assert model_flops(c, (3, 64)) == train_flops(c, (3, 64)).model
+    with pytest.raises(ValueError, match="task"):
+        model_flops(c, (3, 64), task="serve")
 
 
 def test_mfu_and_errors():

@@ -14,8 +14,9 @@ from jax.sharding import AbstractMesh, AxisType
 from workbench.core.cluster import Cluster
 from workbench.core.compile.steps import full_mesh_shape, optimizer
 from workbench.core.compile.virtual import TPU_HBM_ONLY, cluster_mesh, compile_step
-from workbench.core.cost.ledger import ledger, libtpu_version, optimizer_bytes
+from workbench.core.cost.ledger import REMATS, ledger, libtpu_version, optimizer_bytes
 from workbench.core.mesh import MESH_AXES
+from workbench.core.models.stack import REMAT_POLICIES
 from workbench.core.views.explore import Layout
 from workbench.models import CausalLM, ModelConfig, tiny_config
 
@@ -120,3 +121,8 @@ def test_ledger_matches_a_mixed_precision_train_step_on_a_tpu_slice(mesh_shape, 
     assert predicted.params + predicted.optimizer + predicted.inputs == pytest.approx(compiled.memory.argument,
                                                                                        rel=0.01)
     assert predicted.total == pytest.approx(compiled.memory.total, rel=0.10)
+
+
+def test_the_remat_policies_counted_are_policies_the_model_runs():
+    assert set(REMATS) <= set(REMAT_POLICIES)
+    assert REMAT_POLICIES["full"] is jax.checkpoint_policies.nothing_saveable

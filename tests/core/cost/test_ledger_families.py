@@ -22,14 +22,13 @@ import pytest
 from workbench.core.cluster import Cluster
 from workbench.core.compile.steps import full_mesh_shape
 from workbench.core.compile.virtual import TPU_HBM_ONLY, cluster_mesh, compile_step
-from workbench.core.cost.ledger import LIBTPU_HOLDS_DONATED_PARAMETERS, ledger, libtpu_version
+from workbench.core.cost.ledger import LIBTPU_HOLDS_DONATED_PARAMETERS, REMATS, ledger, libtpu_version
 from workbench.core.mesh import MESH_AXES
 from workbench.core.views.explore import Layout
 from workbench.models import FAMILIES, CausalLM, ModelConfig, tiny_config
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                   reason='libtpu missing: pip install "jax-workbench[tpu-aot]" (make test does)')
-REMATS = ("none", "dots_saveable", "full")
 MESH = {"fsdp": 4, "tp": 2}
 
 

@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from workbench.core.cluster import Cluster
 from workbench.core.cost.network import collective_time, span, torus_assignment, transfer
-from workbench.core.cost.roofline import matmul_time, rate_dtype, roofline
+from workbench.core.cost.roofline import rate_dtype, roofline
 from workbench.core.cost.step_time import step_time
 
 SHARDING = "https://jax-ml.github.io/scaling-book/sharding/"
@@ -43,16 +43,20 @@ def test_all_gather_over_a_v5e_axis_without_wraparound():
 
 
 def test_all_gather_over_one_and_two_axes_of_a_v4_cube():
-    """SHARDING, Question 2: a TPU v4p 4x4x4 slice (wraparound on every axis, 9e10 B/s bidirectional per axis),
-    mesh {'X': 4, 'Y': 4, 'Z': 4}, B=1024, D=4096 bf16. AllGather_X([B_X, D_Y]) gathers 2BD/Y bytes: the book's
-    2BD / (9e10 Y) = 23 us; AllGather_XY([B_X, D_Y]) has two axes' bandwidth: 2BD / (2 * 9e10) = 46 us. The book
-    drops the ring's (N - 1) / N (its summary formula keeps it): 3/4 over 4 chips, 15/16 over 16."""
+    """SHARDING, Question 2 [AllGather latency]: a TPU v4p 4x4x4 slice (wraparound on every axis, 9e10 B/s
+    bidirectional per axis), mesh {'X': 4, 'Y': 4, 'Z': 4}, B=1024, D=4096 bf16. AllGather_X([B_X, D_Y]) gathers
+    2BD/Y bytes: the book's 2BD / (9e10 Y) = 23 us; AllGather_XY([B_X, D_Y]) has two axes' bandwidth:
+    max(4 T_min, 2BD / (2 * 9e10)) = 46 us, bandwidth-bound. The book drops the ring's (N - 1) / N in these
+    numbers (its summary formula keeps it): 3/4 over 4 chips, 15/16 over 16, so the model says 44 us for the
+    second; one axis's V / W_ici (the old one-axis form) said 93 us, twice the book's."""
     v4, mesh = Cluster.tpu("v4:4x4x4"), {"X": 4, "Y": 4, "Z": 4}
     b, d = 1024, 4096
     assert collective_time("all-gather", 2 * b * d // 4, ("X",), mesh, v4) == pytest.approx(
         2 * b * d / (9e10 * 4) * 3 / 4)
-    assert collective_time("all-gather", 2 * b * d, ("X", "Y"), mesh, v4) == pytest.approx(
-        2 * b * d / (2 * 9e10) * 15 / 16)
+    both = transfer("all-gather", 2 * b * d, ("X", "Y"), mesh, v4)
+    assert both.seconds == pytest.approx(2 * b * d / (2 * 9e10) * 15 / 16)
+    assert (both.bound, both.latency_s) == ("bandwidth", pytest.approx(4e-6))  # 2 + 2 hops of ~1 us
+    assert int(both.seconds * 16 / 15 * 1e6) == 46 and round(both.seconds * 1e6) == 44
 
 
 def test_a_tiny_all_gather_is_latency_bound():
@@ -76,6 +80,23 @@ def test_all_reduce_reduce_scatter_and_all_to_all_against_all_gather():
     # the 8-chip axis of v5e:8x16 is a line: half the ring's bandwidth (the book's "(N - 1) hops one way")
     line = collective_time("all-gather", v, ("x",), {"x": 8, "y": 16}, Cluster.tpu("v5e:8x16"))
     assert line == pytest.approx(7 / 8 * v / 4.5e10)
+
+
+def test_the_books_one_axis_forms_are_the_models_limit():
+    """SHARDING, "What Have We Learned?": T = V / W * (N - 1) / N -> V / W_ici (bidirectional) for an AllGather or
+    ReduceScatter, twice that for an AllReduce, a quarter for an AllToAll: the model's bandwidth term on one
+    wraparound axis of N chips (TPU v4 rings of 4, 8, 16; W_ici = 2 x 4.5e10) and through one node's NVSwitch
+    (the GPU chapter: W = 450 GB/s egress), approaching the book's forms as N grows."""
+    v = 64 * 2**20
+    for n in (4, 8, 16):
+        ring, mesh = Cluster.tpu(f"v4:4x4x{n}"), {"x": n, "rest": 16}  # x: the torus axis of n
+        gather = transfer("all-gather", v, ("x",), mesh, ring)
+        assert gather.bandwidth_s == pytest.approx((n - 1) / n * v / 9e10)
+        assert transfer("reduce-scatter", v / n, ("x",), mesh, ring).bandwidth_s == pytest.approx(gather.bandwidth_s)
+        assert transfer("all-reduce", v, ("x",), mesh, ring).bandwidth_s == pytest.approx(2 * gather.bandwidth_s)
+        assert transfer("all-to-all", v / n, ("x",), mesh, ring).bandwidth_s == pytest.approx(v / (4 * 9e10))
+        node = Cluster.h100(gpus_per_node=n)
+        assert transfer("all-gather", v, ("x",), {"x": n}, node).bandwidth_s == pytest.approx((n - 1) / n * v / 450e9)
 
 
 def test_mesh_axes_land_on_torus_axes_as_jax_lays_them():
@@ -113,10 +134,10 @@ def test_fsdp_is_compute_bound_above_c_over_w_ici_per_chip(mesh, axes, book):
         assert step.bound == bound, (scale, step)
 
 
-def test_mfu_scales_compute_time():
+def test_efficiency_scales_compute_time():
     """TRAINING, "Real-world example": LLaMA-3 70B's ~6.3e24 training FLOPs over 18,823 TPU v5p chips at 50 %
-    of peak (MFU) takes approximately 17 days."""
-    days = matmul_time(6.3e24 / 18823, 0.0, Cluster.tpu("v5p:4x4x4"), mfu=0.5) / 86400
+    of peak (the book's MFU: its FLOPs are 6 x params x tokens, model FLOPs) takes approximately 17 days."""
+    days = roofline(6.3e24 / 18823, 0.0, Cluster.tpu("v5p:4x4x4"), efficiency=0.5).time_s / 86400
     assert round(days) == 17
 
 
@@ -240,7 +261,7 @@ def test_step_time_of_a_program_compiled_for_an_h100_node():
     cluster = Cluster.h100()
     mesh = cluster.mesh((4, 2), ("fsdp", "tp"))
     analysis = compile_on(cluster, _loss, *_matmul_args(mesh))
-    step = step_time(analysis, mfu=0.5)
+    step = step_time(analysis, efficiency=0.5)
     assert step.mesh == {"fsdp": 4, "tp": 2}
     # hand count: this device's x rows (64/4) times w's columns (4096/2) over 1024
     assert step.roofline.flops == 2 * 16 * 1024 * 2048
@@ -253,9 +274,12 @@ def test_step_time_of_a_program_compiled_for_an_h100_node():
     assert step.time_s == max(step.compute_s, step.memory_s, step.comm_s)
     assert step.xla_seconds is None  # XLA:CPU gives no time estimate
     text = step.summary()
-    assert "all-gather" in text and "nvlink" in text and "MFU" in text
-    assert step.html().count("<tr><td>") == len(step.rows()) and step.html(top=1).count("<tr><td>") == 1
-    serial = step_time(analysis, mfu=0.5, overlap=False)
+    assert "all-gather" in text and "nvlink" in text and "HFU" in text and "at 50% of peak" in text
+    # HFU: the program's dots over the H100's bf16 peak and the step; no MFU without the model's FLOPs
+    assert step.hfu == pytest.approx(2 * 16 * 1024 * 2048 / (989e12 * step.time_s)) and step.mfu is None
+    collectives = lambda html: html.split("<thead>")[1].count("<tr>") - 1  # the second table's rows, header off
+    assert collectives(step.html()) == len(step.rows()) and collectives(step.html(top=1)) == 1
+    serial = step_time(analysis, efficiency=0.5, overlap=False)
     assert serial.time_s == pytest.approx(max(step.compute_s, step.memory_s) + step.comm_s)
 
 

@@ -1,4 +1,4 @@
-"""inspect: collectives read from compiled HLO, bytes per device, the scaling book's roofline."""
+"""Collectives read from compiled HLO, bytes per device (the roofline: tests/core/cost/test_roofline.py)."""
 
 import importlib.util
 
@@ -9,9 +9,6 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from workbench.core.cost.chips import H100, TPU_V5E, cpu_measured
-from workbench.core.cost.network import comm_time
-from workbench.core.cost.roofline import cost, matmul_cost
 from workbench.core.hlo.collectives import collectives, collectives_in, summarize
 from workbench.core.hlo.graph import async_windows
 from workbench.core.mesh import make_mesh
@@ -198,68 +195,6 @@ def test_memory_of_a_tree(mesh):
     assert same == mem
     with pytest.raises(TypeError, match="no sharding"):
         memory_per_device(tree)
-
-
-# -- roofline (the scaling book, jax-ml.github.io/scaling-book) --------------------------------------
-def test_critical_intensities():
-    # "All About Rooflines": a TPU v5e needs ~240 FLOPs/byte (1.97e14 / 8.2e11; its TPU table says 8.1e11
-    # B/s, giving 243); an H100 989e12 / 3.35e12 ~ 295.
-    assert TPU_V5E.critical_intensity == pytest.approx(240, rel=0.02)
-    assert H100.critical_intensity == pytest.approx(295, rel=0.01)
-
-
-def test_matmul_intensity_is_batch_when_batch_is_small():
-    # "All About Rooflines": a bf16 matmul [B, D] x [D, F] does 2BDF FLOPs over 2(BD + DF + BF) bytes, ~B
-    # when B << D, F; so on a TPU v5e it is compute-bound only for B above ~240.
-    c = matmul_cost(64, 8192, 8192, hardware=TPU_V5E)
-    assert c.flops == 2 * 64 * 8192**2 and c.hbm_bytes == 2 * (2 * 64 * 8192 + 8192**2)
-    assert c.intensity == pytest.approx(64, rel=0.02)
-    assert c.bound == "memory-bound" and c.time_s == c.memory_s
-    assert matmul_cost(512, 8192, 8192, hardware=TPU_V5E).bound == "compute-bound"
-    assert "TPU v5e: memory-bound" in str(c)
-
-
-def test_collective_times_follow_the_book():
-    # "Sharded Matrices and How to Multiply Them": on a bidirectional ring an AllGather (or ReduceScatter)
-    # of V bytes takes ~V / W_ici whatever the ring size, an AllReduce twice that, an AllToAll a quarter.
-    # Example (numbers derived from that formula, not quoted): AllGather of bf16[2048, 8192] over one
-    # axis of a TPU v5e slice, W_ici = 2 x 4.5e10 = 9e10 B/s: V = 2 * 2048 * 8192 = 33,554,432 B -> 373 us.
-    v = 2 * 2048 * 8192
-    assert TPU_V5E.ici_bandwidth == 9e10
-    assert comm_time("all-gather", v, TPU_V5E) == pytest.approx(372.8e-6, rel=1e-3)
-    assert comm_time("reduce-scatter", v, TPU_V5E) == comm_time("all-gather", v, TPU_V5E)
-    assert comm_time("all-reduce", v, TPU_V5E) == 2 * comm_time("all-gather", v, TPU_V5E)
-    assert comm_time("all-to-all", v, TPU_V5E) == comm_time("all-gather", v, TPU_V5E) / 4
-    assert comm_time("all-gather", v, H100) == v / 450e9  # NVSwitch: egress bandwidth, one way
-    with pytest.raises(ValueError, match="unknown collective kind"):
-        comm_time("broadcast", v, H100)
-
-
-def test_matmul_cost_cases_and_the_compiled_program_agree(mesh):
-    B, D, F = 8, 64, 32
-    # Contracting dim split alike: local matmul, then AllReduce the [B, F] output (what XLA does too).
-    c = matmul_cost(B, D, F, dtype=jnp.float32, lhs=P(None, "tp"), rhs=P("tp", None), mesh_shape=mesh.shape)
-    assert c.flops == 2 * B * D * F / 4
-    x = jax.device_put(jnp.ones((B, D)), NamedSharding(mesh, P(None, "tp")))
-    w = jax.device_put(jnp.ones((D, F)), NamedSharding(mesh, P("tp", None)))
-    compiled = cost(c.flops, c.hbm_bytes, collectives(jnp.dot, x, w), H100)
-    assert list(c.comm_s.values()) == list(compiled.comm_s.values()) == [2 * B * F * 4 / 450e9]
-    assert list(compiled.comm_s) == ["all-reduce #0 over ('tp',)"]
-    # Contracting dim split on one side only: AllGather it. B and F over one axis: AllGather w.
-    one = matmul_cost(B, D, F, lhs=P(None, "tp"), mesh_shape=mesh.shape, hardware=TPU_V5E)
-    assert list(one.comm_s.values()) == [comm_time("all-gather", B * D * 2, TPU_V5E)]
-    four = matmul_cost(B, D, F, lhs=P("tp"), rhs=P(None, "tp"), mesh_shape=mesh.shape)
-    assert list(four.comm_s.values()) == [comm_time("all-gather", D * F * 2, H100)]
-    assert four.flops == 2 * (B // 4) * D * F
-    assert matmul_cost(B, D, F).comm_s == {}
-    with pytest.raises(ValueError, match=r"axes \['tp'\] are not in mesh_shape"):
-        matmul_cost(B, D, F, lhs=P("tp"))
-
-
-def test_cpu_measured_is_cached_and_plausible():
-    hw = cpu_measured()
-    assert hw is cpu_measured()
-    assert 1e8 < hw.flops < 1e14 and 1e8 < hw.hbm_bandwidth < 1e12
 
 
 def test_collectives_in_loops_carry_their_trip_counts(mesh):

@@ -13,11 +13,10 @@ from jax.sharding import AbstractMesh, AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from workbench.core.axes import fit_spec
-from workbench.core.mesh import MESH_AXES, make_mesh
+from workbench.core.mesh import MESH_AXES, make_mesh, mesh_factorizations
 from workbench.core.sharding.blocks import (
     axis_size_choices,
     format_spec,
-    mesh_factorizations,
     mesh_grid,
     parse_spec,
     reshape_mesh,
@@ -264,18 +263,6 @@ def test_mesh_grid_facets_rows_cols_and_collapse():
 
 
 # ------------------------------------------------------------------------------------------ mesh shapes
-def test_factorizations_are_every_shape():
-    shapes = mesh_factorizations(8)
-    brute = [dict(zip(MESH_AXES, s, strict=True)) for s in itertools.product([1, 2, 4, 8], repeat=len(MESH_AXES))
-             if math.prod(s) == 8]
-    assert shapes == brute and len(shapes) == 56  # 2^3 over 6 axes: C(3 + 5, 5)
-    assert mesh_factorizations(6, ("a", "b")) == [{"a": 1, "b": 6}, {"a": 2, "b": 3}, {"a": 3, "b": 2},
-                                                  {"a": 6, "b": 1}]
-    assert mesh_factorizations(1, ()) == [{}]
-    with pytest.raises(ValueError):
-        mesh_factorizations(0)
-
-
 @pytest.mark.parametrize("n", [8, 12])
 def test_axis_choices_keep_a_valid_factorization(n):
     shapes = mesh_factorizations(n)

@@ -1,5 +1,5 @@
 """The explorer's view model, checked against independent references: PartitionAxis.resolve,
-NamedSharding.shard_shape, inspect.memory_per_device on abstract trees, and the collectives XLA puts
+NamedSharding.shard_shape, sharding.memory.memory_per_device on abstract trees, and the collectives XLA puts
 in the same step compiled from real sharded arrays."""
 
 import collections
@@ -13,6 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from tests.core.stderr_file import stderr_into
 from workbench.core.axes import EMPTY, FSDP, MODE_DECODE, SP, TP, VOCAB
+from workbench.core.cost.ledger import Ledger
 from workbench.core.hlo.collectives import collectives
 from workbench.core.mesh import make_mesh
 from workbench.core.models import CausalLM, ModelConfig
@@ -72,6 +73,7 @@ def test_layout_memory_against_abstract_trees(llama):
     mesh = make_mesh(dp=2, fsdp=2, tp=2)
     layout = explore.Layout.of(llama, mesh)
     memory = explore.layout_memory(layout, kv_cache=(8, 128, jnp.bfloat16))
+    assert isinstance(memory, Ledger) and memory.kind == "state"  # the ledger's record, a step's parts left out
     assert memory.total == memory.params + memory.optimizer + memory.kv_cache
     # optimizer: optax's own AdamW state (float32 model: float32 moments), placed as to_state places it
     shardings = layout.shardings()

@@ -13,7 +13,8 @@ from workbench.core.models.config import ModelConfig
 from workbench.core.models.presets import tiny, tiny_config
 from workbench.core.models.sharding import lazy_init, param_specs, params_sharding, path_str, shard_model
 from workbench.core.sharding.memory import memory_per_device
-from workbench.core.views.param_tree import format_count, param_rows, subtree_totals
+from workbench.core.units import format_count
+from workbench.core.views.param_tree import param_rows, subtree_totals
 
 MESH = make_mesh(fsdp=2, tp=4)
 

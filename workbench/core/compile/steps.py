@@ -1,14 +1,16 @@
-"""One step of a model, abstract, on a cluster's mesh: what :func:`compile_step` compiles and the ledger predicts.
+"""One step of a model, abstract, on a mesh: the one builder of the steps the explorer lists the collectives of,
+:func:`~workbench.core.compile.virtual.compile_step` compiles for a cluster and the widgets show.
 
 A step is a function and its ``ShapeDtypeStruct`` arguments placed on a mesh (nothing allocated):
 
 - ``"train"``: ``(params, opt_state, other, ids) -> (params, opt_state, loss)``: the causal LM loss, its
-  gradient and the optimizer's update, the state donated (updated in place, as a training loop does);
+  gradients and the optimizer's update, the state donated (updated in place, as a training loop does);
 - ``"forward"``: ``(params, other, ids) -> logits``, the forward pass of a prefill without a cache.
 
-Parameters are placed as :class:`workbench.core.sharding.plan.Layout` resolves them; optimizer moments shaped like
-their parameter share its sharding, other optimizer state (counts, Adafactor's factored statistics) is
-replicated; the token ids are split as ``(BATCH, LENGTH)`` resolves.
+On a mesh with ``pp > 1`` both run as the pipeline (:mod:`workbench.core.pipeline`). Parameters are placed as a
+:class:`workbench.core.sharding.plan.Layout` resolves them; optimizer moments shaped like their parameter share its
+sharding, other optimizer state (counts, Adafactor's factored statistics) is replicated; the token ids are split
+as ``(BATCH, LENGTH)`` resolves in the layout's mode.
 """
 
 from __future__ import annotations
@@ -24,15 +26,15 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from workbench.core import pipeline as pipelines
-from workbench.core.axes import BATCH, LENGTH, PartitionAxis
+from workbench.core.axes import PartitionAxis
 from workbench.core.cluster import Cluster
 from workbench.core.mesh import MESH_AXES
 from workbench.core.models.loss import causal_lm_loss, labels_from
 from workbench.core.models.sharding import path_str, with_mesh
-from workbench.core.sharding.plan import Layout
-from workbench.core.sharding.zero import check_zero_stage, state_sharding
+from workbench.core.sharding.plan import INPUT_AXES, Layout
+from workbench.core.sharding.zero import state_sharding
 
-STEP_KINDS = ("train", "forward")
+STEP_KINDS = ("forward", "train")
 OPTIMIZERS = ("adamw", "adafactor", "sgd")
 
 
@@ -73,61 +75,80 @@ class Step:
     mesh: tp.Any
     batch: tuple[int, int]
 
+    def jit(self) -> tp.Any:
+        """``fn`` jitted as the step runs: its state donated, its outputs placed."""
+        placed = {} if self.out_shardings is None else {"out_shardings": self.out_shardings}
+        return jax.jit(self.fn, donate_argnums=self.donate_argnums, **placed)
 
-def abstract_step(model: nnx.Module, mesh: tp.Any, *, kind: str = "train", batch: tuple[int, int] = (8, 128),
-                  optimizer_name: str = "adamw", partition_axis: PartitionAxis | None = None,
-                  rules: tp.Sequence[tuple[str, tp.Any]] | None = None, pipeline: tp.Any = None,
-                  zero_stage: int = 0) -> Step:
-    """The ``kind`` step of ``model`` (live or abstract: only shapes are read) with its arguments on ``mesh``.
 
-    On a mesh with ``pp > 1`` a train step runs as a pipeline (:func:`workbench.core.pipeline.pipeline_loss_and_grads`)
-    with ``pipeline`` (a ``PipelineConfig``; default :func:`workbench.core.pipeline.default_config`), the stacked
-    layers split over ``pp`` unless ``partition_axis`` says otherwise. ``zero_stage=1`` splits the optimizer state
-    over ``dp`` as well (:mod:`workbench.core.sharding.zero`)."""
+def layout_step(model: nnx.Module, layout: Layout, *, kind: str = "train", batch: tuple[int, int] = (8, 128),
+                optimizer_name: str = "adamw") -> Step:
+    """The ``kind`` step of ``model`` (live or abstract: only shapes are read) placed as ``layout`` says.
+
+    On a mesh with ``pp > 1`` the step runs as the layout's pipeline (default
+    :func:`workbench.core.pipeline.default_config`): a forward through
+    :func:`~workbench.core.pipeline.pipeline_logits`, a train step's loss and gradients through
+    :func:`~workbench.core.pipeline.pipeline_loss_and_grads`. A train step's optimizer state is split over ``dp``
+    too with the layout's ``zero_stage=1`` (:mod:`workbench.core.sharding.zero`)."""
     if kind not in STEP_KINDS:
         raise ValueError(f"kind must be one of {STEP_KINDS}; got {kind!r}")
-    pa = partition_axis or PartitionAxis()
-    pp = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True)).get("pp", 1)
-    if pp > 1 and kind == "train":
-        pipeline = pipeline or pipelines.default_config(mesh, batch[0])
-        if pa.layer_axis is None:
-            pa = pipelines.pipeline_partition_axis(pa)
-    elif pipeline is not None:
-        raise ValueError(f"a pipeline runs a train step on a mesh with pp > 1; this is a {kind} step on pp={pp}")
-    layout = Layout.of(model, mesh, pa, rules)
-    shardings = layout.shardings()
+    mesh, pa = layout.mesh, layout.partition_axis
     graphdef, params, other = nnx.split(with_mesh(model, mesh, pa), nnx.Param, ...)
+    if tuple(path_str(p) for p, _ in nnx.to_flat_state(params)) != layout.paths:
+        raise ValueError("this layout was resolved for another model: the parameter paths differ")
+    shardings = layout.shardings()
     params = nnx.map_state(lambda path, var: var.replace(jax.ShapeDtypeStruct(
         var.shape, var.dtype, sharding=shardings[path_str(path)])), params)
     replicated = NamedSharding(mesh, PartitionSpec())
     other = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), other)
     b, t = batch
-    spec = pa.resolve((BATCH, LENGTH), layout.mode, shape=(b, t), mesh=mesh)
+    spec = pa.resolve(INPUT_AXES, layout.mode, shape=(b, t), mesh=mesh)
     ids = jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=NamedSharding(mesh, spec))
+    pp = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True)).get("pp", 1)
+    pipeline = (layout.pipeline or pipelines.default_config(mesh, b)) if pp > 1 else None
 
     def logits(params, other, ids):
+        if pipeline is not None:
+            return pipelines.pipeline_logits(graphdef, params, other, ids, None, pipeline, mesh)
         return nnx.merge(graphdef, params, other)(ids).logits
 
     if kind == "forward":
         return Step(kind, logits, (params, other, ids), (), None, mesh, batch)
 
     tx = optimizer(optimizer_name)
-    opt_state = _place_like_params(tx, jax.eval_shape(tx.init, params), params, replicated,
-                                   check_zero_stage(zero_stage))
+    opt_state = _place_like_params(tx, jax.eval_shape(tx.init, params), params, replicated, layout.zero_stage)
 
-    def train(params, opt_state, other, ids):
+    def loss_and_grads(params, other, ids):
         if pipeline is not None:
             loss, _, grads = pipelines.pipeline_loss_and_grads(graphdef, params, other, {"input_ids": ids}, pipeline,
                                                                mesh)
-        else:
-            loss_of = lambda p: causal_lm_loss(logits(p, other, ids), labels_from(ids))[0]
-            loss, grads = jax.value_and_grad(loss_of)(params)
+            return loss, grads
+        return jax.value_and_grad(lambda p: causal_lm_loss(logits(p, other, ids), labels_from(ids))[0])(params)
+
+    def train(params, opt_state, other, ids):
+        loss, grads = loss_and_grads(params, other, ids)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
     sharding_of = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
     out = (sharding_of(params), sharding_of(opt_state), replicated)
     return Step(kind, train, (params, opt_state, other, ids), (0, 1), out, mesh, batch)
+
+
+def abstract_step(model: nnx.Module, mesh: tp.Any, *, kind: str = "train", batch: tuple[int, int] = (8, 128),
+                  optimizer_name: str = "adamw", partition_axis: PartitionAxis | None = None,
+                  rules: tp.Sequence[tuple[str, tp.Any]] | None = None, pipeline: tp.Any = None,
+                  zero_stage: int = 0) -> Step:
+    """:func:`layout_step` on the layout of ``model`` on ``mesh`` by ``partition_axis`` and ``rules``.
+
+    On a mesh with ``pp > 1`` the stacked layers are split over ``pp`` unless ``partition_axis`` says otherwise,
+    and the step runs as ``pipeline`` (a ``PipelineConfig``; default :func:`workbench.core.pipeline.default_config`).
+    ``zero_stage=1`` splits the optimizer state over ``dp`` as well (:mod:`workbench.core.sharding.zero`)."""
+    pa = partition_axis or PartitionAxis()
+    if dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True)).get("pp", 1) > 1 and pa.layer_axis is None:
+        pa = pipelines.pipeline_partition_axis(pa)
+    layout = Layout.of(model, mesh, pa, rules, pipeline=pipeline, zero_stage=zero_stage)
+    return layout_step(model, layout, kind=kind, batch=batch, optimizer_name=optimizer_name)
 
 
 def _place_like_params(tx: optax.GradientTransformation, opt_state: tp.Any, params: nnx.State,

@@ -35,7 +35,8 @@ from workbench.core.compile import worker as worker_protocol
 from workbench.core.compile.cache import CompileCache
 from workbench.core.compile.xla_log import xla_log_lines, xla_warnings
 from workbench.core.hlo.collectives import Collective, summarize
-from workbench.core.mesh import MESH_AXES
+from workbench.core.hlo.graph import hbm_bytes, matmul_flops
+from workbench.core.mesh import MESH_AXES, mesh_of
 
 # XLA:TPU's memory-space assignment moves buffers into a TensorCore's VMEM (128 MiB on v5e) and adds prefetch
 # copies: negligible beside a real model's HBM, but it reshapes a tiny model's HBM peak (a small Llama's grew by
@@ -102,8 +103,6 @@ class CompiledAnalysis:
     @functools.cached_property
     def matmul_flops(self) -> float:
         """FLOPs of every dot of the program per device, each once per loop trip (``inspect.matmul_flops``)."""
-        from workbench.core.hlo.graph import matmul_flops
-
         return matmul_flops(self.hlo_text)
 
     @property
@@ -115,8 +114,6 @@ class CompiledAnalysis:
     def hbm_bytes(self) -> float:
         """Bytes each device moves between HBM and the chip, counted as XLA's ``bytes accessed`` is but each
         instruction once per loop trip (``_hlo_graph.hbm_bytes``)."""
-        from workbench.core.hlo.graph import hbm_bytes
-
         return hbm_bytes(self.hlo_text)
 
     @property
@@ -132,11 +129,10 @@ class CompiledAnalysis:
         return summarize(self.collectives, count_trips=True)
 
 
-def _mesh_of(args: tp.Any) -> Mesh | AbstractMesh:
-    for leaf in jax.tree.leaves(args):
-        sharding = getattr(leaf, "sharding", None)
-        if isinstance(sharding, NamedSharding):
-            return sharding.mesh
+def _placed_mesh(args: tp.Any) -> Mesh | AbstractMesh:
+    mesh = mesh_of(args)
+    if mesh is not None:
+        return mesh
     raise ValueError("compile_on needs abstract arguments placed on the cluster's mesh: "
                      "jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(cluster_mesh(...), spec))")
 
@@ -150,7 +146,7 @@ def compile_on(cluster: Cluster, fn: tp.Callable, *args: tp.Any, donate_argnums:
     ``donate_argnums`` and ``out_shardings``; ``compiler_options`` (XLA flags, e.g. ``TPU_HBM_ONLY``) go to
     the compiler. Nothing is allocated or run. The same program compiled again (same lowered module, cluster,
     device order and options) returns the first analysis (:data:`ANALYSES`)."""
-    mesh = _mesh_of(args)
+    mesh = _placed_mesh(args)
     jit_kwargs: dict[str, tp.Any] = {"donate_argnums": tuple(donate_argnums)}
     if out_shardings is not None:
         jit_kwargs["out_shardings"] = out_shardings

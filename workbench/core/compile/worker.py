@@ -19,6 +19,9 @@ import time
 import traceback
 import typing as tp
 
+from workbench.core.compile.xla_log import stderr_lines, xla_warnings
+from workbench.core.hlo.collectives import collectives_in
+
 HEADER = struct.Struct(">Q")
 
 
@@ -55,8 +58,6 @@ def _watch_parent(parent: int) -> None:
 def analyse(compiled: tp.Any, mesh: tp.Any, seconds: float, warnings: tuple[str, ...]) -> dict[str, tp.Any]:
     """What a compiled program says about itself, as plain data (memory, cost, collectives, HLO text), with
     ``seconds`` ``{"compile": seconds, "analysis": the time of this}``."""
-    from workbench.core.hlo.collectives import collectives_in
-
     start = time.perf_counter()
     stats = compiled.memory_analysis()
     memory = {name: int(getattr(stats, f"{name}_size_in_bytes")) for name in
@@ -75,8 +76,6 @@ def analyse(compiled: tp.Any, mesh: tp.Any, seconds: float, warnings: tuple[str,
 def _compile(request: dict[str, tp.Any]) -> dict[str, tp.Any]:
     import jax
     from jax.sharding import AxisType, NamedSharding
-
-    from workbench.core.compile.xla_log import stderr_lines, xla_warnings
 
     start = time.perf_counter()
     exported = jax.export.deserialize(bytearray(request["exported"]))

@@ -44,7 +44,8 @@ class Hardware:
 
     @property
     def ici_bandwidth(self) -> float:
-        """The book's ``W_ici``: bytes/s a chip moves in a collective along one mesh axis."""
+        """The book's ``W_ici``: bytes/s a chip moves along one wraparound ring (both directions of its links) or
+        through a switch, the bandwidth of the book's one-axis forms (:mod:`workbench.core.cost.network`)."""
         return self.link_bandwidth * (2 if self.topology == RING else 1)
 
     @property

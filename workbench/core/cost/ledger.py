@@ -112,8 +112,10 @@ from workbench.core.pipeline import activation_stash_bytes
 from workbench.core.sharding.placement import shard_shape
 from workbench.core.sharding.plan import Layout, kv_cache_decisions
 from workbench.core.sharding.zero import state_split
+from workbench.core.units import format_bytes
 
-KINDS = ("train", "prefill", "decode")
+# What a step does, and the remat policies (models/stack.py names them) the ledger and the step model count.
+TASKS = ("train", "prefill", "decode")
 REMATS = ("none", "dots_saveable", "full")
 # The loss phase's logits, in float32 copies of them, by compiler: measured (see the module doc).
 LOGITS_COPIES = {"tpu": 1.6, "cpu": 2.0}
@@ -131,7 +133,11 @@ LIBTPU_NEWEST_MEASURED = (0, 0, 50)
 
 @dataclasses.dataclass(frozen=True)
 class Ledger:
-    """Bytes per device by part (see the module doc), and the device's HBM when a cluster is known."""
+    """Bytes per device by part (see the module doc), and the device's HBM when a cluster is known.
+
+    ``kind`` is the step (:data:`TASKS`), or ``"state"`` for what a layout holds between steps: parameters,
+    optimizer state and a KV cache, no step's gradients, activations or temporaries
+    (:func:`workbench.core.views.explore.layout_memory`)."""
 
     kind: str
     remat: str
@@ -165,8 +171,9 @@ class Ledger:
         return {part: getattr(self, part) for part in self.PARTS}
 
     def __str__(self) -> str:
-        gib = lambda n: f"{n / 2**30:.3f} GiB"
-        lines = [f"{self.kind} step, remat={self.remat}: {gib(self.total)} per device"]
+        gib = functools.partial(format_bytes, unit="GiB", decimals=3)
+        what = "between steps" if self.kind == "state" else f"{self.kind} step, remat={self.remat}"
+        lines = [f"{what}: {gib(self.total)} per device"]
         lines += [f"  {part:<12}{gib(n)}" for part, n in self.parts().items() if n]
         if self.hbm_per_device is not None:
             verdict = "fits" if self.fits else f"does NOT fit: {gib(-self.headroom)} over"
@@ -502,8 +509,8 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
     ``PipelineConfig``, train steps only) counts a pipelined step (see the module doc); ``zero_stage`` (default the
     layout's) splits the optimizer state over ``dp`` at 1.
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}; got {kind!r}")
+    if kind not in TASKS:
+        raise ValueError(f"kind must be one of {TASKS}; got {kind!r}")
     remat = getattr(model, "remat", "none") if remat is None else remat
     dtype = np.dtype(getattr(model, "dtype", np.float32))
     hbm = None if cluster is None else cluster.hbm_per_device

@@ -1,15 +1,15 @@
-"""Step time on a cluster: collectives on its network, matmuls on its chips, and a compiled step's total.
+"""A collective's time on a cluster's network: the one model every view prices collectives with.
 
 The model is the scaling book's ("How to Scale Your Model", Austin et al., https://jax-ml.github.io/scaling-book/),
-with its ``(N - 1) / N`` factors kept:
+with its ``(N - 1) / N`` factors and per-hop latency kept: :func:`collective_time` (:func:`transfer` with its
+parts) places a collective over some mesh axes on the cluster's network the way JAX lays a mesh onto it (TPU:
+``mesh_utils.create_device_mesh``'s assignment of mesh axes to torus axes; GPU: devices in id order,
+``gpus_per_node`` to a node; TPU slices: the first mesh axis outermost).
 
-- :func:`collective_time`: a collective over some mesh axes, placed on the cluster's network the way JAX lays
-  a mesh onto it (TPU: ``mesh_utils.create_device_mesh``'s assignment of mesh axes to torus axes; GPU: devices
-  in id order, ``gpus_per_node`` to a node; TPU slices: the first mesh axis outermost);
-- :func:`roofline` / :func:`matmul_time`: FLOPs against the chip's peak for the operands' dtype, bytes against
-  its HBM bandwidth;
-- :func:`step_time`: a :class:`~workbench.core.virtual.CompiledAnalysis` (its dots, HBM bytes and collectives,
-  each once per loop trip) as a :class:`StepTime`.
+The book's one-axis forms are its limit on one wraparound ring axis of N devices as N grows, latency dropped:
+an all-gather or reduce-scatter of ``V`` bytes (:func:`array_bytes`) takes ``(N - 1) / N * V / W_ici -> V / W_ici``,
+an all-reduce twice that, an all-to-all ``V / (4 W_ici)``; ``W_ici`` is the ring's two links
+(:attr:`~workbench.core.cost.chips.Hardware.ici_bandwidth`), and a line (no wraparound) has half of it.
 
 >>> from workbench.core.cluster import Cluster
 >>> v5e = Cluster.tpu("v5e:16x16")  # 16-chip axes wrap around: bidirectional rings of 4.5e10 B/s links
@@ -28,9 +28,9 @@ import typing as tp
 import numpy as np
 
 from workbench.core.cluster import TPU_GENERATIONS, Cluster, TorusAxis
-from workbench.core.cost.chips import RING, Hardware
+from workbench.core.hlo.text import COLLECTIVE_KINDS
 
-KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
 # -- where a collective's devices sit -----------------------------------------------------------------------
 def torus_assignment(mesh_shape: tp.Sequence[int], torus: tp.Sequence[int]) -> list[tuple[int, ...]]:
     """The torus axes each mesh axis spans, as ``jax.experimental.mesh_utils.create_device_mesh`` lays a mesh
@@ -114,11 +114,18 @@ def _outer(cluster: Cluster) -> tuple[str, float, float] | None:
     return None
 
 
+def array_bytes(kind: str, nbytes: float, group_size: int) -> float:
+    """The book's ``V`` from what a :class:`~workbench.core.hlo.collectives.Collective` records (``nbytes``, the
+    result on each device, over ``group_size`` devices): the whole array gathered (all-gather), before scattering
+    (reduce-scatter), reduced (all-reduce), all shards together (all-to-all), sent (collective-permute)."""
+    return nbytes * (group_size if kind in ("reduce-scatter", "all-to-all") else 1)
+
+
 def transfer(kind: str, nbytes: float, axes: tp.Sequence[str], mesh_shape: tp.Mapping[str, int],
              cluster: Cluster) -> Transfer:
     """:func:`collective_time` with its parts: which network level bounds it, bandwidth or latency."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown collective kind {kind!r}; expected one of {KINDS}")
+    if kind not in COLLECTIVE_KINDS:
+        raise ValueError(f"unknown collective kind {kind!r}; expected one of {COLLECTIVE_KINDS}")
     if cluster.chip is None:
         raise ValueError(f"{cluster.name} has no network numbers (simulated CPU devices); cost a program on "
                          f"Cluster.tpu(...), Cluster.h100(...) or Cluster.h200(...)")
@@ -142,7 +149,7 @@ def transfer(kind: str, nbytes: float, axes: tp.Sequence[str], mesh_shape: tp.Ma
     else:
         widths, hops_in = [inner.bandwidth], g - 1
     hops_out = m - 1
-    v = nbytes * (n if kind == "reduce-scatter" else 1)  # the book's V: the whole array gathered or scattered
+    v = array_bytes(kind, nbytes, n)
     if kind in ("all-gather", "reduce-scatter"):
         # A ring over the group's g devices moves (g - 1) / g of V through each device's links; across units,
         # the book's GPU chapter: each level a ring of its own, overlapped, bytes * max_i (D_i - 1) / (D_i W_i),
@@ -187,32 +194,3 @@ def collective_time(kind: str, nbytes: float, axes: tp.Sequence[str], mesh_shape
     """
     return transfer(kind, nbytes, axes, mesh_shape, cluster).seconds
 
-
-COMM_KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
-
-
-def comm_time(kind: str, array_bytes: float, hardware: Hardware, group_size: int | None = None) -> float:
-    """Seconds for one collective over one mesh axis; ``array_bytes`` is the book's ``V``.
-
-    ``V`` is the whole array: gathered (all-gather), before scattering (reduce-scatter), the array each
-    device holds (all-reduce), all shards together (all-to-all); for collective-permute, the bytes each
-    device sends. Latency is ignored: small collectives take longer than this.
-    """
-    w = hardware.ici_bandwidth
-    # Scaling book, "Sharded Matrices and How to Multiply Them": on a bidirectional ring, AllGather and
-    # ReduceScatter take ~V / W_ici whatever the ring size, AllReduce = ReduceScatter + AllGather = 2V / W_ici,
-    # AllToAll ~V / (4 W_ici). Through a switch (the book's GPU chapter) AllGather is ~V / W_egress too, and an
-    # AllToAll sends only a 1/N share of V from each GPU: ~V / (N W_egress).
-    if kind in ("all-gather", "reduce-scatter"):
-        return array_bytes / w
-    if kind == "all-reduce":
-        return 2 * array_bytes / w
-    if kind == "all-to-all":
-        if hardware.topology == RING:
-            return array_bytes / (4 * w)
-        if not group_size:
-            raise ValueError(f"comm_time: an all-to-all on {hardware.name} (a switch) needs group_size")
-        return array_bytes / (group_size * w)
-    if kind == "collective-permute":
-        return array_bytes / hardware.link_bandwidth  # one hop, one direction
-    raise ValueError(f"comm_time: unknown collective kind {kind!r}; expected one of {COMM_KINDS}")

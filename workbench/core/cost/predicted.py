@@ -97,13 +97,13 @@ backward, not 2); XLA:TPU gathers some weights again for each use in the backwar
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import math
 import numbers
 import typing as tp
 
 from workbench.core.cluster import Cluster
+from workbench.core.cost.flops import model_flops, model_shapes
+from workbench.core.cost.ledger import REMATS, TASKS
 from workbench.core.cost.network import transfer
 from workbench.core.cost.roofline import rate_dtype, roofline
 from workbench.core.cost.step_time import CollectiveTime, StepTime, WorkPart
@@ -111,87 +111,17 @@ from workbench.core.mesh import MESH_AXES
 from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.sharding.zero import check_zero_stage
 
-TASKS = ("train", "prefill", "decode")
-REMATS = ("none", "dots_saveable", "full")
-KINDS = ("attention", "mlp", "experts", "embedding+head", "optimizer", "pipeline")
+WORK_KINDS = ("attention", "mlp", "experts", "embedding+head", "optimizer", "pipeline")
 BATCH_AXES = ("fsdp", "dp")  # PartitionAxis.batch_axis
 _ITEM_BYTES = {"bf16": 2, "int8": 1, "fp8": 1}
 ADAMW_ACCESSES = 7  # reads: param, grad, mu, nu; writes: param, mu, nu
-LOGITS_COPIES = 3  # float32 logits, their softmax, their cotangent (as the ledger counts them)
+# HBM traffic of the loss: float32 logits written, their softmax, their cotangent. Bytes moved, not the ledger's
+# LOGITS_COPIES (the copies resident at once, measured per compiler).
+LOGITS_PASSES = 3
 NORM_RESIDUAL = 5  # elements a token a sublayer: a norm's read and write, the residual add's two reads, a write
 _DENSE_W = ("fsdp", "sp", "tp")  # mesh axes that split a projection, the head or the embedding
 _LATENT_W = ("fsdp", "sp")  # MLA's down-projections to its latents: no tp
 _EXPERT_W = ("ep", "fsdp", "tp")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Shapes:
-    """Per-layer sizes of a config in elements, undivided by any mesh axis (see the module doc)."""
-
-    hidden: int
-    vocab: int
-    layers: int
-    dense_layers: int  # a MoE family's leading dense layers
-    moe: bool
-    attn_split: int  # weights of the attention matmuls tp splits
-    attn_rep: int  # ... tp does not split (MLA's latent down-projections)
-    attn_act_full: int  # activation elements a token those matmuls read / write that tp does not split
-    attn_act_split: int  # ... that tp splits
-    heads: int
-    score_qk: int  # a head's QK^T contraction width
-    score_v: int  # a head's PV width
-    kv_ring: int  # K and V elements a token that ring attention passes on
-    kv_cache: int  # KV cache elements a token and layer
-    kv_split: bool  # whether tp splits the K / V heads (MLA's latent: no)
-    mlp: int  # a dense MLP's weights
-    mlp_down: int
-    mlp_act_full: int
-    mlp_act_split: int
-    expert: int  # one routed expert's weights
-    experts: int
-    topk: int
-    expert_width: int
-    shared: int  # the shared experts' weights
-    shared_width: int
-    router: int
-    head: int
-    embed: int  # 0 when tied to the head
-    recompute_down: bool  # a post-MLP norm reads the output projection's result in the backward
-
-
-@functools.lru_cache(maxsize=128)
-def _shapes(c: tp.Any) -> _Shapes:
-    d, f, h = c.hidden_size, c.intermediate_size, c.num_attention_heads
-    if c.mla:
-        lat, r, nope, vd, rq = c.kv_lora_rank, c.qk_rope_head_dim, c.qk_nope_head_dim, c.v_head_dim, c.q_lora_rank
-        q_split = (rq or d) * h * (nope + r)
-        attn_rep = (d * rq if rq else 0) + d * (lat + r)
-        attn_split = q_split + lat * h * (nope + vd) + h * vd * d  # q(_b), kv_b (W_uk, W_uv), o
-        act_full = (d + 2 * rq if rq else d) + d + (lat + r) + d  # q(_a) in (+ q_a out, q_b in), kv_a in/out, o out
-        act_split = h * (nope + r) + h * (nope + lat) + h * (lat + vd) + h * vd  # q out, W_uk, W_uv, o in
-        score_qk, score_v = lat + r, lat  # the absorbed form: an MQA over [c; k_pe] with values c
-        kv_ring, kv_cache, kv_split = 2 * lat + r, lat + r, False
-    else:
-        hd, kv = c.head_dim, c.num_key_value_heads
-        attn_rep, attn_split = 0, 2 * d * h * hd + 2 * d * kv * hd
-        act_full, act_split = 4 * d, 2 * h * hd + 2 * kv * hd
-        score_qk = score_v = hd
-        kv_ring = kv_cache = 2 * kv * hd
-        kv_split = True
-    gated = c.mlp_type != "gelu"
-    widths = 3 if gated else 2
-    fe = c.expert_intermediate_size if c.mlp_type == "moe" else 0
-    moe = c.mlp_type == "moe"
-    return _Shapes(
-        hidden=d, vocab=c.vocab_size, layers=c.num_hidden_layers, dense_layers=c.first_dense_layers, moe=moe,
-        attn_split=attn_split, attn_rep=attn_rep, attn_act_full=act_full, attn_act_split=act_split, heads=h,
-        score_qk=score_qk, score_v=score_v, kv_ring=kv_ring, kv_cache=kv_cache, kv_split=kv_split,
-        mlp=widths * d * f, mlp_down=d * f, mlp_act_full=(widths - 1) * d + d,
-        mlp_act_split=(widths - 1) * f + f + 3 * f,
-        expert=3 * d * fe, experts=c.num_local_experts if moe else 0, topk=c.num_experts_per_tok if moe else 0,
-        expert_width=fe, shared=3 * d * fe * c.moe_shared_experts, shared_width=fe * c.moe_shared_experts,
-        router=d * c.num_local_experts if moe else 0, head=d * c.vocab_size,
-        embed=0 if c.tie_word_embeddings else d * c.vocab_size, recompute_down=bool(c.sandwich_norms))
 
 
 class _Acc:
@@ -199,8 +129,8 @@ class _Acc:
 
     def __init__(self, sizes: dict[str, int]):
         self.sizes = sizes
-        self.flops = dict.fromkeys(KINDS, 0.0)
-        self.bytes = dict.fromkeys(KINDS, 0.0)
+        self.flops = dict.fromkeys(WORK_KINDS, 0.0)
+        self.bytes = dict.fromkeys(WORK_KINDS, 0.0)
         self.comms: dict[tuple, list] = {}
 
     def comm(self, part: str, kind: str, axes: tp.Sequence[str], nbytes: float, runs: float, name: str,
@@ -240,7 +170,7 @@ def _check(task: str, remat: str, batch: tp.Any, batch_axes: tp.Sequence[str], m
 
 def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, int], *, batch: tuple[int, int],
                  task: str = "train", remat: str = "full", pipeline: PipelineConfig | None = None,
-                 kv_length: int | None = None, dtype: tp.Any = "bf16", mfu: float = 1.0, overlap: bool = True,
+                 kv_length: int | None = None, dtype: tp.Any = "bf16", efficiency: float = 1.0, overlap: bool = True,
                  batch_axes: tp.Sequence[str] = BATCH_AXES, zero_stage: int = 0) -> StepTime:
     """The predicted time of one ``task`` step of ``config`` on ``cluster`` with a mesh of ``mesh_shape`` (workbench
     axes, e.g. ``{"fsdp": 16, "tp": 4}``), derived from shapes alone (see the module doc for every term).
@@ -249,15 +179,16 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     and the context length (one new token each; ``kv_length`` overrides the length). ``remat`` is the layers'
     rematerialisation policy (train only); ``pipeline`` a :class:`PipelineConfig` whose ``num_stages`` is the
     mesh's ``pp``; ``dtype`` the parameters' and activations' ("bf16", or "int8" / "fp8": 1 byte, their peak
-    rate); ``mfu`` the fraction of peak FLOP/s matmuls reach; ``overlap`` whether compute, memory and
-    communication overlap; ``batch_axes`` the mesh axes the batch splits over; ``zero_stage=1`` the optimizer
-    state split over ``dp`` (ZeRO-1, :mod:`workbench.core.sharding.zero`). Raises ``ValueError`` for a
-    batch or sequence the mesh does not divide, and for ``pp > 1`` without a matching ``pipeline``.
+    rate); ``efficiency`` the fraction of peak FLOP/s matmuls reach (1, the roofline's ideal: the step's MFU and
+    HFU are then upper bounds); ``overlap`` whether compute, memory and communication overlap; ``batch_axes`` the
+    mesh axes the batch splits over; ``zero_stage=1`` the optimizer state split over ``dp`` (ZeRO-1,
+    :mod:`workbench.core.sharding.zero`). Raises ``ValueError`` for a batch or sequence the mesh does not divide,
+    and for ``pp > 1`` without a matching ``pipeline``.
     """
     sizes = _check(task, remat, batch, batch_axes, mesh_shape, cluster)
     zero = check_zero_stage(zero_stage) == 1 and task == "train" and sizes["dp"] > 1
     mesh = dict(sizes)
-    s = _shapes(config)
+    s = model_shapes(config)
     pp, ep, tp_, sp = sizes["pp"], sizes["ep"], sizes["tp"], sizes["sp"]
     rate = rate_dtype(dtype)
     wb = ab = _ITEM_BYTES[rate]
@@ -412,7 +343,7 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     head_flops = (3 if train else 1) * 2 * n_head * s.head / tp_
     vocab = s.vocab / tp_
     head_bytes = w_head * ((2 if train else 1) + (1 if train else 0) + (1 + train) * bool(gather(_DENSE_W)))
-    head_bytes += ab * n_head * vocab * (2 if train else 1) + (LOGITS_COPIES * 4 * n_head * vocab if train else 0)
+    head_bytes += ab * n_head * vocab * (2 if train else 1) + (LOGITS_PASSES * 4 * n_head * vocab if train else 0)
     head_bytes += ab * n * d * (4 if train else 2) + (w_embed if train else 0)  # lookups (and their gradient)
     acc.flops["embedding+head"] += head_flops
     acc.bytes["embedding+head"] += head_bytes
@@ -440,17 +371,19 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
         if pipelined and bubble:
             pipelined_s += t.seconds * runs * staged.get(part, 0.0)
     flops, hbm = sum(acc.flops.values()), sum(acc.bytes.values())
-    line = roofline(flops, hbm, cluster, rate, mfu)
+    line = roofline(flops, hbm, cluster, rate, efficiency)
     bubble_s = 0.0
     if bubble:
         stage_flops = sum(staged[kind] * acc.flops[kind] for kind in ("attention", "mlp", "experts"))
         stage_bytes = sum(staged[kind] * acc.bytes[kind] for kind in ("attention", "mlp", "experts"))
-        stage = roofline(stage_flops, stage_bytes, cluster, rate, mfu)
+        stage = roofline(stage_flops, stage_bytes, cluster, rate, efficiency)
         busy = (max(stage.time_s, pipelined_s) if overlap else stage.time_s + pipelined_s)
         bubble_s = busy * bubble / (1 - bubble)
-    parts = tuple(WorkPart(kind, acc.flops[kind], acc.bytes[kind]) for kind in KINDS
+    parts = tuple(WorkPart(kind, acc.flops[kind], acc.bytes[kind]) for kind in WORK_KINDS
                   if acc.flops[kind] or acc.bytes[kind])
-    return StepTime(cluster, mesh, line, tuple(timed), mfu, overlap, None, parts, bubble, bubble_s)
+    # MFU's model FLOPs (PaLM's): the whole step's, shared over every device; work a device repeats is not counted
+    model = model_flops(config, batch, task=task, kv_length=kv_length) / cluster.num_devices
+    return StepTime(cluster, mesh, line, tuple(timed), efficiency, overlap, None, parts, bubble, bubble_s, model)
 
 
-__all__ = ["BATCH_AXES", "KINDS", "REMATS", "TASKS", "predict_step"]
+__all__ = ["BATCH_AXES", "WORK_KINDS", "predict_step"]

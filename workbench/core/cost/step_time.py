@@ -6,12 +6,15 @@
 from __future__ import annotations
 
 import dataclasses
-import html
 import typing as tp
 
 from workbench.core.cluster import Cluster
+from workbench.core.cost.flops import hfu, mfu
 from workbench.core.cost.network import transfer
 from workbench.core.cost.roofline import Roofline, roofline
+from workbench.core.hlo.collectives import loop_collectives
+from workbench.core.tables import html_table
+from workbench.core.units import format_bytes, format_seconds
 
 
 # -- a step ---------------------------------------------------------------------------------------------------
@@ -52,18 +55,25 @@ class StepTime:
     A prediction from structure (:func:`workbench.core.cost.predicted.predict_step`) also says how the work splits
     over layer kinds (``parts``, see :meth:`by_kind`) and adds a pipeline's idle time, ``bubble_s``, to the
     step: the schedule's ``bubble_fraction`` of its ticks run nothing, whatever overlaps inside a tick.
+
+    ``efficiency`` is the fraction of peak FLOP/s its matmuls are assumed to reach; at 1 (no efficiency factor)
+    the step is the roofline's ideal and its :attr:`mfu` and :attr:`hfu` are upper bounds (:attr:`ideal`).
+    ``model_flops``: a device's share of the step's model FLOPs (:func:`~workbench.core.cost.flops.model_flops`
+    over the devices), which a prediction knows; a compiled program's dots are hardware FLOPs, so without it a
+    compiled step has an HFU and no MFU.
     """
 
     cluster: Cluster
     mesh: dict[str, int]
     roofline: Roofline
     collectives: tuple[CollectiveTime, ...]
-    mfu_assumed: float
+    efficiency: float
     overlap: bool = True
     xla_seconds: float | None = None
     parts: tuple[WorkPart, ...] = ()
     bubble_fraction: float = 0.0
     bubble_s: float = 0.0
+    model_flops: float | None = None
 
     @property
     def compute_s(self) -> float:
@@ -103,11 +113,47 @@ class StepTime:
         return out
 
     @property
-    def mfu(self) -> float:
-        """FLOPs per device over (peak x step time): the dots the program runs (a rematerialised forward
-        counted again, so strictly the hardware FLOPs utilisation)."""
-        peak_s = self.compute_s * self.mfu_assumed
-        return peak_s / self.time_s if self.time_s else 0.0
+    def peak_flops(self) -> float:
+        """A device's peak FLOP/s, as the roofline priced the matmuls (before ``efficiency``)."""
+        r = self.roofline
+        return r.flops / (r.compute_s * self.efficiency) if r.compute_s else 0.0
+
+    @property
+    def ideal(self) -> bool:
+        """No efficiency factor: matmuls at the chip's peak, so :attr:`mfu` and :attr:`hfu` are upper bounds."""
+        return self.efficiency == 1.0
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilisation (:func:`~workbench.core.cost.flops.hfu`): the matmul FLOPs a device runs,
+        recompute included, over its peak and the step's time."""
+        return hfu(self.roofline.flops, self.time_s, self.peak_flops) if self.compute_s and self.time_s else 0.0
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilisation (:func:`~workbench.core.cost.flops.mfu`): ``model_flops`` (no recompute, no
+        repeated work) over a device's peak and the step's time; None without ``model_flops``."""
+        if self.model_flops is None or not self.compute_s or not self.time_s:
+            return None
+        return mfu(self.model_flops, self.time_s, self.peak_flops)
+
+    def mfu_text(self) -> str:
+        """:attr:`mfu` as a percentage, ``"≤ 42%"`` where it is an upper bound (:attr:`ideal`), ``"-"`` unknown."""
+        return "-" if self.mfu is None else f"{'≤ ' if self.ideal else ''}{self.mfu:.0%}"
+
+    def hfu_text(self) -> str:
+        """:attr:`hfu` as :meth:`mfu_text` writes MFU."""
+        return f"{'≤ ' if self.ideal else ''}{self.hfu:.0%}"
+
+    def utilisation(self) -> str:
+        """MFU and HFU in words, said to be upper bounds when :attr:`ideal`."""
+        text = f"HFU {self.hfu_text()}"
+        if self.mfu is None:
+            text += " (no MFU: a compiled program's dots include any recompute; pass model_flops)"
+        else:
+            text = f"MFU {self.mfu_text()}, {text}"
+        return text + (" (upper bounds: matmuls at peak)" if self.ideal else
+                       f" (matmuls at {self.efficiency:.0%} of peak)")
 
     def by_level(self) -> dict[str, float]:
         """Communication seconds per network level."""
@@ -131,8 +177,8 @@ class StepTime:
         levels = ", ".join(f"{k} {format_seconds(v)}" for k, v in self.by_level().items() if k != "none")
         fs = format_seconds
         head = [("step", fs(self.time_s), f"{self.bound}-bound on {self.cluster.name}, {mesh}; parts "
-                 + ("overlapped (the longest)" if self.overlap else "one after another") + f"; MFU {self.mfu:.0%}"),
-                ("compute", fs(r.compute_s), f"{r.flops:.3g} FLOP per device at {self.mfu_assumed:.0%} of peak"),
+                 + ("overlapped (the longest)" if self.overlap else "one after another") + f"; {self.utilisation()}"),
+                ("compute", fs(r.compute_s), f"{r.flops:.3g} FLOP per device at {self.efficiency:.0%} of peak"),
                 ("memory", fs(r.memory_s), f"{r.hbm_bytes:.3g} B per device (intensity {r.intensity:.0f} FLOP/B, "
                                            f"critical {r.critical_intensity:.0f})"),
                 ("communication", fs(self.comm_s), levels or "no collectives")]
@@ -152,7 +198,7 @@ class StepTime:
                          f"{'bytes/device':>14}{'time':>11}")
             for kind, axes, level, bound, runs, nbytes, total in self.rows()[:top]:
                 lines.append(f"{kind:<20}{','.join(axes) or '-':<18}{level:<12}{bound:<11}{runs:>6}"
-                             f"{_b(nbytes):>14}{format_seconds(total):>11}")
+                             f"{format_bytes(nbytes):>14}{format_seconds(total):>11}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -163,30 +209,10 @@ class StepTime:
 
     def html(self, top: int | None = None) -> str:
         """:meth:`summary` as HTML tables: the parts, then the longest ``top`` collective groups (all by default)."""
-        esc = html.escape
-        head = "".join(f"<tr><th style='text-align:left'>{esc(n)}</th><td>{esc(v)}</td><td style='text-align:left'>"
-                       f"{esc(note)}</td></tr>" for n, v, note in self._head())
-        body = "".join(f"<tr><td>{esc(k)}</td><td>{esc(','.join(a) or '-')}</td><td>{esc(lv)}</td><td>{esc(b)}</td>"
-                       f"<td>{runs}</td><td>{esc(_b(nb))}</td><td>{esc(format_seconds(t))}</td></tr>"
-                       for k, a, lv, b, runs, nb, t in self.rows()[:top])
-        table = ("<table><tr><th>collective</th><th>axes</th><th>level</th><th>bound</th><th>runs</th>"
-                 f"<th>bytes/device</th><th>time</th></tr>{body}</table>") if body else ""
-        return f"<div><table>{head}</table>{table}</div>"
-
-
-def format_seconds(seconds: float) -> str:
-    """``0.0123`` -> ``"12.3 ms"`` (three significant digits, s / ms / us / ns)."""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds * 1e9:.3g} ns"
-
-
-def _b(nbytes: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.3g} {unit}"
-    return f"{nbytes:.0f} B"
+        rows = [(k, ",".join(a) or "-", lv, b, runs, format_bytes(nb), format_seconds(t))
+                for k, a, lv, b, runs, nb, t in self.rows()[:top]]
+        header = ("collective", "axes", "level", "bound", "runs", "bytes/device", "time")
+        return f"<div>{html_table(self._head())}{html_table(rows, header=header) if rows else ''}</div>"
 
 
 def _pair_opposite_permutes(timed: list[CollectiveTime], records: tp.Sequence[tp.Any], hlo_text: str
@@ -195,8 +221,6 @@ def _pair_opposite_permutes(timed: list[CollectiveTime], records: tp.Sequence[tp
     pairs are the other's reversed: XLA's bidirectional windowed einsums) use opposite links at once: per body
     and ring, the busier direction's permutes take time, the other's are marked ``overlapped``. (Through a
     switch both directions leave by the same egress: they add up.)"""
-    from workbench.core.hlo.collectives import loop_collectives
-
     body = {r.name: r.body for r in loop_collectives(hlo_text)}
     ways: dict[tuple, list[list[int]]] = {}
     for i, record in enumerate(records):
@@ -216,18 +240,21 @@ def _pair_opposite_permutes(timed: list[CollectiveTime], records: tp.Sequence[tp
 
 
 def step_time(analysis: tp.Any = None, cluster: Cluster | None = None, mesh_shape: tp.Mapping[str, int] | None = None,
-              *, mfu: float = 1.0, dtype: tp.Any = "bf16", overlap: bool = True, flops: float | None = None,
-              hbm_bytes: float | None = None, collectives: tp.Iterable[tp.Any] | None = None) -> StepTime:
+              *, efficiency: float = 1.0, dtype: tp.Any = "bf16", overlap: bool = True, flops: float | None = None,
+              hbm_bytes: float | None = None, collectives: tp.Iterable[tp.Any] | None = None,
+              model_flops: float | None = None) -> StepTime:
     """The predicted time of a compiled step (a :class:`~workbench.core.compile.virtual.CompiledAnalysis`) on
     ``cluster`` (default: the one it was compiled for) with its mesh (or ``mesh_shape``, name -> size).
 
-    Compute is the program's dots (``analysis.matmul_flops``, each once per loop trip) at ``mfu`` of the peak of
-    ``dtype``; memory its HBM bytes (``analysis.hbm_bytes``); communication every collective
+    Compute is the program's dots (``analysis.matmul_flops``, each once per loop trip) at ``efficiency`` of the
+    peak of ``dtype``; memory its HBM bytes (``analysis.hbm_bytes``); communication every collective
     (:func:`collective_time`) times its loop trips. ``flops``, ``hbm_bytes`` and ``collectives`` (records or
-    ``(kind, bytes, axes[, runs])`` tuples) replace the analysis's. Collectives run one after another, except
-    permutes in one loop body going opposite ways round a TPU ring (both directions of its links at once). A
-    GPU cluster's program is compiled by XLA:CPU (bfloat16 math widened to float32, CPU fusion): its bytes are
-    an overestimate.
+    ``(kind, bytes, axes[, runs])`` tuples) replace the analysis's. The dots are hardware FLOPs (a recomputed
+    forward included): they give the step's HFU; its MFU needs ``model_flops``, a device's share of the step's
+    model FLOPs (:func:`~workbench.core.cost.flops.model_flops` over the devices). Collectives run one after
+    another, except permutes in one loop body going opposite ways round a TPU ring (both directions of its links
+    at once). A GPU cluster's program is compiled by XLA:CPU (bfloat16 math widened to float32, CPU fusion): its
+    bytes are an overestimate.
     """
     cluster = cluster or getattr(analysis, "cluster", None)
     if cluster is None:
@@ -254,4 +281,5 @@ def step_time(analysis: tp.Any = None, cluster: Cluster | None = None, mesh_shap
     if collectives is None and getattr(analysis, "hlo_text", ""):
         timed = _pair_opposite_permutes(timed, analysis.collectives, analysis.hlo_text)
     xla = getattr(analysis, "xla_seconds", None) if cluster == getattr(analysis, "cluster", None) else None
-    return StepTime(cluster, mesh, roofline(flops, hbm_bytes, cluster, dtype, mfu), tuple(timed), mfu, overlap, xla)
+    line = roofline(flops, hbm_bytes, cluster, dtype, efficiency)
+    return StepTime(cluster, mesh, line, tuple(timed), efficiency, overlap, xla, model_flops=model_flops)

@@ -23,19 +23,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from workbench.core.hlo.graph import computation_runs
+from workbench.core.hlo.text import COLLECTIVE_KINDS, Instruction, dtype_name, element_bits, leaves, parse, shape_tree
 
 Groups = tuple[tuple[int, ...], ...]
 Shape = tuple[int, ...]
-_DTYPES = (("pred", "bool"), ("bf16", "bfloat16"), (r"s(\d+)", r"int\1"), (r"u(\d+)", r"uint\1"),
-           (r"f(\d+)", r"float\1"), (r"f(\d+)(e\w+)", r"float\1_\2"), (r"c(\d+)", r"complex\1"))
-
-
-def _dtype_name(hlo_dtype: str) -> str:
-    """NumPy's name for an HLO element type: ``s32`` -> ``int32``, ``f8e4m3fn`` -> ``float8_e4m3fn``."""
-    for pattern, name in _DTYPES:
-        if re.fullmatch(pattern, hlo_dtype):
-            return re.sub(pattern, name, hlo_dtype)
-    return hlo_dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,15 +71,7 @@ def _braces(groups: tp.Sequence[tp.Sequence[int]]) -> str:
     return "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in groups) + "}"
 
 
-# -- HLO text ------------------------------------------------------------------------------------
-_KINDS = "all-gather|reduce-scatter|all-reduce|all-to-all|collective-permute"
-_KIND_NAMES = tuple(_KINDS.split("|"))  # a line naming none of them holds no collective: skipped unparsed
-_INSTRUCTION = re.compile(rf"^\s*(?:ROOT\s+)?%?(?P<name>[^\s=]+)\s*=\s*(?P<shape>.*?)\s(?P<kind>{_KINDS})"
-                          rf"(?P<start>-start)?\((?P<rest>.*)$")
-
-
-_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[^\s(]+)\s.*\{\s*$")
-_ARRAY = re.compile(r"(\w+)\[([\d,<=]*)\](?:\{[^}]*\})?")
+# -- replica groups ------------------------------------------------------------------------------
 _EXPLICIT = re.compile(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}")
 _IOTA = re.compile(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
 _MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(([^()]*(?:\([^()]*\))?[^()]*)\))?"
@@ -98,43 +81,12 @@ _MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(([^()]*(
 _PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 
 
-def _parse_shape(text: str) -> list[tp.Any]:
-    """Nested lists of ``(dtype, dims)`` leaves for an HLO shape such as ``(f32[2]{0}, (s32[], bf16[4,4]))``."""
-    text = re.sub(r"/\*.*?\*/", "", text)
-    stack: list[list[tp.Any]] = [[]]
-    i = 0
-    while i < len(text):
-        if text[i] == "(":
-            stack.append([])
-        elif text[i] == ")":
-            done = stack.pop()
-            stack[-1].append(done)
-        elif match := _ARRAY.match(text, i):
-            dims = tuple(int(d.lstrip("<=")) for d in match.group(2).split(",") if d)  # f32[<=4]: at most 4
-            stack[-1].append((match.group(1), dims))
-            i = match.end()
-            continue
-        i += 1
-    return stack[0][0] if len(stack[0]) == 1 else stack[0]
-
-
-def _leaves(shape: tp.Any) -> list[tuple[str, Shape]]:
-    return [shape] if isinstance(shape, tuple) else [leaf for s in shape for leaf in _leaves(s)]
-
-
-def _result(kind: str, asynchronous: bool, shape: tp.Any) -> list[tuple[str, Shape]]:
+def _result(kind: str, asynchronous: bool, shape: tp.Any) -> list[tp.Any]:
     """The result arrays: ``all-gather-start`` returns ``(operands, results)``, ``collective-permute-start``
     ``(operand, result, contexts...)``; an ``all-reduce-start`` returns its result directly."""
     if asynchronous and kind in ("all-gather", "collective-permute") and isinstance(shape, list):
         shape = shape[1]
-    return _leaves(shape)
-
-
-def _itembits(hlo_dtype: str) -> int:
-    if hlo_dtype == "pred":
-        return 8
-    bits = re.match(r"(?:bf|[sufc])(\d+)", hlo_dtype)  # s32, u4, f8e4m3fn, bf16, c64; token has none
-    return int(bits.group(1)) if bits else 0
+    return leaves(shape)
 
 
 def _iota(dims: str, reshape: str, perm: str | None) -> np.ndarray:
@@ -214,40 +166,35 @@ def collectives_in(hlo_text: str, mesh: Mesh | None = None) -> list[Collective]:
     With ``mesh`` (the one the program runs on), each record's ``mesh_axes`` names the axes its groups
     span. A collective inside a loop body appears once, with ``trips`` saying how often it runs.
     """
-    header = re.search(r"^HloModule .*$", hlo_text, re.M)
-    count = lambda key: int(m.group(1)) if header and (m := re.search(rf"{key}=(\d+)", header.group())) else 1
-    n_devices = count("num_partitions") * count("replica_count")
+    module = parse(hlo_text)
+    n_devices = int(module.attribute("num_partitions") or 1) * int(module.attribute("replica_count") or 1)
     if mesh is not None and n_devices not in (1, mesh.size):
         raise ValueError(f"collectives: the program runs on {n_devices} devices but the mesh has {mesh.size}; "
                          f"pass the mesh it was compiled for")
     trips = computation_runs(hlo_text)
     records = []
-    computation = None
-    for line in hlo_text.splitlines():
-        if (header_match := _COMPUTATION.match(line)) is not None:
-            computation = header_match["name"]
-            continue
-        if not any(k in line for k in _KIND_NAMES) or not (match := _INSTRUCTION.match(line)):
-            continue
-        kind, rest, asynchronous = match["kind"], match["rest"], bool(match["start"])
-        arrays = _result(kind, asynchronous, _parse_shape(match["shape"]))
-        dtypes = sorted({_dtype_name(d) for d, _ in arrays})
-        nbytes = sum(math.ceil(math.prod(dims) * _itembits(d) / 8) for d, dims in arrays)
-        shape = arrays[0][1] if len(arrays) == 1 else tuple(dims for _, dims in arrays)
-        pairs, groups = None, ()
-        if kind == "collective-permute":
-            text = m.group(1) if (m := _PAIRS.search(rest)) else ""
-            pairs = tuple((int(a), int(b)) for a, b in re.findall(r"\{(\d+),(\d+)\}", text))
-        else:
-            groups = _replica_groups(rest, n_devices)
-        axes = None if mesh is None else _spanned_axes(groups or pairs or (), mesh)
-        records.append(Collective(kind, match["name"], shape, ",".join(dtypes), nbytes, groups, pairs, axes,
-                                  asynchronous, trips.get(computation, 1)))
+    for computation in module.computations.values():
+        for op in computation.instructions:
+            kind = op.opcode.removesuffix("-start")
+            if kind not in COLLECTIVE_KINDS:
+                continue
+            asynchronous = op.opcode != kind
+            arrays = _result(kind, asynchronous, shape_tree(op.shape))
+            nbytes = sum(math.ceil(math.prod(a.dims) * element_bits(a.dtype) / 8) for a in arrays)
+            shape = arrays[0].dims if len(arrays) == 1 else tuple(a.dims for a in arrays)
+            pairs, groups = None, ()
+            if kind == "collective-permute":
+                text = m.group(1) if (m := _PAIRS.search(op.attributes)) else ""
+                pairs = tuple((int(a), int(b)) for a, b in re.findall(r"\{(\d+),(\d+)\}", text))
+            else:
+                groups = _replica_groups(op.attributes, n_devices)
+            axes = None if mesh is None else _spanned_axes(groups or pairs or (), mesh)
+            records.append(Collective(kind, op.name, shape, ",".join(sorted({dtype_name(a.dtype) for a in arrays})),
+                                      nbytes, groups, pairs, axes, asynchronous, trips.get(computation.name, 1)))
     return records
 
 
 # -- data dependencies of collectives inside loops ---------------------------------------------------
-_OPERATION = re.compile(r"^\s*(?P<root>ROOT\s+)?%(?P<name>[^\s=]+)\s*=\s*.*?\s(?P<op>[a-z][\w-]*)\((?P<args>[^)]*)\)")
 _PASS_THROUGH = ("copy", "bitcast", "get-tuple-element", "collective-permute-done", "all-gather-done",
                  "all-reduce-done")  # forward a value without computing on it
 
@@ -272,63 +219,50 @@ class LoopCollective:
     between: tuple[str, ...] = ()
 
 
-def _computations(hlo_text: str) -> dict[str, list[re.Match[str]]]:
-    out: dict[str, list[re.Match[str]]] = {}
-    name = None
-    for line in hlo_text.splitlines():
-        if (header := _COMPUTATION.match(line)) is not None:
-            name = header["name"]
-            out[name] = []
-        elif name is not None and (op := _OPERATION.match(line)) is not None:
-            out[name].append(op)
-    return out
-
-
 def loop_collectives(hlo_text: str) -> list[LoopCollective]:
     """The collectives of every while-loop body of an optimised HLO module, with their data dependencies.
 
     Reads a scheduled module's text (``compiled.as_text()``): the instruction order is the schedule.
     """
-    bodies = set(re.findall(r"\swhile\(.*?body=%?([^\s,]+)", hlo_text))
-    return [r for body, ops in _computations(hlo_text).items() if body in bodies for r in _body_collectives(body, ops)]
+    computations = parse(hlo_text).computations
+    bodies = {op.attribute("body") for c in computations.values() for op in c.instructions if op.opcode == "while"}
+    return [r for name, c in computations.items() if name in bodies for r in _body_collectives(name, c.instructions)]
 
 
-def _body_collectives(body: str, ops: list[re.Match[str]]) -> list[LoopCollective]:
-    by_name = {op["name"]: op for op in ops}
-    args = {op["name"]: re.findall(r"%([^\s,)]+)", op["args"]) for op in ops}
+def _body_collectives(body: str, ops: tp.Sequence[Instruction]) -> list[LoopCollective]:
+    by_name = {op.name: op for op in ops}
     users: dict[str, list[str]] = {}
-    for name, operands in args.items():
-        for a in operands:
-            users.setdefault(a, []).append(name)
+    for op in ops:
+        for a in op.operands:
+            users.setdefault(a, []).append(op.name)
 
-    def source(name: str) -> re.Match[str] | None:  # follow copies/bitcasts back to what computed it
+    def source(name: str) -> Instruction | None:  # follow copies/bitcasts back to what computed it
         op = by_name.get(name)
-        while op is not None and op["op"] in ("copy", "bitcast"):
-            op = by_name.get(args[op["name"]][0])
+        while op is not None and op.opcode in ("copy", "bitcast"):
+            op = by_name.get(op.operands[0])
         return op
 
     def only_to_root(name: str) -> bool:  # every use, through copies/bitcasts/done, is the ROOT tuple
-        return all((by_name[u]["root"] and by_name[u]["op"] == "tuple") or
-                   (by_name[u]["op"] in _PASS_THROUGH and only_to_root(u)) for u in users.get(name, []))
+        return all((by_name[u].root and by_name[u].opcode == "tuple") or
+                   (by_name[u].opcode in _PASS_THROUGH and only_to_root(u)) for u in users.get(name, []))
 
-    order = [op["name"] for op in ops]
+    order = [op.name for op in ops]
     records = []
     for op in ops:
-        kind = op["op"].removesuffix("-start")
-        if not re.fullmatch(_KINDS, kind):
+        kind = op.opcode.removesuffix("-start")
+        if kind not in COLLECTIVE_KINDS:
             continue
-        src = source(args[op["name"]][0]) if args[op["name"]] else None
-        tuple_of = by_name.get(args[src["name"]][0]) if src is not None and src["op"] == "get-tuple-element" else None
-        from_carry = tuple_of is not None and tuple_of["op"] == "parameter"
-        asynchronous = op["op"].endswith("-start")
+        src = source(op.operands[0]) if op.operands else None
+        tuple_of = by_name.get(src.operands[0]) if src is not None and src.opcode == "get-tuple-element" else None
+        from_carry = tuple_of is not None and tuple_of.opcode == "parameter"
+        asynchronous = op.opcode != kind
         between: tuple[str, ...] = ()
         if asynchronous:
-            done = next((u for u in users.get(op["name"], []) if by_name[u]["op"] == f"{kind}-done"), None)
+            done = next((u for u in users.get(op.name, []) if by_name[u].opcode == f"{kind}-done"), None)
             if done is not None:
-                inside = order[order.index(op["name"]) + 1:order.index(done)]
-                between = tuple(by_name[n]["op"] for n in inside if by_name[n]["op"] not in _PASS_THROUGH)
-        records.append(LoopCollective(op["name"], kind, body, from_carry, only_to_root(op["name"]), asynchronous,
-                                      between))
+                inside = order[order.index(op.name) + 1:order.index(done)]
+                between = tuple(by_name[n].opcode for n in inside if by_name[n].opcode not in _PASS_THROUGH)
+        records.append(LoopCollective(op.name, kind, body, from_carry, only_to_root(op.name), asynchronous, between))
     return records
 
 

@@ -40,11 +40,12 @@ import typing as tp
 
 import jax
 
-from workbench.core.cost.step_time import format_seconds
 from workbench.core.hlo.graph import op_kinds
+from workbench.core.hlo.text import parse
+from workbench.core.tables import Html, html_table
+from workbench.core.units import format_seconds
 
 _SUFFIX = re.compile(r"\.\d+$")
-_MODULE = re.compile(r"HloModule ([\w.\-]+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,18 +128,15 @@ class Profile:
     def html(self, top: int = 10) -> str:
         """The summary line, the ``top`` longest ops and the ops by kind, as HTML tables."""
         esc = html.escape
-        head = "<tr><th style='text-align:left'>{}</th><th>count</th><th>time</th><th>% of step</th></tr>"
-
         kinds = {o.name: o.kind for o in self.ops}
 
-        def table(first: str, rows: list[tuple[str, int, str, str]]) -> str:
-            def label(n: str) -> str:
-                k = kinds.get(n, n)
-                return f"<code>{esc(n)}</code>" + (f" <small>{esc(k)}</small>" if k != _SUFFIX.sub("", n) else "")
+        def label(n: str) -> Html:
+            k = kinds.get(n, n)
+            return Html(f"<code>{esc(n)}</code>" + (f" <small>{esc(k)}</small>" if k != _SUFFIX.sub("", n) else ""))
 
-            body = "".join(f"<tr><td style='text-align:left'>{label(n)}</td><td>{c}</td><td>{esc(t)}</td>"
-                           f"<td>{esc(s)}</td></tr>" for n, c, t, s in rows)
-            return f"<table>{head.format(first)}{body}</table>"
+        def table(first: str, rows: list[tuple[str, int, str, str]]) -> str:
+            return html_table([(label(n), c, t, s) for n, c, t, s in rows],
+                              header=(first, "count", "time", "% of step"))
 
         loops = ", ".join(f"<code>{esc(o.name)}</code> ×{o.count} {esc(format_seconds(o.total_s))}"
                           for o in self.control[:4])
@@ -176,8 +174,8 @@ def read_trace(path: str | os.PathLike, module: str | None = None, wall_s: float
     per_module: dict[str, float] = collections.Counter()
     for e in ops:
         per_module[e["args"].get("hlo_module", "")] += e["dur"]
-    if module is None and (header := _MODULE.match(hlo_text)):
-        module = header[1]
+    if module is None and hlo_text:
+        module = parse(hlo_text).name or None
     if module is None:
         module = max(per_module, key=per_module.get)
     elif module not in per_module:

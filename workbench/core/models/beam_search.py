@@ -18,10 +18,8 @@ import numpy as np
 from flax import nnx
 
 from workbench.core.models.cache import index32
+from workbench.core.models.generation_config import GenerationConfig
 from workbench.core.models.sampling import decode_loop, history_mask, is_eos, process_logits
-
-if tp.TYPE_CHECKING:
-    from workbench.core.models.generation_config import GenerationConfig
 
 Array = jax.Array
 NEG = -1.0e9

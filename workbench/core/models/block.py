@@ -29,6 +29,7 @@ from workbench.core.axes import (
 from workbench.core.linear import ColumnParallelLinear, RowParallelLinear
 from workbench.core.models.config import ModelConfig
 from workbench.core.models.rope import apply_rope
+from workbench.core.models.stack import LayerCache
 from workbench.core.operations import OperationMetadata, OperationRegistry
 from workbench.core.operations.attention.common import accumulation_dtype
 
@@ -37,8 +38,6 @@ Array = jax.Array
 # features whole (tensor-parallel layers all-reduce back to replicated features, Megatron style).
 ACTIVATION_AXES = DynamicShardingAxes((BATCH, QUERY_LENGTH, EMPTY), 1)
 
-if tp.TYPE_CHECKING:
-    from workbench.core.models.cache import LayerCache
 
 
 class RMSNorm(nnx.Module):

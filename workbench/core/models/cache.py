@@ -31,11 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from workbench.core.models.config import ModelConfig
 from workbench.core.operations import OperationMetadata, OperationRegistry
 from workbench.core.operations.attention.common import KV_LENGTHS
-
-if tp.TYPE_CHECKING:
-    from workbench.core.models.config import ModelConfig
 
 Array = jax.Array
 INDEX = jnp.int32  # every cache index and position: int32 whatever jax_enable_x64 says

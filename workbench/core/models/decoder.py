@@ -18,12 +18,10 @@ from workbench.core.models.block import MLP, Attention, make_norm
 from workbench.core.models.config import ModelConfig
 from workbench.core.models.mla import MLAttention
 from workbench.core.models.moe import MoE
-from workbench.core.models.stack import layer_view, num_stacked
+from workbench.core.models.stack import LayerCache, layer_view, num_stacked
 
 Array = jax.Array
 
-if tp.TYPE_CHECKING:
-    from workbench.core.models.cache import LayerCache
 
 
 def make_mlp(config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Module:

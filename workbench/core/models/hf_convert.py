@@ -29,6 +29,7 @@ import typing as tp
 import numpy as np
 
 from workbench.core.models.config import ModelConfig
+from workbench.core.models.hf_entry import Entry
 from workbench.core.models.hf_moe import (
     EXPERT_KINDS,
     FUSED_EXPERTS,
@@ -40,26 +41,6 @@ from workbench.core.models.protocol import check_model_class, is_classifier
 
 Path = tuple[str | int, ...]
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
-
-
-@dataclasses.dataclass(frozen=True)
-class Entry:
-    """Where a parameter comes from: tensor ``name`` (with ``{i}`` for the layer when ``layered``),
-    converted by ``kind``; ``part`` picks q/k/v from GPT-2's fused tensor ("qkv"), or gate/up from GPT-OSS's
-    interleaved one ("interleave": columns ``part::2``)."""
-
-    name: str
-    kind: str = "copy"
-    part: int = 0
-    layered: bool = False
-    first: int = 0  # the checkpoint's layer number of the stack's layer 0 (a MoE model's dense layers come first)
-    rope: str = ""  # "q" / "kv": the rope columns of MLA's query / kv_a projection are interleaved on disk
-
-    def at(self, layer: int | None) -> Entry:
-        """This entry for layer ``layer`` of its stack (``name`` formatted, no longer layered)."""
-        if not self.layered:
-            return self
-        return dataclasses.replace(self, name=self.name.format(i=self.first + layer), layered=False, first=0)
 
 
 def rope_columns(config: ModelConfig, rope: str) -> np.ndarray:

@@ -16,10 +16,8 @@ import numpy as np
 from flax import nnx
 
 from workbench.core.models.config import ModelConfig
+from workbench.core.models.hf_entry import Entry
 from workbench.core.models.moe import MoE
-
-if tp.TYPE_CHECKING:
-    from workbench.core.models.hf_convert import Entry
 
 MIXTRAL = ("w1", "w3", "w2")  # Mixtral's per-expert gate / up / down on disk
 # Per-expert tensor names on disk: (module under the layer, names of gate / up / down)

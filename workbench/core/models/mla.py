@@ -31,12 +31,11 @@ from workbench.core.linear import ColumnParallelLinear, RowParallelLinear
 from workbench.core.models.block import AttentionContext, RMSNorm
 from workbench.core.models.config import ModelConfig, YarnRopeScaling
 from workbench.core.models.rope import apply_rope
+from workbench.core.models.stack import LayerCache
 from workbench.core.operations import OperationRegistry
 
 Array = jax.Array
 
-if tp.TYPE_CHECKING:
-    from workbench.core.models.stack import LayerCache
 
 # The down projections to a latent (D -> q_lora_rank, D -> C + R): D over the data axes, the latent whole,
 # since an RMSNorm over it follows (a tp split would all-gather it back at once).

@@ -31,7 +31,6 @@ tensors to and from them.
 from __future__ import annotations
 
 import functools
-import typing as tp
 
 import jax
 import jax.numpy as jnp
@@ -51,7 +50,7 @@ from workbench.core.axes import (
     RowWise,
 )
 from workbench.core.models.block import ACTIVATION_AXES
-from workbench.core.models.moe_alltoall import Dispatch, alltoall
+from workbench.core.models.moe_alltoall import Dispatch, Experts, alltoall
 
 __all__ = ["STRATEGIES", "MoE", "RouterReplicated"]
 
@@ -246,18 +245,6 @@ class MoE(nnx.Module):
                         mesh=self.mesh, token_spec=token_spec, ep_axis=pa.expert_parallel_axis,
                         tp_axis=pa.tensor_parallel_axis, capacity_factor=self.capacity_factor,
                         precision=self.precision)
-
-
-class Experts(tp.NamedTuple):
-    """Stacked expert weights ``(E, ...)``, optional biases, and ``act(gate, up)`` (the gated activation)."""
-
-    gate_EDF: Array
-    up_EDF: Array
-    down_EFD: Array
-    gate_bias_EF: Array | None
-    up_bias_EF: Array | None
-    down_bias_ED: Array | None
-    act: tp.Callable[[Array, Array], Array]
 
 
 def _gated(g: Array, u: Array, *, activation: str, alpha: float, limit: float) -> Array:

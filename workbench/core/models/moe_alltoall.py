@@ -28,10 +28,19 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-if tp.TYPE_CHECKING:
-    from workbench.core.models.moe import Experts
-
 Array = jax.Array
+
+
+class Experts(tp.NamedTuple):
+    """Stacked expert weights ``(E, ...)``, optional biases, and ``act(gate, up)`` (the gated activation)."""
+
+    gate_EDF: Array
+    up_EDF: Array
+    down_EFD: Array
+    gate_bias_EF: Array | None
+    up_bias_EF: Array | None
+    down_bias_ED: Array | None
+    act: tp.Callable[[Array, Array], Array]
 
 
 def capacity(tokens: int, k: int, num_experts: int, capacity_factor: float | None) -> int:

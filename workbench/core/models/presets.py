@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from workbench.core.models.config import ModelConfig
 from workbench.core.models.tokenizer import ByteTokenizer
 
-if tp.TYPE_CHECKING:
+if tp.TYPE_CHECKING:  # not at run time: the configs and FAMILIES load without flax, which CausalLM needs
     from workbench.core.models.causal_lm import CausalLM
 
 TINY_VOCAB = 264
@@ -176,7 +176,7 @@ def tiny(family: str = "llama", *, seed: int = 0, vocab_size: int | None = None,
     """
     from flax import nnx  # here, not at the top: the configs and FAMILIES load without flax
 
-    from workbench.core.models.causal_lm import CausalLM
+    from workbench.core.models.causal_lm import CausalLM  # needs flax, as above
 
     config = ModelConfig.from_hf(tiny_config(family, vocab_size=vocab_size, **overrides))
     return CausalLM(config, rngs=nnx.Rngs(seed), attn_mechanism=attn_mechanism, dtype=dtype)

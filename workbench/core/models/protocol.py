@@ -11,9 +11,7 @@ from __future__ import annotations
 import typing as tp
 
 from workbench.core.axes import MODE_TRAIN
-
-if tp.TYPE_CHECKING:
-    from workbench.core.models.config import ModelConfig
+from workbench.core.models.config import ModelConfig
 
 
 @tp.runtime_checkable

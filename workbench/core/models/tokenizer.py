@@ -28,7 +28,7 @@ __all__ = ["ByteTokenizer", "CharTokenizer", "HFTokenizer", "as_tokenizer"]
 SPECIALS = ("<pad>", "<bos>", "<eos>")
 
 
-class _Tokenizer:
+class Tokenizer:
     """Padding and batching shared by the tokenizers; subclasses define ``encode``/``decode``."""
 
     vocab_size: int
@@ -89,7 +89,7 @@ class _Tokenizer:
         return [self.decode(row, **kwargs) for row in ids_BT]
 
 
-class ByteTokenizer(_Tokenizer):
+class ByteTokenizer(Tokenizer):
     """UTF-8 bytes as ids 0-255, then ``<pad>`` 256, ``<bos>`` 257, ``<eos>`` 258 (``vocab_size`` 259).
 
     Any text encodes, so a model trained with it takes any prompt; the tiny presets use a
@@ -121,7 +121,7 @@ class ByteTokenizer(_Tokenizer):
         return f"ByteTokenizer(vocab_size={self.vocab_size})"
 
 
-class CharTokenizer(_Tokenizer):
+class CharTokenizer(Tokenizer):
     """The characters of one text: ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, ``<unk>`` 3, then the sorted characters.
 
     A smaller vocab than bytes (Genesis: 70 characters), but prompts may only use characters
@@ -166,7 +166,7 @@ class CharTokenizer(_Tokenizer):
         return f"CharTokenizer(vocab_size={self.vocab_size})"
 
 
-class HFTokenizer(_Tokenizer):
+class HFTokenizer(Tokenizer):
     """A Hugging Face tokenizer (``transformers.PreTrainedTokenizerBase``) behind our interface.
 
     ``encode`` adds no special tokens unless asked (``add_bos``/``add_eos``, or ``add_special_tokens=True``
@@ -250,7 +250,7 @@ def as_tokenizer(tokenizer: tp.Any) -> tp.Any:
     """
     import pathlib
 
-    if isinstance(tokenizer, _Tokenizer):
+    if isinstance(tokenizer, Tokenizer):
         return tokenizer
     if _is_hf_tokenizer(tokenizer):
         return HFTokenizer(tokenizer)

@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 from workbench.core.axes import BATCH, LENGTH, PartitionAxis
 from workbench.core.compile.cache import PROGRAMS, signature
+from workbench.core.mesh import mesh_of
 from workbench.core.models.loss import causal_lm_loss, labels_from
 from workbench.core.models.moe_losses import expert_counts
 from workbench.core.models.tokenizer import ByteTokenizer
@@ -70,15 +71,6 @@ def make_optimizer(steps: int | None = None, *, lr: float = 3e-3, warmup_steps: 
                                    mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)))
 
 
-def _mesh_of(tree: tp.Any):
-    """The mesh of the first ``NamedSharding`` leaf of ``tree``, or None."""
-    for leaf in jax.tree.leaves(tree):
-        sharding = getattr(leaf, "sharding", None)
-        if isinstance(sharding, NamedSharding):
-            return sharding.mesh
-    return None
-
-
 def _copy(tree: tp.Any, mesh) -> tp.Any:
     """Fresh buffers with the same shardings (leaves off ``mesh`` are replicated onto it)."""
     def one(x):
@@ -101,7 +93,7 @@ def to_state(model: nnx.Module, optimizer: optax.GradientTransformation | None =
     check_zero_stage(zero_stage)
     optimizer = make_optimizer() if optimizer is None else optimizer
     graphdef, params, other = nnx.split(model, nnx.Param, ...)
-    mesh = _mesh_of(params)
+    mesh = mesh_of(params)
     params, other = _copy(params, mesh), _copy(other, mesh)
     opt_state = optimizer.init(params)
     step = jnp.zeros((), jnp.int32)
@@ -120,12 +112,12 @@ def from_state(state: TrainState, *, copy: bool = True) -> nnx.Module:
     to a train step again (the step donates, deleting them)."""
     params, other = state.params, state.other
     if copy:
-        mesh = _mesh_of(params)
+        mesh = mesh_of(params)
         params, other = _copy(params, mesh), _copy(other, mesh)
     return nnx.merge(state.graphdef, params, other)
 
 
-def _prepare(batch: Batch | jax.Array | np.ndarray) -> Batch:
+def prepare_batch(batch: Batch | jax.Array | np.ndarray) -> Batch:
     if not isinstance(batch, dict):
         batch = {"input_ids": batch}
     unknown = set(batch) - {"input_ids", "attention_mask", "labels"}
@@ -194,7 +186,7 @@ def make_train_step(optimizer: optax.GradientTransformation | None = None, *,
             raise TypeError(f"train_step takes a TrainState (to_state(model, optimizer)); got {type(state).__name__}")
         if optimizer is not None and state.tx is not optimizer:
             state = state.replace(tx=optimizer)
-        batch = _place(batch, state, partition_axis)
+        batch = place_batch(batch, state, partition_axis)
         key = ("train_step", router, signature((state, batch)))
         return PROGRAMS.get(key, lambda: _compile_step(state, batch, router)).value(state, batch)
 
@@ -220,15 +212,15 @@ def make_eval_step(*, partition_axis: PartitionAxis | None = None
     evaluate = jax.jit(loss_and_tokens)
 
     def eval_step(state: TrainState, batch: Batch) -> dict[str, jax.Array]:
-        return evaluate(state, _place(batch, state, partition_axis))
+        return evaluate(state, place_batch(batch, state, partition_axis))
 
     return eval_step
 
 
-def _place(batch: Batch, state: TrainState, partition_axis: PartitionAxis) -> Batch:
+def place_batch(batch: Batch, state: TrainState, partition_axis: PartitionAxis) -> Batch:
     """``batch`` normalised, and split over the data axes when ``state`` lives on a mesh."""
-    batch = _prepare(batch)
-    mesh = _mesh_of(state.params)
+    batch = prepare_batch(batch)
+    mesh = mesh_of(state.params)
     if mesh is None:
         return batch
     spec = partition_axis.resolve((BATCH, LENGTH), shape=batch["input_ids"].shape, mesh=mesh)

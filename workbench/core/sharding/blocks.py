@@ -6,7 +6,7 @@
   (``A[I_fsdp, J_tp]``: dimension ``I`` split over ``fsdp``, ``J`` over ``tp``). It reproduces
   ``NamedSharding.devices_indices_map`` without calling it (tests compare the two).
 - :func:`mesh_grid` arranges a mesh's devices as 2-D grids (rows and columns from two axes, the
-  other axes as facets), and :func:`mesh_factorizations` / :func:`axis_size_choices` /
+  other axes as facets), and :func:`~workbench.core.mesh.mesh_factorizations` / :func:`axis_size_choices` /
   :func:`set_axis_size` / :func:`reshape_mesh` say which mesh shapes a device count allows.
 - :func:`parse_spec` / :func:`format_spec` read and write a spec as text (``"(fsdp, sp), tp"``; they live in
   :mod:`workbench.core.sharding.spec_text`, with the semantic axes' reader).
@@ -36,11 +36,11 @@ import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from workbench.core.axes import fit_spec
-from workbench.core.mesh import MESH_AXES, explicit_spec, make_mesh
+from workbench.core.mesh import MESH_AXES, divisors, explicit_spec, make_mesh
 from workbench.core.sharding.spec_text import format_spec, parse_spec
 
 __all__ = ["BlockCell", "MeshCell", "MeshFacet", "MeshGrid", "ShardingLayout", "ShardingPanel", "axis_size_choices",
-           "divisors", "format_spec", "mesh_factorizations", "mesh_grid", "parse_spec", "reshape_mesh",
+           "format_spec", "mesh_grid", "parse_spec", "reshape_mesh",
            "set_axis_size", "sharding_layout", "typed_notation"]
 
 MeshLike = Mesh | AbstractMesh
@@ -477,31 +477,6 @@ def mesh_grid(mesh: Mesh | AbstractMesh, rows: str | None = None, cols: str | No
 
 
 # -- mesh shapes ------------------------------------------------------------------------------------------
-def divisors(n: int) -> list[int]:
-    """The positive divisors of ``n``, ascending."""
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def mesh_factorizations(n_devices: int, axis_names: tp.Sequence[str] = MESH_AXES) -> list[dict[str, int]]:
-    """Every mesh shape over ``axis_names`` whose sizes multiply to ``n_devices``, in lexicographic order.
-
-    >>> len(mesh_factorizations(8)), mesh_factorizations(4, ("dp", "tp"))
-    (56, [{'dp': 1, 'tp': 4}, {'dp': 2, 'tp': 2}, {'dp': 4, 'tp': 1}])
-    """
-    if isinstance(n_devices, bool) or not isinstance(n_devices, int) or n_devices < 1:
-        raise ValueError(f"n_devices must be a positive int; got {n_devices!r}")
-    names = tuple(axis_names)
-
-    def rec(n: int, k: int) -> list[tuple[int, ...]]:
-        if k == 1:
-            return [(n,)]
-        return [(d, *rest) for d in divisors(n) for rest in rec(n // d, k - 1)]
-
-    if not names:
-        return [{}] if n_devices == 1 else []
-    return [dict(zip(names, sizes, strict=True)) for sizes in rec(n_devices, len(names))]
-
-
 def axis_size_choices(n_devices: int, sizes: tp.Mapping[str, int], axis: str, rest_axis: str) -> list[int]:
     """Sizes ``axis`` may take, the other axes fixed, when ``rest_axis`` absorbs the rest of the devices.
 

@@ -4,8 +4,8 @@
 the cluster it was planned for, the :class:`PartitionAxis` fields that differ from the default, the regex
 rules, the runtime mode, the remat policy and the pipeline) and :func:`plan_from_json` reads it back as the
 arguments of ``Layout.of`` (the mesh built). :func:`to_code` writes the same as a snippet to paste into a
-script. ``Layout.to_json`` / ``Layout.from_json`` / ``Layout.to_code`` call these; this module never
-imports ``Layout``, so the dependency points one way.
+script. ``Layout.to_json`` / ``Layout.from_json`` / ``Layout.to_code`` call these; this module reads a layout
+through :class:`LayoutFields` (what it exports) and never imports ``Layout``, so the dependency points one way.
 
 >>> from workbench.core.views.explore import Layout
 >>> from workbench.core.mesh import make_mesh
@@ -35,8 +35,18 @@ from workbench.core.mesh import MESH_AXES, make_mesh
 from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.sharding.zero import check_zero_stage
 
-if tp.TYPE_CHECKING:
-    from workbench.core.sharding.plan import Layout
+
+class LayoutFields(tp.Protocol):
+    """What an export reads of a :class:`~workbench.core.sharding.plan.Layout`."""
+
+    mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh
+    partition_axis: PartitionAxis
+    mode: str
+    rules: tuple[tuple[str, tp.Any], ...]
+    remat: str | None
+    pipeline: PipelineConfig | None
+    zero_stage: int
+
 
 FORMAT = "workbench.layout"
 VERSION = 1
@@ -48,7 +58,7 @@ _MODE_NAMES = {mode: ax.label(mode) for mode in RUNTIME_MODES}
 
 
 # -- JSON --------------------------------------------------------------------------------------------
-def to_json(layout: Layout, *, cluster: Cluster | None = None) -> str:
+def to_json(layout: LayoutFields, *, cluster: Cluster | None = None) -> str:
     """``layout`` as JSON (keys in the order of :data:`KEYS`; null where a part is absent)."""
     doc = {
         "format": FORMAT,
@@ -319,7 +329,7 @@ class _Names:
         return name
 
 
-def to_code(layout: Layout, *, cluster: Cluster | None = None, model_expr: str = "model") -> str:
+def to_code(layout: LayoutFields, *, cluster: Cluster | None = None, model_expr: str = "model") -> str:
     """A Python snippet that rebuilds ``layout`` when pasted into a script (with the model ``model_expr`` names
     defined): the mesh (``wb.make_mesh``, or ``cluster_mesh`` on ``cluster``), the
     PartitionAxis fields that differ from the default, the rules, the remat policy and pipeline, and
@@ -397,7 +407,7 @@ def _call(prefix: str, args: list[str], width: int = 110, brackets: bool = True)
     return f"{prefix}(\n" + "".join(f"    {a},\n" for a in args) + ")"
 
 
-def describe(layout: Layout) -> str:
+def describe(layout: LayoutFields) -> str:
     """One line: the mesh's axes of size > 1, the mode, remat, pipeline and ZeRO stage."""
     axes = " × ".join(f"{a}={n}" for a, n in zip(layout.mesh.axis_names, layout.mesh.axis_sizes, strict=True)
                       if n > 1) or "1 device"

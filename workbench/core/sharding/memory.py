@@ -1,4 +1,11 @@
-"""The bytes each device holds for a tree of arrays and their shardings, counted without allocating anything."""
+"""The bytes each device holds for a tree of arrays and their shardings, counted without allocating anything.
+
+Not the memory ledger's quantity (:class:`workbench.core.cost.ledger.Ledger`): the ledger predicts, from a layout's
+specs, the bytes of a step by part (parameters, gradients, optimizer, activations, ...), one number that every
+device holds. :func:`memory_per_device` counts one given tree of concrete placements exactly, device by device
+(``NamedSharding.devices_indices_map``: replication and uneven splits show per device id), with no parts and no
+step. That is why the tests hold the ledger against it: an independent count, not the ledger's own arithmetic.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +21,7 @@ from jax.sharding import Sharding
 # -- memory ---------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class DeviceMemory:
-    """Bytes each device holds (by device id) and the unsharded size of the arrays (``logical``)."""
+    """Bytes each device holds of one tree of arrays (by device id), and their unsharded size (``logical``)."""
 
     per_device: dict[int, int]
     logical: int

@@ -35,6 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from workbench.core.compile.cache import PROGRAMS
+from workbench.core.hlo.collectives import collectives_in
+from workbench.core.mesh import MESH_AXES, make_mesh
+from workbench.core.models.generation import GenerationConfig
+from workbench.core.models.tokenizer import as_tokenizer
 from workbench.core.operations import AttentionOutput, OperationMetadata, OperationRegistry
 from workbench.core.operations.attention.common import (
     ALL_FEATURES,
@@ -154,7 +158,6 @@ def default_metadata(name: str, seq_len: int) -> OperationMetadata:
     axes = OperationRegistry.capabilities(name).mesh_axes
     if not axes:
         return OperationMetadata()
-    from workbench.core.mesh import MESH_AXES, make_mesh
 
     unknown = [a for a in axes if a not in MESH_AXES or a == "fsdp"]
     if unknown or len(axes) > 1:
@@ -311,8 +314,6 @@ def _prepare(name: str, options: LabOptions, args: tuple[Array, ...], metadata: 
 def collectives_summary(executable: tp.Any, mesh: tp.Any) -> tuple[str, ...]:
     """``"<kind> over <mesh axes> x <runs>"`` for each kind of collective in a compiled call (from its HLO),
     so a sequence-parallel implementation shows what it moves (ring: permutes over sp; ulysses: all-to-alls)."""
-    from workbench.core.hlo.collectives import collectives_in
-
     runs: dict[str, int] = {}
     for c in collectives_in(executable.as_text(), mesh if mesh is not None and mesh.size > 1 else None):
         key = f"{c.kind} over {'×'.join(c.mesh_axes or ()) or 'devices'}"
@@ -410,8 +411,6 @@ def _logits_fn() -> tp.Callable[[tp.Any, Array, Array], Array]:
 
 
 def _model_run(model: tp.Any, name: str, ids: Array, mask: Array, max_new_tokens: int, tokenizer: tp.Any) -> ModelRun:
-    from workbench.core.models.generation import GenerationConfig
-
     caps = OperationRegistry.capabilities(name)
     if PAGED_KV in caps.features:
         raise ValueError(f"{name} reads a paged KV cache: a model uses it through generate(cache="
@@ -443,8 +442,6 @@ def model_comparison(model: tp.Any, impl: str, input_ids: tp.Any, attention_mask
         raise ValueError(f"attention_mask has shape {mask.shape}; it must be (B, T) = {ids.shape} like input_ids")
     max_new_tokens = _positive_int("max_new_tokens", max_new_tokens)
     if tokenizer is not None:
-        from workbench.core.models.tokenizer import as_tokenizer
-
         tokenizer = as_tokenizer(tokenizer)
     ref = _model_run(model, reference, ids, mask, max_new_tokens, tokenizer)
     run = _model_run(model, impl, ids, mask, max_new_tokens, tokenizer)

@@ -17,6 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from workbench.core.axes import PartitionAxis
+from workbench.core.models.block import ACTIVATION_AXES
+from workbench.core.models.moe_alltoall import capacity, dispatch_slots, token_split
+from workbench.core.views import explore
 
 if tp.TYPE_CHECKING:
     from jax.sharding import Mesh
@@ -60,8 +63,6 @@ def token_groups(batch: int, length: int, mesh: Mesh | None, partition_axis: Par
     n = batch * length
     if mesh is None:
         return 1, 1, n
-    from workbench.core.models.block import ACTIVATION_AXES
-    from workbench.core.models.moe_alltoall import token_split
 
     pa = partition_axis or PartitionAxis()
     sizes = dict(mesh.shape)
@@ -77,8 +78,6 @@ def dispatch_report(model: tp.Any, input_ids: tp.Any, attention_mask: tp.Any = N
     """Tokens per expert and dropped copies per MoE layer of a live ``model`` for ``input_ids (B, T)`` under
     the alltoall dispatch on ``mesh`` at ``capacity_factor`` (None: never drop). Every token is dispatched,
     padding too, as in the model."""
-    from workbench.core.models.moe_alltoall import capacity
-
     ids = jnp.asarray(input_ids, jnp.int32)
     out = model(ids, attention_mask)
     if out.router_logits is None:
@@ -99,8 +98,6 @@ def dispatch_report(model: tp.Any, input_ids: tp.Any, attention_mask: tp.Any = N
 def dropped_copies(experts_NK: np.ndarray, shards: int, share: int, slots: int, num_experts: int) -> int:
     """Copies the alltoall dispatch drops: the ``N`` tokens in ``shards`` contiguous batch shards, each cut
     into shares of ``share`` tokens dispatched apart with ``slots`` slots per expert."""
-    from workbench.core.models.moe_alltoall import dispatch_slots
-
     n = experts_NK.shape[0]
     per_shard, lost = n // shards, 0
     for start in range(0, n, per_shard):
@@ -139,8 +136,6 @@ def expert_parallel_summary(model: tp.Any, layout: tp.Any, *, batch: tuple[int, 
     import functools
 
     import jax
-
-    from workbench.core.views import explore
 
     step = (explore.step_collectives if cluster is None else
             functools.partial(explore.cluster_step_collectives, cluster=cluster))

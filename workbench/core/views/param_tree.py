@@ -28,7 +28,7 @@ from workbench.core.axes import MODE_TRAIN, PartitionAxis
 from workbench.core.models.sharding import Rules
 from workbench.core.sharding.placement import ParamPlacement, resolve_params
 
-__all__ = ["SubtreeTotal", "format_count", "param_rows", "subtree_totals"]
+__all__ = ["SubtreeTotal", "param_rows", "subtree_totals"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,15 +75,3 @@ def subtree_totals(rows: tp.Sequence[ParamPlacement]) -> dict[str, SubtreeTotal]
             a[3] += row.nbytes
             a[4] = None if a[4] is None or row.bytes_per_device is None else a[4] + row.bytes_per_device
     return {p: SubtreeTotal(p, d, n, c, b, per) for p, (d, n, c, b, per) in acc.items()}
-
-
-def format_count(n: int) -> str:
-    """A parameter count for labels: ``91392`` -> ``"91.4K"``, ``7241732096`` -> ``"7.24B"``.
-
-    >>> format_count(999), format_count(91392), format_count(7_241_732_096)
-    ('999', '91.4K', '7.24B')
-    """
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g}{unit}"
-    return str(n)

@@ -33,7 +33,7 @@ import typing as tp
 
 import numpy as np
 
-from workbench.core.models.tokenizer import _Tokenizer
+from workbench.core.models.tokenizer import Tokenizer, as_tokenizer
 
 __all__ = ["TokenStream", "stable_text"]
 
@@ -47,7 +47,7 @@ def stable_text(tokenizer: tp.Any, ids: tp.Iterable[int], *, final: bool = False
     ids = [int(i) for i in ids]
     if not final:
         return tokenizer.decode(ids).rstrip(_INCOMPLETE)
-    ours = isinstance(tokenizer, _Tokenizer)  # a tokenizer of any other kind may not take errors=
+    ours = isinstance(tokenizer, Tokenizer)  # a tokenizer of any other kind may not take errors=
     return tokenizer.decode(ids, errors="backslashreplace") if ours else tokenizer.decode(ids)
 
 
@@ -72,8 +72,6 @@ class TokenStream:
         if min_interval_s < 0:
             raise ValueError(f"min_interval_s must be >= 0; got {min_interval_s}")
         if tokenizer is not None:
-            from workbench.core.models.tokenizer import as_tokenizer
-
             tokenizer = as_tokenizer(tokenizer)
         self.tokenizer = tokenizer
         self._emitted: list[int] = []

@@ -57,6 +57,7 @@ from workbench.core.operations.attention.common import (
 )
 from workbench.core.operations.attention.flash import all_varying, pad_call, split_blocks
 from workbench.core.operations.attention.flex_splash import flex_attention_splash, splash_mask, splash_serves
+from workbench.core.operations.attention.sdpa import jax_nn_arguments
 from workbench.core.operations.base import AttentionOutput, Capabilities, OperationImpl, OperationRegistry
 
 DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K = bm.DEFAULT_BLOCK_Q, bm.DEFAULT_BLOCK_K
@@ -140,7 +141,6 @@ class FlexAttention(AttentionImplMixin, OperationImpl):
             if why is not None or platform != "gpu":
                 raise ValueError(f"flex: kernel='cudnn' serves plain causal / sliding-window / full attention on "
                                  f"an NVIDIA GPU; this call has {why or 'no GPU'}: use kernel='auto'")
-            from workbench.core.operations.attention.sdpa import jax_nn_arguments
 
             args, rows = jax_nn_arguments(call)
             out = jax.nn.dot_product_attention(call.query, call.key, call.value, scale=call.scale,
@@ -225,6 +225,7 @@ def flex_attention_pallas_call(call: AttentionCall, *, score_mod, mask_mod, bloc
                                interpret: bool) -> Array:
     """:func:`~.flex_pallas.flex_attention_pallas` on ``call``'s block mask (``causal`` / ``sliding_window`` folded
     in) with a soft cap as a score mod before ``score_mod``."""
+    # Pallas and its Triton backend load only when this kernel runs (they take a second to import)
     from workbench.core.operations.attention.flex_pallas import flex_attention_pallas
 
     mask, _ = call_block_mask(call, mask_mod, block_mask, block_q, block_k)

@@ -1,0 +1,123 @@
+"""The one abstract step (workbench.core.compile.steps), run on real arrays placed as its arguments say, against
+an unsharded reference built here: a train step is the next-token cross-entropy (optax's), its gradients
+(jax.value_and_grad) and optax's optimizer update; a forward is the model's logits, on a pp mesh through the
+pipeline. The explorer, the compile path and the pipeline widget build their steps with it."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from workbench.core.axes import EMPTY, TP
+from workbench.core.compile import steps
+from workbench.core.mesh import make_mesh
+from workbench.core.models.presets import tiny
+from workbench.core.pipeline_schedule import PipelineConfig
+from workbench.core.sharding.plan import Layout
+from workbench.core.views import explore
+
+BATCH = (8, 16)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny("llama", num_hidden_layers=2)
+
+
+def _ids(model, batch=BATCH):
+    return jnp.asarray(np.random.default_rng(0).integers(1, model.config.vocab_size, batch), jnp.int32)
+
+
+def _placed(step, *values):
+    """``values`` (a tree shaped like ``step.args``) copied onto the devices each abstract argument names (a copy:
+    the step donates its state, and on CPU a placed array may share the original's buffer)."""
+    abstract, treedef = jax.tree.flatten(step.args)
+    leaves = jax.tree.leaves(values)
+    assert len(leaves) == len(abstract)
+    placed = [jax.device_put(np.array(x), a.sharding) for x, a in zip(leaves, abstract, strict=True)]
+    return jax.tree.unflatten(treedef, placed)
+
+
+def _reference_loss_and_grads(model, ids):
+    graphdef, params, other = nnx.split(model, nnx.Param, ...)
+
+    def loss(p):
+        logits = nnx.merge(graphdef, p, other)(ids).logits
+        return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], ids[:, 1:]).mean()
+
+    with jax.default_matmul_precision("highest"):
+        return (*jax.value_and_grad(loss)(params), params, other)
+
+
+def _close(a, b, rtol=2e-5, scale=1e-5):
+    """Leaf by leaf within ``rtol``, and ``scale`` of the leaf's largest entry: float32 sums over the batch,
+    reduced over devices in another order, leave that much in the small entries."""
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        y = np.asarray(y)
+        np.testing.assert_allclose(np.asarray(x), y, rtol=rtol, atol=scale * float(np.max(np.abs(y), initial=0)))
+
+
+@pytest.mark.parametrize("optimizer_name", ["adamw", "sgd"])
+def test_a_train_step_is_the_loss_its_gradients_and_the_optimizer_update(llama, optimizer_name):
+    mesh = make_mesh(dp=2, fsdp=2, tp=2)
+    step = steps.abstract_step(llama, mesh, kind="train", batch=BATCH, optimizer_name=optimizer_name)
+    assert step.kind == "train" and step.donate_argnums == (0, 1)
+    ids = _ids(llama)
+    loss_ref, grads, params, other = _reference_loss_and_grads(llama, ids)
+    tx = steps.optimizer(optimizer_name)
+    opt_state = tx.init(params)
+    updates, opt_ref = tx.update(grads, opt_state, params)
+    params_ref = optax.apply_updates(params, updates)
+    with jax.default_matmul_precision("highest"):
+        new_params, new_opt, loss = step.jit()(*_placed(step, params, opt_state, other, ids))
+    np.testing.assert_allclose(float(loss), float(loss_ref), rtol=1e-6)
+    if optimizer_name == "adamw":
+        # the first moments are (1 - b1) g and the second (1 - b2) g^2: smooth in g, unlike the first update,
+        # whose m / sqrt(v) is the sign of a gradient that may be rounding noise
+        _close(new_opt, opt_ref)
+        assert int(jax.tree.leaves(new_opt[0].count)[0]) == 1
+    else:
+        _close(new_params, params_ref)
+        _close(new_opt, opt_ref)
+    for leaf, abstract in zip(jax.tree.leaves(new_params), jax.tree.leaves(step.args[0]), strict=True):
+        assert leaf.sharding.is_equivalent_to(abstract.sharding, leaf.ndim)  # updated where they live
+
+
+def test_a_forward_step_is_the_logits(llama):
+    mesh = make_mesh(dp=2, fsdp=2, tp=2)
+    step = steps.layout_step(llama, Layout.of(llama, mesh, rules=[("embed_tokens", (TP, EMPTY))]), kind="forward",
+                             batch=BATCH)
+    assert step.kind == "forward" and step.donate_argnums == ()
+    _, params, other = nnx.split(llama, nnx.Param, ...)
+    ids = _ids(llama)
+    with jax.default_matmul_precision("highest"):
+        logits = step.jit()(*_placed(step, params, other, ids))
+        _close(logits, llama(ids).logits)
+
+
+def test_on_a_pp_mesh_the_steps_run_as_the_pipeline(llama):
+    mesh = make_mesh(pp=2, dp=4, fsdp=1)
+    step = steps.abstract_step(llama, mesh, kind="forward", batch=BATCH)
+    # the stacked layers split over pp by default: each stage holds its own layers
+    layers = [a.sharding.spec for p, a in nnx.to_flat_state(step.args[0]) if p[0] == "layers"]
+    assert layers and all(spec[0] == "pp" for spec in layers)
+    _, params, other = nnx.split(llama, nnx.Param, ...)
+    ids = _ids(llama)
+    lowered = step.jit().lower(*step.args)
+    assert "collective-permute" in lowered.compile().as_text()  # the stages pass activations on
+    with jax.default_matmul_precision("highest"):
+        logits = step.jit()(*_placed(step, params, other, ids))
+        _close(logits, llama(ids).logits)
+
+
+def test_one_builder_and_one_list_of_kinds(llama):
+    assert explore.STEP_KINDS is steps.STEP_KINDS == ("forward", "train")
+    mesh = make_mesh(dp=2, fsdp=2, tp=2)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        steps.abstract_step(llama, mesh, kind="prefill")
+    with pytest.raises(ValueError, match="resolved for another model"):
+        steps.layout_step(tiny("gpt2"), Layout.of(llama, mesh))
+    with pytest.raises(ValueError, match="pp axis has size 1"):
+        steps.abstract_step(llama, mesh, pipeline=PipelineConfig(2, 2, "1f1b"))

@@ -1,0 +1,51 @@
+"""Numbers as people read them: bytes (binary units), seconds, counts. The one formatter of each."""
+
+from __future__ import annotations
+
+_BINARY = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def format_bytes(n: int | float, unit: str | None = None, decimals: int = 1) -> str:
+    """``512`` -> ``"512 B"``, ``1536`` -> ``"1.5 KiB"``, ``2**21`` -> ``"2 MiB"``; with ``unit`` (a column of
+    figures to compare) always in that unit, to ``decimals`` places.
+
+    >>> format_bytes(512), format_bytes(1536), format_bytes(2**21), format_bytes(37.4e9)
+    ('512 B', '1.5 KiB', '2 MiB', '34.8 GiB')
+    >>> format_bytes(2**29, "GiB"), format_bytes(3 * 2**30, "GiB", decimals=3)
+    ('0.5 GiB', '3.000 GiB')
+    """
+    if unit is not None:
+        if unit not in _BINARY:
+            raise ValueError(f"unit must be one of {_BINARY}; got {unit!r}")
+        return f"{n / 1024 ** _BINARY.index(unit):.{decimals}f} {unit}"
+    value = float(n)
+    for unit in _BINARY:
+        if abs(value) < 1024 or unit == "TiB":
+            text = f"{value:.0f}" if unit == "B" or value == int(value) else f"{value:.3g}"
+            return f"{text} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_seconds(seconds: float) -> str:
+    """``0.0123`` -> ``"12.3 ms"`` (three significant digits, s / ms / us / ns).
+
+    >>> format_seconds(2.5), format_seconds(0.0123), format_seconds(4.6e-5), format_seconds(3e-9)
+    ('2.5 s', '12.3 ms', '46 us', '3 ns')
+    """
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+def format_count(n: int) -> str:
+    """A parameter count for labels: ``91392`` -> ``"91.4K"``, ``7241732096`` -> ``"7.24B"``.
+
+    >>> format_count(999), format_count(91392), format_count(7_241_732_096)
+    ('999', '91.4K', '7.24B')
+    """
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
