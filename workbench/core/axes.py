@@ -65,7 +65,6 @@ MODE_DECODE = "__autoregressive__"
 MODE_INSERT = "__insert__"
 RUNTIME_MODES = (MODE_TRAIN, MODE_PREFILL, MODE_DECODE, MODE_INSERT)
 GENERATION_MODES = frozenset({MODE_DECODE, MODE_INSERT})
-RuntimeMode = tp.Literal["__train__", "__prefill__", "__autoregressive__", "__insert__"]
 
 # -0.7 * float32 max: far below any real logit, yet adding two of them stays finite.
 DEFAULT_MASK_VALUE = -0.7 * 3.4028234663852886e38
@@ -178,7 +177,6 @@ def _is_role_or_semantic(value: str) -> bool:
     return value in _ROLE_FIELDS or value in _SEMANTIC_FIELDS
 
 
-_NO_DEFAULT = object()
 
 
 def _field_value(value: tp.Any, name: str) -> AxisEntry:

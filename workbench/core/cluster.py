@@ -37,7 +37,6 @@ from workbench.core.compile.xla_log import xla_log_lines
 from workbench.core.cost.chips import H100, H200, RING, SWITCH, TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, Hardware
 from workbench.core.mesh import mesh_factorizations
 
-PLATFORMS = ("tpu", "gpu", "cpu")
 TPU_AOT_HINT = 'pip install "jax-workbench[tpu-aot]"'
 MAX_SIMULATED_DEVICES = 1024
 
@@ -343,5 +342,5 @@ def cluster_mesh(cluster: Cluster, mesh_shape: tp.Sequence[int], axis_names: tp.
     return Mesh(grid, names, axis_types=types)
 
 
-__all__ = ["MAX_SIMULATED_DEVICES", "PLATFORMS", "RING", "SWITCH", "TPU_AOT_HINT", "TPU_GENERATIONS", "Cluster",
+__all__ = ["MAX_SIMULATED_DEVICES", "RING", "SWITCH", "TPU_AOT_HINT", "TPU_GENERATIONS", "Cluster",
            "NetworkLevel", "TorusAxis", "cluster_mesh", "parse_topology", "tpu_devices"]

@@ -61,8 +61,6 @@ GB = 1e9
 _HOPPER = (("bf16", 989e12), ("fp8", 1979e12), ("int8", 1979e12))
 H100 = Hardware("H100 SXM", 989e12, 3.35e12, 450e9, SWITCH, 80 * GB, _HOPPER)
 H200 = Hardware("H200 SXM", 989e12, 4.8e12, 450e9, SWITCH, 141 * GB, _HOPPER)
-# Measured on one H100 here (/work/shared/GPU.md): jnp.dot bf16 8192^3 668 TFLOP/s, HBM copy ~3.0 TB/s.
-H100_MEASURED = Hardware("H100 SXM (measured)", 668e12, 3.0e12, 450e9, SWITCH, 80 * GB)
 # Scaling book, "How to Think About TPUs", chip table (FLOP/s bf16 / int8, HBM bytes and B/s per chip) and
 # ICI table (B/s per link, one way): v4p 2.75e14 / 2.75e14, 32 GB, 1.2e12, ICI 4.5e10; v5p 4.59e14 / 9.18e14,
 # 96 GB, 2.8e12, 9e10; v5e 1.97e14 / 3.94e14, 16 GB, 8.1e11, 4.5e10; v6e 9.2e14 / 1.84e15, 32 GB, 1.6e12, 9e10.

@@ -120,7 +120,6 @@ ADAMW_ACCESSES = 7  # reads: param, grad, mu, nu; writes: param, mu, nu
 LOGITS_PASSES = 3
 NORM_RESIDUAL = 5  # elements a token a sublayer: a norm's read and write, the residual add's two reads, a write
 _DENSE_W = ("fsdp", "sp", "tp")  # mesh axes that split a projection, the head or the embedding
-_LATENT_W = ("fsdp", "sp")  # MLA's down-projections to its latents: no tp
 _EXPERT_W = ("ep", "fsdp", "tp")
 
 

@@ -229,11 +229,6 @@ def _compile(impl_cls: type, metadata: OperationMetadata, options: LabOptions, a
     return executable, compile_ms, None if stats is None else int(stats.temp_size_in_bytes)
 
 
-def clear_cache() -> None:
-    """Forget every compiled call of the lab (the next comparison compiles again)."""
-    PROGRAMS.clear("attention_lab")
-
-
 @dataclasses.dataclass(frozen=True)
 class Run:
     """One implementation on the lab's inputs: its output and its cost, or why it did not run."""
