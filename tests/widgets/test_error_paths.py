@@ -15,13 +15,13 @@ import workbench.widgets
 from workbench.core.advisor import Advice, Candidate
 from workbench.core.cluster import Cluster
 from workbench.core.cost import ledger as ledgers
-from workbench.core.cost import predicted
 from workbench.core.mesh import make_mesh
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import tiny, tiny_config
-from workbench.core.views import expert_dispatch, explore
+from workbench.core.views import explore
 from workbench.widgets import attention_lab as attention_lab_module
 from workbench.widgets import pipeline_view as pipeline_view_module
+from workbench.widgets import sharding_explorer as sharding_explorer_module
 from workbench.widgets._errors import InlineError
 from workbench.widgets.attention_lab import AttentionLab
 from workbench.widgets.generation_view import GenerationView
@@ -153,7 +153,7 @@ def test_the_experts_panel_errors_are_its_owners(monkeypatch):
     # the explorer's panel: the core call it makes raises
     ex = ShardingExplorer(CausalLM.lazy_init(ModelConfig.from_hf(tiny_config("mixtral"))),
                           make_mesh(dp=2, fsdp=1, ep=4))
-    monkeypatch.setattr(expert_dispatch, "expert_parallel_summary", raises(RuntimeError("dispatch <bug>")))
+    monkeypatch.setattr(sharding_explorer_module, "expert_parallel_summary", raises(RuntimeError("dispatch <bug>")))
     assert not ex.compute_experts()
     shown(ex, "experts: RuntimeError: dispatch <bug>")
     assert ex.experts is None
@@ -221,7 +221,7 @@ def test_explorer_on_a_cluster_ledger_and_predicted_step_errors(monkeypatch, laz
     cleared(ex)
     assert ex._ledger_out.value
 
-    monkeypatch.setattr(predicted, "predict_step", raises(ValueError("no <prediction>")))
+    monkeypatch.setattr(sharding_explorer_module, "predict_step", raises(ValueError("no <prediction>")))
     ex._task.value = "prefill"
     shown(ex, "predicted step: no <prediction>")
     assert ex._predicted_out.value == ""

@@ -36,6 +36,7 @@ from jax.sharding import AbstractMesh, AxisType, Mesh
 from workbench.core.compile.xla_log import xla_log_lines
 from workbench.core.cost.chips import H100, H200, RING, SWITCH, TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, Hardware
 from workbench.core.mesh import mesh_factorizations
+from workbench.core.units import format_bytes
 
 TPU_AOT_HINT = 'pip install "jax-workbench[tpu-aot]"'
 MAX_SIMULATED_DEVICES = 1024
@@ -273,7 +274,7 @@ class Cluster:
     def __str__(self) -> str:
         parts = [f"{self.name}: {self.num_devices} devices"]
         if self.chip is not None and self.chip.hbm_capacity:
-            parts.append(f"{self.hbm_per_device / 2**30:.1f} GiB HBM each, {self.chip.peak_flops() / 1e12:.0f} "
+            parts.append(f"{format_bytes(self.hbm_per_device, 'GiB')} HBM each, {self.chip.peak_flops() / 1e12:.0f} "
                          f"TFLOP/s bf16 per chip")
         if self.torus:
             parts.append("torus " + "x".join(f"{a.size}{'(wrap)' if a.wraparound else ''}" for a in self.torus))
