@@ -13,6 +13,7 @@ from workbench.core.models.config import ModelConfig
 from workbench.core.models.presets import tiny, tiny_config
 from workbench.core.models.sharding import lazy_init, param_specs, shard_model
 from workbench.core.views.param_tree import param_rows, subtree_totals
+from workbench.widgets import module_tree
 from workbench.widgets.module_tree import ModuleTree
 
 MESH = make_mesh(fsdp=2, tp=4)
@@ -98,12 +99,10 @@ def test_errors_are_inline_and_the_last_choice_stays(model, monkeypatch):
     assert 'class="wb-error"' in tree._error.value
     assert tree.selected == Q and tree.sharding_view is view  # the last valid state stays
 
-    import workbench.widgets.sharding_view as sv
-
     def broken(*args, **kwargs):
         raise ValueError("boom")
 
-    monkeypatch.setattr(sv, "ShardingView", broken)
+    monkeypatch.setattr(module_tree, "ShardingView", broken)  # the name the tree calls
     tree._choose.value = "lm_head/kernel"  # the callback must not raise
     assert "cannot show the sharding of lm_head/kernel: ValueError: boom" in tree.error
     tree._choose.value = ""

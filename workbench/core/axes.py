@@ -177,8 +177,6 @@ def _is_role_or_semantic(value: str) -> bool:
     return value in _ROLE_FIELDS or value in _SEMANTIC_FIELDS
 
 
-
-
 def _field_value(value: tp.Any, name: str) -> AxisEntry:
     """Normalise a PartitionAxis field value: None, a string, or a tuple of strings."""
     if value is None or isinstance(value, str):

@@ -22,6 +22,7 @@ from workbench.core.views.param_tree import SubtreeTotal, param_rows, subtree_to
 from workbench.widgets._errors import InlineError
 from workbench.widgets._experts import ExpertsPanel
 from workbench.widgets._html import escape, typed_html
+from workbench.widgets.sharding_view import ShardingView
 
 __all__ = ["ModuleTree", "param_summary_html", "tree_totals_html"]
 
@@ -289,8 +290,6 @@ class ModuleTree(InlineError, widgets.VBox):
                 "shard_model(model, mesh)</div>"),)
             return
         with self._guard(f"cannot show the sharding of {path}") as failed:
-            from workbench.widgets.sharding_view import ShardingView  # built lazily: only when chosen
-
             view = ShardingView((row.shape, row.dtype, row.sharding), mesh=row.sharding.mesh, name="W")
         if failed:  # the tree stays usable whatever the view does
             self._detail.children = ()

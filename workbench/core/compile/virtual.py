@@ -33,6 +33,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 from workbench.core.cluster import Cluster, cluster_mesh
 from workbench.core.compile import worker as worker_protocol
 from workbench.core.compile.cache import CompileCache
+from workbench.core.compile.steps import abstract_step, full_mesh_shape
 from workbench.core.compile.xla_log import xla_log_lines, xla_warnings
 from workbench.core.hlo.collectives import Collective, summarize
 from workbench.core.hlo.graph import hbm_bytes, matmul_flops
@@ -336,10 +337,6 @@ def compile_step(model: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, in
     ``{"fsdp": 16, "tp": 4}``), from abstract arguments (see :mod:`workbench.core.compile.steps`). With ``pp > 1`` a
     train step is the pipeline's (``pipeline``, default 1F1B): TPU clusters only. ``zero_stage=1`` splits the
     optimizer state over ``dp`` too (ZeRO-1). ``compiler_options`` as :func:`compile_on` takes them."""
-    from workbench.core.compile.steps import (  # steps loads optax and the models: only here
-        abstract_step,
-        full_mesh_shape,
-    )
 
     if kind == "train" and int(mesh_shape.get("pp", 1)) > 1 and cluster.platform != "tpu":
         raise ValueError(f"a pipelined train step compiles for TPU clusters only: the worker that compiles for "

@@ -124,7 +124,6 @@ def hfu(hardware_flops: float, seconds: float, peak_flops: float) -> float:
     return hardware_flops / (seconds * peak_flops)
 
 
-
 @dataclasses.dataclass(frozen=True)
 class TrainFlops:
     """FLOPs of one train step of ``tokens = batch x seq_len`` tokens: ``6 N`` a token for the weights,

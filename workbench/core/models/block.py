@@ -39,7 +39,6 @@ Array = jax.Array
 ACTIVATION_AXES = DynamicShardingAxes((BATCH, QUERY_LENGTH, EMPTY), 1)
 
 
-
 class RMSNorm(nnx.Module):
     """``weight * x / rms(x)`` over the last axis, normalised in float32 as Hugging Face does (float64 for a
     float64 ``x``); keeps x's dtype. ``unit_offset`` (Gemma): ``(1 + weight)`` times the normalised x, the

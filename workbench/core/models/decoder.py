@@ -23,7 +23,6 @@ from workbench.core.models.stack import LayerCache, layer_view, num_stacked
 Array = jax.Array
 
 
-
 def make_mlp(config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Module:
     if config.mlp_type != "moe":
         return MLP(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)

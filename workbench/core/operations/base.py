@@ -274,7 +274,6 @@ class OperationImpl(BaseOperation):
         return ax.fit_spec(spec, tensor.shape, self.metadata.mesh)
 
 
-
 # -- registry -----------------------------------------------------------------------------------
 _I = tp.TypeVar("_I", bound=type[OperationImpl])
 

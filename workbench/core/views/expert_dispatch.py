@@ -15,14 +15,12 @@ import typing as tp
 
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from workbench.core.axes import PartitionAxis
 from workbench.core.models.block import ACTIVATION_AXES
 from workbench.core.models.moe_alltoall import capacity, dispatch_slots, token_split
 from workbench.core.views import explore
-
-if tp.TYPE_CHECKING:
-    from jax.sharding import Mesh
 
 
 @dataclasses.dataclass(frozen=True)
