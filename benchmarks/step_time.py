@@ -106,7 +106,7 @@ def main() -> None:
         print(f"\n{tokens / step.time_s:,.0f} tokens/s predicted; at 50 % of peak FLOP/s: "
               f"{step_time(analysis, efficiency=0.5).time_s:.3g} s a step\n")
         shapes = predict_step(model.config, cluster, mesh_shape, batch=batch, remat="full")
-        print("Predicted from shapes, without compiling (layout_cost.predict_step):\n")
+        print("Predicted from shapes, without compiling (cost.predicted.predict_step):\n")
         print(shapes.summary(top=6) + "\n")
 
 

@@ -165,7 +165,6 @@ class Advice:
         TPU slice (XLA's TPU compiler), if its compiled memory exceeds the HBM it moves from ``ranked`` to
         ``rejected`` with that reason. A GPU cluster's program is XLA:CPU's (in the worker), whose memory is not
         a GPU's: it is shown, not held against the HBM."""
-
         if progress is not None:
             progress(f"compiling {c.label} for {self.cluster.name}")
         if c.pipeline is not None and self.cluster.platform != "tpu":

@@ -35,7 +35,6 @@ _MONO = "font-family:var(--jp-code-font-family,monospace);font-size:12px"
 def default_tokenizer(model: tp.Any) -> tp.Any:
     """``ByteTokenizer`` for a model whose vocab is the byte vocab (259 ids, or 264 as the tiny presets
     round it); None otherwise (then the prompt is typed as token ids)."""
-
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     return ByteTokenizer() if vocab is not None and ByteTokenizer.vocab_size <= vocab <= TINY_VOCAB else None
 
@@ -57,7 +56,6 @@ class GenerationView(InlineError, widgets.VBox):
     def __init__(self, model: tp.Any, tokenizer: tp.Any = None, *, prompt: str = "", generation_config: tp.Any = None,
                  cache: str = "contiguous", cache_length: int | None = None, page_size: int = 16, pad_to: int = 16,
                  refresh_s: float = 0.1, chat: bool | None = None, **kwargs: tp.Any):
-
         if not callable(getattr(model, "generate", None)):
             raise TypeError(f"GenerationView needs a model with generate() (a CausalLM); got {type(model).__name__}")
         if cache not in ("contiguous", "paged"):

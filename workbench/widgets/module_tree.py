@@ -234,7 +234,6 @@ class ModuleTree(InlineError, widgets.VBox):
 
     # -- internals -------------------------------------------------------------------------------------------
     def _expert_summary(self, capacity_factor: float | None) -> tp.Any:
-
         mesh, partition_axis, mode, rules = self._layout_args
         mesh = mesh if mesh is not None else next((r.sharding.mesh for r in self._rows if r.sharding is not None),
                                                   None)

@@ -337,7 +337,6 @@ def compile_step(model: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, in
     ``{"fsdp": 16, "tp": 4}``), from abstract arguments (see :mod:`workbench.core.compile.steps`). With ``pp > 1`` a
     train step is the pipeline's (``pipeline``, default 1F1B): TPU clusters only. ``zero_stage=1`` splits the
     optimizer state over ``dp`` too (ZeRO-1). ``compiler_options`` as :func:`compile_on` takes them."""
-
     if kind == "train" and int(mesh_shape.get("pp", 1)) > 1 and cluster.platform != "tpu":
         raise ValueError(f"a pipelined train step compiles for TPU clusters only: the worker that compiles for "
                          f"{cluster.name} receives an exported program, and XLA:CPU 0.10 aborts on an exported "
