@@ -1,6 +1,7 @@
 """Virtual clusters: presets against published numbers, topologies and meshes against JAX / libtpu, compiling
 on a TPU slice ahead of time (XLA's TPU compiler) and in a worker with N simulated CPU devices."""
 
+import functools
 import importlib.metadata
 import math
 import os
@@ -87,14 +88,90 @@ def test_valid_mesh_shapes_agree_with_jax_on_the_topology(topology):
     assert set(cluster.valid_mesh_shapes(2)) == accepted
 
 
-def test_a_mesh_that_does_not_map_onto_the_torus_is_refused_with_the_valid_shapes():
+def test_a_mesh_of_another_device_count_is_refused_with_the_valid_shapes():
     cluster = Cluster.tpu("v5p:4x4x4")
-    with pytest.raises(ValueError, match=r"\(8, 8\) does not map onto v5p:4x4x4.*\[\(1, 64\), \(4, 16\), "
-                                         r"\(16, 4\), \(64, 1\)\]"):
-        cluster_mesh(cluster, (8, 8), ("fsdp", "tp"))
+    with pytest.raises(ValueError, match=r"\(8, 16\) does not map onto v5p:4x4x4: it has 128 devices.*\[\(1, 64\), "
+                                         r"\(4, 16\), \(16, 4\), \(64, 1\)\]"):
+        cluster_mesh(cluster, (8, 16), ("fsdp", "tp"))
+    # (8, 8) splits a physical axis: create_device_mesh(..., allow_split_physical_axes=True) lays it out
+    assert cluster.check_mesh_shape((8, 8)) == (8, 8) and (8, 8) not in cluster.valid_mesh_shapes(2)
     with pytest.raises(ValueError, match="has 32 devices"):
         Cluster.h100(nodes=8).check_mesh_shape((4, 8))
     assert (8, 8) in Cluster.h100(nodes=8).valid_mesh_shapes(2)  # NVSwitch: any factorisation
+
+
+def test_slices_go_to_the_outermost_mesh_axes_that_can_hold_them():
+    """MaxText's dcn_* x ici_* axes: walking the mesh axes in order, each takes gcd(its size, slices left).
+    Hand-worked: {"fsdp": 512} on 2 slices: pp, dp take gcd(1, 2) = 1, fsdp gcd(512, 2) = 2 (dcn) x 256 (ici);
+    {"dp": 2, "fsdp": 256}: dp takes both; {"dp": 2, "fsdp": 512} on 4 slices: dp gcd(2, 4) = 2, fsdp
+    gcd(512, 2) = 2 x 256."""
+    two, four = Cluster.tpu("v6e:16x16", slices=2), Cluster.tpu("v6e:16x16", slices=4)
+    assert two.dcn_split((1, 1, 512, 1, 1, 1)) == ((1, 1, 2, 1, 1, 1), (1, 1, 256, 1, 1, 1))
+    assert two.dcn_split((1, 2, 256, 1, 1, 1)) == ((1, 2, 1, 1, 1, 1), (1, 1, 256, 1, 1, 1))
+    assert four.dcn_split((1, 2, 512, 1, 1, 1)) == ((1, 2, 2, 1, 1, 1), (1, 1, 256, 1, 1, 1))
+    assert two.check_mesh_shape((1, 1, 512, 1, 1, 1)) == (1, 1, 512, 1, 1, 1)  # refused before: fsdp spans slices
+    assert (1, 1, 512, 1, 1, 1) in two.valid_mesh_shapes(6)  # whole axes inside each slice
+    assert Cluster.tpu("v6e:16x16").dcn_split((4, 64)) == ((1, 1), (4, 64))  # one slice: all ICI
+
+
+@needs_libtpu
+@pytest.mark.parametrize("topology, slices", [("v5p:4x4x4", 1), ("v5p:4x4x4", 2), ("v6e:4x8", 2)])
+def test_every_2_axis_shape_is_laid_out_as_jax_lays_it(topology, slices):
+    """The reference: jax's own mesh_utils on libtpu's devices of the cluster, for every 2-axis factorisation of
+    the device count: create_device_mesh (one slice) or create_hybrid_device_mesh (the slices given out by the
+    hand rule, gcd walk) without splitting a physical axis; where that fails, with allow_split_physical_axes
+    (then the shape is not among the whole-axis valid_mesh_shapes, but still maps)."""
+    from jax.experimental import mesh_utils
+
+    from workbench.core.cluster import tpu_devices
+
+    cluster = Cluster.tpu(topology, slices=slices)
+    devices = tpu_devices(cluster.topology, slices)
+    whole = set()
+    for a in (a for a in range(1, cluster.num_devices + 1) if cluster.num_devices % a == 0):
+        shape = (a, cluster.num_devices // a)
+        first = math.gcd(a, slices)
+        dcn, ici = (first, slices // first), (a // first, shape[1] // (slices // first))
+
+        build = (functools.partial(mesh_utils.create_device_mesh, shape, devices) if slices == 1 else
+                 functools.partial(mesh_utils.create_hybrid_device_mesh, ici, dcn, devices))
+        try:
+            reference = build()
+            whole.add(shape)
+        except (NotImplementedError, ValueError, AssertionError):
+            reference = build(allow_split_physical_axes=True)
+        assert cluster.dcn_split(shape) == ((first, slices // first), ici)
+        ours = cluster_mesh(cluster, shape, ("fsdp", "tp")).devices
+        assert [[d.id for d in row] for row in ours] == [[d.id for d in row] for row in reference], shape
+    assert set(cluster.valid_mesh_shapes(2)) == whole
+
+
+@needs_libtpu
+@pytest.mark.parametrize("topology, slices, sizes, dcn, ici", [
+    ("v6e:16x16", 2, {"fsdp": 512}, (1, 1, 2, 1, 1, 1), (1, 1, 256, 1, 1, 1)),
+    ("v6e:16x16", 1, {"fsdp": 64, "ep": 4}, None, None),
+    ("v5p:4x4x8", 1, {"dp": 2, "fsdp": 8, "tp": 8}, None, None),
+    ("v5p:4x4x4", 2, {"fsdp": 16, "tp": 8}, (1, 1, 2, 1, 1, 1), (1, 1, 8, 1, 8, 1)),
+])
+def test_six_axis_meshes_that_span_slices_or_split_axes_are_built_as_jax_builds_them(topology, slices, sizes,
+                                                                                      dcn, ici):
+    """The reference: mesh_utils.create_hybrid_device_mesh(ici, dcn) with the dcn / ici shapes written by hand,
+    or create_device_mesh(..., allow_split_physical_axes=True), on libtpu's devices."""
+    from jax.experimental import mesh_utils
+
+    from workbench.core.cluster import tpu_devices
+    from workbench.core.mesh import MESH_AXES
+
+    cluster = Cluster.tpu(topology, slices=slices)
+    shape = tuple(sizes.get(a, 1) for a in MESH_AXES)
+    devices = tpu_devices(cluster.topology, slices)
+    if slices > 1:
+        reference = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, allow_split_physical_axes=True)
+    else:
+        reference = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+    mesh = cluster_mesh(cluster, shape, MESH_AXES)
+    ids = lambda grid: [d.id for d in grid.flat]
+    assert mesh.devices.shape == shape and ids(mesh.devices) == ids(reference)
 
 
 def _matmul_args(mesh):

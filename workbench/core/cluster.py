@@ -31,6 +31,7 @@ import re
 import typing as tp
 
 import jax
+import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from workbench.core.compile.xla_log import xla_log_lines
@@ -48,6 +49,21 @@ class TorusAxis:
 
     size: int
     wraparound: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class TorusPart:
+    """What one group of a collective runs along on one physical torus axis (a :class:`TorusAxis` of ``P``
+    chips): ``size`` chips, ``stride`` physical links between logical neighbours, and whether its ends are
+    linked (``wraparound``: the part spans the whole axis, ``size * stride == P``, and the axis is a ring).
+    A whole axis is ``TorusPart(P, axis.wraparound, 1)``; a mesh axis that owns only a part of a physical axis
+    (``mesh_utils.create_device_mesh(..., allow_split_physical_axes=True)``, :func:`torus_layout`) has a part
+    of fewer chips: contiguous (``stride`` 1) when it is the innermost mesh axis on that physical axis, else
+    strided (see :func:`workbench.core.cost.network.transfer` for what each costs)."""
+
+    size: int
+    wraparound: bool
+    stride: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,9 +154,9 @@ def _wraparound(generation: str, dims: tuple[int, ...]) -> tuple[bool, ...]:
 class Cluster:
     """A cluster to explore on: its chip, how many devices, and the networks between them (see module doc).
 
-    ``torus`` (TPU) holds the ICI axes of one slice; ``slices`` TPU slices are joined by DCN (a mesh's first
-    axis spans them). ``nodes`` x ``gpus_per_node`` GPUs sit on NVLink inside a node, the inter-node network
-    between nodes. ``chip`` is None for simulated CPU devices (no peak numbers).
+    ``torus`` (TPU) holds the ICI axes of one slice; ``slices`` TPU slices are joined by DCN (any mesh axes may
+    span them, outermost first: :meth:`dcn_split`). ``nodes`` x ``gpus_per_node`` GPUs sit on NVLink inside a
+    node, the inter-node network between nodes. ``chip`` is None for simulated CPU devices (no peak numbers).
     """
 
     name: str
@@ -230,42 +246,77 @@ class Cluster:
         cores = (self.devices_per_chip,) if self.devices_per_chip > 1 else ()
         return tuple(a.size for a in self.torus) + cores
 
-    def valid_mesh_shapes(self, ndim: int) -> tuple[tuple[int, ...], ...]:
-        """Every ``ndim``-axis logical mesh shape of all devices that maps onto this cluster.
+    def dcn_split(self, mesh_shape: tp.Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``mesh_shape`` as ``(dcn_shape, ici_shape)``, their product axis by axis: how many slices each mesh axis
+        spans, and its size inside one slice (``mesh_utils.create_hybrid_device_mesh(ici_shape, dcn_shape)``
+        lays it out so: along an axis, the slice index is the major part, the position in a slice the minor).
 
-        TPU: with ``slices`` > 1 the first axis holds the slices (times a part of one slice); inside a slice,
-        each axis size must be the product of some of the physical axes, each used once (JAX's rule for
-        ``mesh_utils.create_device_mesh`` without ``allow_split_physical_axes``). GPU, CPU: any factorisation.
+        The slices go to the mesh axes outermost first (MaxText's ``dcn_*`` axes): walking the axes in mesh
+        order, each takes ``gcd(its size, slices still to place)``. One slice, GPU, CPU: all ones, the shape.
+
+        >>> Cluster.tpu("v6e:16x16", slices=4).dcn_split((1, 2, 512, 1))
+        ((1, 2, 2, 1), (1, 1, 256, 1))
+        """
+        shape = tuple(int(s) for s in mesh_shape)
+        left, dcn = (self.slices if self.platform == "tpu" else 1), []
+        for size in shape:
+            dcn.append(math.gcd(size, left))
+            left //= dcn[-1]
+        if left > 1:
+            raise ValueError(f"mesh shape {shape} cannot hold the {self.slices} slices of {self.name}: its sizes "
+                             f"multiply to {math.prod(shape)}, the cluster has {self.num_devices} devices")
+        return tuple(dcn), tuple(s // d for s, d in zip(shape, dcn, strict=True))
+
+    def valid_mesh_shapes(self, ndim: int) -> tuple[tuple[int, ...], ...]:
+        """Every ``ndim``-axis logical mesh shape of all devices that maps onto this cluster along whole physical
+        axes (what a layout search enumerates; :meth:`check_mesh_shape` also takes the shapes that split one).
+
+        TPU: inside a slice each axis size must be the product of some of the physical axes, each used once
+        (JAX's rule for ``mesh_utils.create_device_mesh`` without ``allow_split_physical_axes``); with
+        ``slices`` > 1, any axes may span the slices as :meth:`dcn_split` gives them out. GPU, CPU: any
+        factorisation.
         """
         _positive("ndim", ndim)
         if self.platform != "tpu":
             names = tuple(f"a{i}" for i in range(ndim))
             return tuple(tuple(s.values()) for s in mesh_factorizations(self.num_devices, names))
+        names = tuple(f"a{i}" for i in range(ndim))
+        dcns = [tuple(s.values()) for s in mesh_factorizations(self.slices, names)]
         shapes = set()
         for groups in itertools.product(range(ndim), repeat=len(self.physical_axes)):
-            shape = [1] * ndim
+            ici = [1] * ndim
             for axis, size in zip(groups, self.physical_axes, strict=True):
-                shape[axis] *= size
-            shape[0] *= self.slices
-            shapes.add(tuple(shape))
+                ici[axis] *= size
+            for dcn in dcns:
+                shape = tuple(i * d for i, d in zip(ici, dcn, strict=True))
+                if self.dcn_split(shape) == (dcn, tuple(ici)):
+                    shapes.add(shape)
         return tuple(sorted(shapes))
 
     def check_mesh_shape(self, mesh_shape: tp.Sequence[int]) -> tuple[int, ...]:
-        """``mesh_shape`` as a tuple if it maps onto this cluster, else a ValueError listing those that do."""
+        """``mesh_shape`` as a tuple if it maps onto this cluster, else a ValueError listing those that do.
+
+        TPU: any shape of all the devices JAX can lay out: the slices spread over the axes by
+        :meth:`dcn_split`, and the part inside a slice on its torus, along whole physical axes or splitting
+        some (:func:`torus_layout`)."""
         shape = tuple(mesh_shape)
         if not shape or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape):
             raise ValueError(f"a mesh shape is a tuple of positive ints; got {mesh_shape!r}")
-        if self.platform != "tpu" and math.prod(shape) == self.num_devices:
-            return shape  # any factorisation maps onto one axis of every device
+        if math.prod(shape) == self.num_devices:
+            if self.platform != "tpu":
+                return shape  # any factorisation maps onto one axis of every device
+            dcn, ici = self.dcn_split(shape)
+            try:
+                torus_layout(ici, self.physical_axes)
+                return shape
+            except ValueError as err:
+                why = (f"the slices go {dcn} over its axes (Cluster.dcn_split), leaving {ici} on each slice, "
+                       f"which JAX cannot lay on the physical axes {self.physical_axes} ({err})")
+        else:
+            why = f"it has {math.prod(shape)} devices, the cluster {self.num_devices}"
         valid = _valid_mesh_shapes(self, len(shape))
-        if shape not in valid:
-            why = (f"it has {math.prod(shape)} devices, the cluster {self.num_devices}"
-                   if math.prod(shape) != self.num_devices else
-                   f"each axis must be a product of whole physical axes {self.physical_axes}"
-                   + (f" (the first also times the {self.slices} slices)" if self.slices > 1 else ""))
-            raise ValueError(f"mesh shape {shape} does not map onto {self.name}: {why}. Valid {len(shape)}-axis "
-                             f"shapes: {sorted(valid)}")
-        return shape
+        raise ValueError(f"mesh shape {shape} does not map onto {self.name}: {why}. Valid {len(shape)}-axis "
+                         f"shapes along whole physical axes: {sorted(valid)}")
 
     def mesh(self, mesh_shape: tp.Sequence[int], axis_names: tp.Sequence[str]) -> Mesh | AbstractMesh:
         """The mesh to place abstract arguments on: :func:`cluster_mesh`."""
@@ -293,6 +344,107 @@ def _positive(name: str, value: tp.Any) -> None:
         raise ValueError(f"{name} must be a positive int; got {value!r}")
 
 
+# -- how JAX lays a mesh on one slice's torus ---------------------------------------------------------------
+def torus_layout(mesh_shape: tp.Sequence[int], torus: tp.Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """How ``jax.experimental.mesh_utils.create_device_mesh(mesh_shape, devices,
+    allow_split_physical_axes=True)`` lays a mesh on a slice's physical axes of sizes ``torus``: the matrix
+    ``layout[p][i]``, the part of physical axis ``p`` that mesh axis ``i`` owns (rows multiply to ``torus``,
+    columns to ``mesh_shape``; JAX's "assignment" of ``_create_device_mesh_for_nd_torus``).
+
+    JAX first tries whole axes: from the last mesh axis (the most network-intensive) to the first, each takes
+    the largest set of still-free physical axes whose sizes multiply to its size (ties: the first such set).
+    If one finds none, it starts again splitting axes (``_create_device_mesh_for_nd_torus_splitting_axes``):
+    again from the last mesh axis, each takes, among every way of giving its prime factors to physical axes
+    with that factor still free, the one with (in order) the largest product of whole physical axes taken,
+    the most whole axes, the largest product on physical axes that the mesh axes placed before it (later in
+    the mesh) already use (what JAX's code does; its comment says the opposite), the largest tuple. Along a
+    split physical axis the earlier mesh axis is the major part (``_generate_logical_mesh``).
+    A ValueError when the sizes cannot be laid out (they do not multiply to the torus's).
+
+    Not mirrored: JAX's per-chip handlers for a few small slices (v5e / v6e of 4, 8 or 16 chips; v5p 2x2x2)
+    that order devices along a ring; and jax 0.10.2's ``_get_prime_factors``, which drops the small factors
+    of a few sizes (28 -> [7]; fixed in newer jax): this mirrors the correct factorisation.
+    """
+    return _torus_layout(tuple(int(s) for s in mesh_shape), tuple(int(t) for t in torus))[0]
+
+
+def needs_split(mesh_shape: tp.Sequence[int], torus: tp.Sequence[int]) -> bool:
+    """Whether JAX lays ``mesh_shape`` on ``torus`` only by splitting a physical axis
+    (``allow_split_physical_axes=True``; see :func:`torus_layout`)."""
+    return _torus_layout(tuple(int(s) for s in mesh_shape), tuple(int(t) for t in torus))[1]
+
+
+@functools.lru_cache(maxsize=4096)
+def _torus_layout(shape: tuple[int, ...], torus: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], ...], bool]:
+    if math.prod(shape) != math.prod(torus):
+        raise ValueError(f"mesh shape {shape} has {math.prod(shape)} devices, the torus {torus} "
+                         f"{math.prod(torus)}")
+    layout = np.ones((len(torus), len(shape)), dtype=np.int64)
+    whole = _whole_axes(shape, torus)
+    if whole is not None:
+        for i, axes in enumerate(whole):
+            for p in axes:
+                layout[p, i] = torus[p]
+    else:
+        for i in reversed(range(len(shape))):
+            free = np.array(torus) // np.prod(layout, axis=1)
+            used = np.prod(layout, axis=1)
+            best = max(_feasible_parts(free, shape[i]), default=None, key=lambda x: (
+                math.prod(int(s) for p, s in enumerate(x) if s == torus[p]),
+                sum(1 for p, s in enumerate(x) if s == torus[p] and s > 1),
+                math.prod(int(s) for p, s in enumerate(x) if used[p] > 1),
+                tuple(int(s) for s in x)))
+            if best is None:
+                raise ValueError(f"mesh axis {i} of size {shape[i]} fits no free part of the torus "
+                                 f"{tuple(int(f) for f in free)}")
+            layout[:, i] = best
+    return tuple(tuple(int(s) for s in row) for row in layout), whole is None
+
+
+def _whole_axes(shape: tuple[int, ...], torus: tuple[int, ...]) -> list[tuple[int, ...]] | None:
+    """JAX's whole-axis pass (see :func:`torus_layout`): the physical axes of each mesh axis, or None."""
+    free, out = list(torus), [()] * len(shape)
+    for i in reversed(range(len(shape))):
+        for k in range(len(free), 0, -1):
+            found = next((c for c in itertools.combinations(range(len(free)), k)
+                          if math.prod(free[j] for j in c) == shape[i]), None)
+            if found is not None:
+                out[i] = found
+                free = [0 if j in found else size for j, size in enumerate(free)]
+                break
+        else:
+            if shape[i] > 1:
+                return None
+    return out
+
+
+def _prime_factors(n: int) -> list[int]:
+    factors, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    return factors + ([n] if n > 1 else [])
+
+
+def _feasible_parts(free: np.ndarray, size: int) -> tp.Iterator[tuple[int, ...]]:
+    """JAX's ``_enumerate_feasible_logical_axis_assignments``: every way to give the prime factors of ``size``
+    to physical axes whose free part has them (a factor ``p`` of multiplicity ``m`` to ``m`` of the free
+    factors ``p``), as each physical axis's part."""
+    wanted: dict[int, int] = {}
+    for f in _prime_factors(size):
+        wanted[f] = wanted.get(f, 0) + 1
+    holders = {f: [p for p, n in enumerate(free) for g in _prime_factors(int(n)) if g == f] for f in wanted}
+    choices = [set(itertools.combinations(holders[f], m)) for f, m in wanted.items()]
+    for pick in itertools.product(*choices):
+        part = [1] * len(free)
+        for f, axes in zip(wanted, pick, strict=True):
+            for p in axes:
+                part[p] *= f
+        yield tuple(part)
+
+
 # -- the mesh a cluster's programs are placed on ----------------------------------------------------------
 @functools.cache
 def tpu_devices(topology: str, slices: int = 1) -> tuple[jax.Device, ...]:
@@ -317,7 +469,9 @@ def tpu_devices(topology: str, slices: int = 1) -> tuple[jax.Device, ...]:
 def cluster_mesh(cluster: Cluster, mesh_shape: tp.Sequence[int], axis_names: tp.Sequence[str]
                  ) -> Mesh | AbstractMesh:
     """The mesh to place a program's abstract arguments on: a TPU cluster's compile-only devices laid on its
-    torus (a ``Mesh``), else an ``AbstractMesh`` that the worker makes concrete. Auto axes, as ``make_mesh``.
+    torus as JAX lays them (a ``Mesh``: ``mesh_utils.create_hybrid_device_mesh(ici, dcn)`` over slices,
+    :meth:`Cluster.dcn_split`; ``allow_split_physical_axes`` where the shape splits a physical axis), else an
+    ``AbstractMesh`` that the worker makes concrete. Auto axes, as ``make_mesh``.
     :func:`workbench.core.compile.virtual.compile_on` compiles a program placed on it."""
     shape, names = cluster.check_mesh_shape(mesh_shape), tuple(axis_names)
     if len(names) != len(shape) or len(set(names)) != len(names):
@@ -331,17 +485,20 @@ def cluster_mesh(cluster: Cluster, mesh_shape: tp.Sequence[int], axis_names: tp.
     from jax.experimental import mesh_utils
 
     devices = tpu_devices(cluster.topology, cluster.slices)
+    dcn, ici = cluster.dcn_split(shape)
+    # the same keyword in jax 0.10.2 and 0.12: create_device_mesh and create_hybrid_device_mesh both take it
+    split = {"allow_split_physical_axes": True} if needs_split(ici, cluster.physical_axes) else {}
     try:
         if cluster.slices > 1:
-            ici = (shape[0] // cluster.slices, *shape[1:])
-            grid = mesh_utils.create_hybrid_device_mesh(ici, (cluster.slices,) + (1,) * (len(shape) - 1), devices)
+            grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, **split)
         else:
-            grid = mesh_utils.create_device_mesh(shape, devices)
-    except (NotImplementedError, ValueError, AssertionError) as err:
+            grid = mesh_utils.create_device_mesh(shape, devices, **split)
+    except (NotImplementedError, ValueError, AssertionError, TypeError) as err:
         raise ValueError(f"mesh shape {shape} does not map onto {cluster.name} ({err}); valid {len(shape)}-axis "
                          f"shapes: {list(cluster.valid_mesh_shapes(len(shape)))}") from None
     return Mesh(grid, names, axis_types=types)
 
 
 __all__ = ["MAX_SIMULATED_DEVICES", "RING", "SWITCH", "TPU_AOT_HINT", "TPU_GENERATIONS", "Cluster",
-           "NetworkLevel", "TorusAxis", "cluster_mesh", "parse_topology", "tpu_devices"]
+           "NetworkLevel", "TorusAxis", "TorusPart", "cluster_mesh", "needs_split", "parse_topology", "torus_layout",
+           "tpu_devices"]

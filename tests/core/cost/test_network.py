@@ -4,6 +4,7 @@ https://jax-ml.github.io/scaling-book/), each test citing its chapter. The book 
 the test says so and puts the factor back. Then the model on programs compiled for a cluster."""
 
 import importlib.util
+import itertools
 import math
 
 import jax
@@ -114,6 +115,123 @@ def test_mesh_axes_land_on_torus_axes_as_jax_lays_them():
             assert {j for j in ours[i] if torus[j] > 1} == used, (torus, shape, i)
 
 
+def test_split_physical_axes_land_as_jax_lays_them():
+    """The reference: jax's own assignment matrix with splitting allowed (mesh_utils._create_device_mesh_for_nd_torus
+    with allow_split_physical_axes=True, what create_device_mesh(..., allow_split_physical_axes=True) runs): the
+    part of each physical axis each mesh axis owns. Whole-axis shapes give whole axes, as without splitting."""
+    from jax._src.mesh_utils import _create_device_mesh_for_nd_torus
+
+    from workbench.core.cluster import needs_split, torus_layout
+
+    for torus, shape, split in [((16, 16), (1, 1, 64, 4, 1, 1), True), ((16, 16), (1, 4, 64, 1, 1, 1), True),
+                                ((4, 4, 8), (1, 2, 8, 1, 8, 1), True), ((4, 4, 8), (1, 1, 64, 1, 2, 1), True),
+                                ((4, 4, 4), (8, 8), True), ((4, 4, 4), (2, 2, 2, 8), True), ((8, 16), (2, 8, 8), True),
+                                ((4, 4, 4), (1, 16, 1, 4, 1), False), ((16, 16), (16, 16), False)]:
+        _, reference = _create_device_mesh_for_nd_torus(np.zeros(torus), shape, allow_split_physical_axes=True)
+        assert np.array_equal(np.array(torus_layout(shape, torus)), reference), (torus, shape)
+        assert needs_split(shape, torus) == split, (torus, shape)
+
+
+MESH6 = ("pp", "dp", "fsdp", "ep", "tp", "sp")
+
+
+def _coordinate_parts(group, cluster):
+    """The reference description of one group, from libtpu's device coordinates alone: per physical axis d
+    with more than one coordinate among the group's devices of one slice, their number k, their spacing s
+    (which must be even), and whether they close a ring (k s = the axis's size and the axis wraps)."""
+    one_slice = [d for d in group if d.slice_index == group[0].slice_index] if hasattr(group[0], "slice_index") \
+        else list(group)
+    parts = []
+    for d, axis in enumerate(cluster.torus):
+        values = sorted({dev.coords[d] for dev in one_slice})
+        if len(values) > 1:
+            steps = {b - a for a, b in itertools.pairwise(values)}
+            assert len(steps) == 1, (d, values)
+            (stride,) = steps
+            parts.append((len(values), stride, axis.wraparound and len(values) * stride == axis.size))
+    return parts
+
+
+@needs_libtpu
+@pytest.mark.parametrize("topology, slices, sizes, dcn, ici", [
+    ("v6e:16x16", 2, {"fsdp": 512}, (1, 1, 2, 1, 1, 1), (1, 1, 256, 1, 1, 1)),
+    ("v6e:16x16", 2, {"dp": 2, "fsdp": 256}, (1, 2, 1, 1, 1, 1), (1, 1, 256, 1, 1, 1)),
+    ("v6e:16x16", 2, {"fsdp": 128, "ep": 4}, (1, 1, 2, 1, 1, 1), (1, 1, 64, 4, 1, 1)),
+    ("v5p:4x4x4", 2, {"fsdp": 32, "tp": 4}, (1, 1, 2, 1, 1, 1), (1, 1, 16, 1, 4, 1)),
+    ("v5p:4x4x4", 2, {"fsdp": 16, "tp": 8}, (1, 1, 2, 1, 1, 1), (1, 1, 8, 1, 8, 1)),
+    ("v6e:16x16", 1, {"fsdp": 64, "ep": 4}, None, None),
+    ("v6e:16x16", 1, {"dp": 4, "fsdp": 64}, None, None),
+    ("v5p:4x4x8", 1, {"dp": 2, "fsdp": 8, "tp": 8}, None, None),
+    ("v5p:4x4x8", 1, {"fsdp": 64, "tp": 2}, None, None),
+])
+def test_span_agrees_with_the_coordinates_of_every_group(topology, slices, sizes, dcn, ici):
+    """The reference: the device grid jax's mesh_utils builds on libtpu's devices (create_hybrid_device_mesh with
+    the dcn / ici shapes written by hand, or create_device_mesh(..., allow_split_physical_axes=True)), and the
+    coordinates and slice_index of the devices of each group: its size, its slices (units), its devices per
+    slice, and per physical axis its part (chips, spacing, ring or not), for every group over each single mesh
+    axis and over every pair."""
+    from jax.experimental import mesh_utils
+
+    from workbench.core.cluster import tpu_devices
+
+    cluster = Cluster.tpu(topology, slices=slices)
+    devices = tpu_devices(cluster.topology, slices)
+    mesh = {a: sizes.get(a, 1) for a in MESH6}
+    shape = tuple(mesh.values())
+    if slices > 1:
+        grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, allow_split_physical_axes=True)
+    else:
+        grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+    assert grid.shape == shape
+    used = [a for a in MESH6 if mesh[a] > 1]
+    for axes in [(a,) for a in used] + [pair for pair in itertools.combinations(used, 2)]:
+        s = span(axes, mesh, cluster)
+        idx = [MESH6.index(a) for a in axes]
+        groups = np.moveaxis(grid, idx, list(range(-len(idx), 0))).reshape(-1, math.prod(mesh[a] for a in axes))
+        for group in groups:
+            units = len({d.slice_index for d in group}) if slices > 1 else 1
+            assert (s.size, s.units, s.per_unit) == (len(group), units, len(group) // units), axes
+            assert [(p.size, p.stride, p.wraparound) for p in s.torus] == _coordinate_parts(group, cluster), axes
+
+
+def test_a_collective_over_part_of_a_physical_axis():
+    """{"fsdp": 64, "ep": 4} on a v6e 16x16 (both axes rings of 16, 9e10 B/s per link one way): JAX gives ep the
+    first factor of 4 it finds, the inner 4 chips of the x axis, and fsdp the outer 4 of x (neighbours 4 links
+    apart) and all of y. An all-gather of V bytes over ep runs on a line of 4: one link, (4 - 1) / 4 V / 9e10,
+    3 hops. Over fsdp: x's strided ring of 4 gives 2 x 9e10 / 4 = 4.5e10 (its four interleaved groups share
+    each link), y's ring 1.8e11: (64 - 1) / 64 V / 2.25e11; latency (4 // 2) x 4 + 16 // 2 = 16 hops. With
+    {"dp": 4, "fsdp": 64}, dp owns only the outer 4 of y: a ring of 4 with hops of 4 links, 3/4 V / 4.5e10, 8
+    hops."""
+    v6e, v = Cluster.tpu("v6e:16x16"), 64 * 2**20
+    mesh = {"pp": 1, "dp": 1, "fsdp": 64, "ep": 4, "tp": 1, "sp": 1}
+    ep = transfer("all-gather", v, ("ep",), mesh, v6e)
+    assert ep.bandwidth_s == pytest.approx(3 / 4 * v / 9e10) and ep.latency_s == pytest.approx(3e-6)
+    fsdp = transfer("all-gather", v, ("fsdp",), mesh, v6e)
+    assert fsdp.bandwidth_s == pytest.approx(63 / 64 * v / 2.25e11) and fsdp.latency_s == pytest.approx(16e-6)
+    # over both, fsdp's and ep's parts of x are all of x again: the whole 16 x 16 torus, two rings of 16
+    both = transfer("all-gather", v, ("fsdp", "ep"), mesh, v6e)
+    assert both.bandwidth_s == pytest.approx(255 / 256 * v / (2 * 1.8e11))
+    dp = transfer("all-gather", v, ("dp",), {**mesh, "dp": 4, "fsdp": 64, "ep": 1}, v6e)
+    assert dp.bandwidth_s == pytest.approx(3 / 4 * v / 4.5e10) and dp.latency_s == pytest.approx(8e-6)
+    # all-to-all of S = V / 4 bytes per device over ep: across the line's middle link 2 x 2 shards of S / 4
+    # one way, S: S / 9e10 (the ring form k S / (4 W) with W one link)
+    assert transfer("all-to-all", v / 4, ("ep",), mesh, v6e).bandwidth_s == pytest.approx((v / 4) / 9e10)
+
+
+def test_an_axis_across_slices_and_ici_prices_both_networks():
+    """MaxText's dcn_fsdp = 2 x ici_fsdp = 256: {"fsdp": 512} on two v6e 16x16 slices (DCN 4 x 200 Gbps per host
+    of 8 chips: 1.25e10 B/s per chip one way). An all-gather of V over fsdp: inside a slice the 256 chips of
+    the whole torus, (255 / 256) V / (2 x 1.8e11); across the 2 slices, each chip's share of its host's NICs
+    carries its 256 devices' half: (1 / 2) V / (1.25e10 x 256). The ICI ring bounds it."""
+    two, v = Cluster.tpu("v6e:16x16", slices=2), 1e9
+    mesh = {"pp": 1, "dp": 1, "fsdp": 512, "ep": 1, "tp": 1, "sp": 1}
+    s = span(("fsdp",), mesh, two)
+    assert (s.size, s.units, s.per_unit) == (512, 2, 256) and [p.size for p in s.torus] == [16, 16]
+    t = transfer("all-gather", v, ("fsdp",), mesh, two)
+    assert t.level == "ici" and t.seconds == pytest.approx(255 / 256 * v / 3.6e11)
+    assert (1 / 2) * v / (1.25e10 * 256) < t.seconds
+
+
 # -- the training chapter's conditions ----------------------------------------------------------------------
 @pytest.mark.parametrize("mesh, axes, book", [({"dp": 256, "fsdp": 16}, ("fsdp",), 2550),
                                               ({"fsdp": 4096}, ("fsdp",), 850)])
@@ -129,7 +247,8 @@ def test_fsdp_is_compute_bound_above_c_over_w_ici_per_chip(mesh, axes, book):
     per_token = roofline(4 * d * f, 0.0, v5p).compute_s  # one token of per-chip batch
     assert comms / per_token == pytest.approx(book * (n - 1) / n, rel=2e-3)
     for scale, bound in ((1.05, "compute"), (0.9, "communication")):  # per-chip batch around the threshold
-        step = step_time(cluster=v5p, mesh_shape=mesh, flops=4 * scale * book * d * f, hbm_bytes=0.0,
+        step = step_time(efficiency=1.0, cluster=v5p, mesh_shape=mesh, flops=4 * scale * book * d * f,
+                         hbm_bytes=0.0,
                          collectives=[("all-gather", 2 * d * f, axes, 2)])
         assert step.bound == bound, (scale, step)
 
@@ -168,7 +287,8 @@ def test_decode_step_time_is_parameter_and_kv_bytes_over_hbm_bandwidth():
 def test_sampling_a_200b_model_cannot_beat_reading_its_weights():
     """TPUS, Question 1: sampling from a 200B bf16 model split across 32 TPU v4p (1.2e12 B/s each) must read
     every parameter from HBM each step: 400e9 / (32 * 1.2e12) = 10 ms, a lower bound on the step."""
-    step = step_time(cluster=Cluster.tpu("v4:4x4x2"), mesh_shape={"tp": 32}, flops=2 * 200e9 / 32,
+    step = step_time(efficiency=1.0, cluster=Cluster.tpu("v4:4x4x2"), mesh_shape={"tp": 32},
+                     flops=2 * 200e9 / 32,
                      hbm_bytes=2 * 200e9 / 32, collectives=[])
     assert step.bound == "memory" and step.time_s == pytest.approx(400e9 / (32 * 1.2e12))
     assert round(step.time_s * 1e3) == 10

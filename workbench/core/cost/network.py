@@ -3,8 +3,10 @@
 The model is the scaling book's ("How to Scale Your Model", Austin et al., https://jax-ml.github.io/scaling-book/),
 with its ``(N - 1) / N`` factors and per-hop latency kept: :func:`collective_time` (:func:`transfer` with its
 parts) places a collective over some mesh axes on the cluster's network the way JAX lays a mesh onto it (TPU:
-``mesh_utils.create_device_mesh``'s assignment of mesh axes to torus axes; GPU: devices in id order,
-``gpus_per_node`` to a node; TPU slices: the first mesh axis outermost).
+``mesh_utils.create_device_mesh``'s assignment of mesh axes to whole torus axes or parts of them,
+:func:`~workbench.core.cluster.torus_layout`; TPU slices: ``create_hybrid_device_mesh``, the slices over the mesh
+axes outermost first, :meth:`~workbench.core.cluster.Cluster.dcn_split`; GPU: devices in id order,
+``gpus_per_node`` to a node).
 
 The book's one-axis forms are its limit on one wraparound ring axis of N devices as N grows, latency dropped:
 an all-gather or reduce-scatter of ``V`` bytes (:func:`array_bytes`) takes ``(N - 1) / N * V / W_ici -> V / W_ici``,
@@ -21,46 +23,34 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import math
 import typing as tp
 
 import numpy as np
 
-from workbench.core.cluster import TPU_GENERATIONS, Cluster, TorusAxis
+from workbench.core.cluster import TPU_GENERATIONS, Cluster, TorusAxis, TorusPart, torus_layout
 from workbench.core.hlo.text import COLLECTIVE_KINDS
 
 
 # -- where a collective's devices sit -----------------------------------------------------------------------
 def torus_assignment(mesh_shape: tp.Sequence[int], torus: tp.Sequence[int]) -> list[tuple[int, ...]]:
-    """The torus axes each mesh axis spans, as ``jax.experimental.mesh_utils.create_device_mesh`` lays a mesh
-    on a TPU slice: from the last mesh axis (the most network-intensive) to the first, each takes the largest
-    set of still-free torus axes whose sizes multiply to its size (ties: the first such set)."""
-    free, out = list(torus), [()] * len(mesh_shape)
-    for i in reversed(range(len(mesh_shape))):
-        for k in range(len(free), 0, -1):
-            found = next((c for c in itertools.combinations(range(len(free)), k)
-                          if math.prod(free[j] for j in c) == mesh_shape[i]), None)
-            if found is not None:
-                out[i] = found
-                free = [0 if j in found else size for j, size in enumerate(free)]
-                break
-        else:
-            if mesh_shape[i] > 1:
-                raise ValueError(f"mesh shape {tuple(mesh_shape)} does not map onto a torus {tuple(torus)}: each "
-                                 f"mesh axis must be a product of whole torus axes")
-    return out
+    """The torus axes each mesh axis spans (all of them or a part: :func:`~workbench.core.cluster.torus_layout`),
+    as ``jax.experimental.mesh_utils.create_device_mesh`` lays a mesh on a TPU slice (splitting physical axes
+    where it must)."""
+    layout = torus_layout(mesh_shape, torus)
+    return [tuple(p for p in range(len(torus)) if layout[p][i] > 1) for i in range(len(mesh_shape))]
 
 
 @dataclasses.dataclass(frozen=True)
 class Span:
     """The devices of one group of a collective: ``size`` of them, ``per_unit`` in each of ``units`` nodes
-    (GPU) or slices (TPU), and (TPU) the torus axes the group's part inside a slice runs along."""
+    (GPU) or slices (TPU), and (TPU) the parts of the torus axes (:class:`~workbench.core.cluster.TorusPart`)
+    the group's part inside a slice runs along."""
 
     size: int
     per_unit: int
     units: int
-    torus: tuple[TorusAxis, ...] = ()
+    torus: tuple[TorusPart, ...] = ()
 
 
 def span(axes: tp.Sequence[str], mesh_shape: tp.Mapping[str, int], cluster: Cluster) -> Span:
@@ -75,16 +65,50 @@ def span(axes: tp.Sequence[str], mesh_shape: tp.Mapping[str, int], cluster: Clus
 @functools.lru_cache(maxsize=8192)
 def _span(axes: tuple[str, ...], names: tuple[str, ...], shape: tuple[int, ...], cluster: Cluster) -> Span:
     shape = cluster.check_mesh_shape(shape)
-    ids = np.arange(cluster.num_devices).reshape(shape)
-    group = ids[tuple(slice(None) if n in axes else 0 for n in names)].ravel()
-    unit = cluster.gpus_per_node if cluster.platform == "gpu" else cluster.num_devices // cluster.slices
-    units = len(np.unique(group // unit))
-    torus: tuple[TorusAxis, ...] = ()
-    if cluster.platform == "tpu":
-        ici = (shape[0] // cluster.slices, *shape[1:])
-        assignment = torus_assignment(ici, [a.size for a in cluster.torus])
-        torus = tuple(cluster.torus[j] for i, n in enumerate(names) if n in axes for j in assignment[i])
-    return Span(len(group), len(group) // units, units, torus)
+    mine = [i for i, n in enumerate(names) if n in axes]
+    size = math.prod(shape[i] for i in mine)
+    if cluster.platform != "tpu":  # devices in id order, gpus_per_node to a node
+        ids = np.arange(cluster.num_devices).reshape(shape)
+        group = ids[tuple(slice(None) if n in axes else 0 for n in names)].ravel()
+        units = len(np.unique(group // cluster.gpus_per_node)) if cluster.platform == "gpu" else 1
+        return Span(size, size // units, units)
+    # create_hybrid_device_mesh: each mesh axis is its dcn part (which slice, major) times its ici part (where
+    # in the slice); a group crosses the slices of its axes' dcn parts, the same ici part in each
+    dcn, ici = cluster.dcn_split(shape)
+    units = math.prod(dcn[i] for i in mine)
+    return Span(size, size // units, units, torus_parts(torus_layout(ici, cluster.physical_axes), cluster.torus, mine))
+
+
+def torus_parts(layout: tp.Sequence[tp.Sequence[int]], torus: tp.Sequence[TorusAxis], mesh_axes: tp.Sequence[int]
+                ) -> tuple[TorusPart, ...]:
+    """What a group over ``mesh_axes`` runs along on each physical axis of ``torus``, given a slice's
+    :func:`~workbench.core.cluster.torus_layout`.
+
+    Along physical axis ``p`` of ``P`` chips the mesh axes that own a part of it nest, the earlier one major
+    (``_generate_logical_mesh``): with parts ``n_0, n_1, ...`` (mesh order) a chip's coordinate is
+    ``i_0 n_1 n_2 ... + i_1 n_2 ... + ...``, so mesh axis ``j``'s neighbours are ``stride = n_{j+1} n_{j+2} ...``
+    links apart, its ``n_j`` chips span ``n_j * stride`` of the axis, and it closes a ring only when that is
+    all of it (no earlier mesh axis owns a part) and the axis wraps around. Parts of the group's own axes that
+    nest next to each other are one part (their sizes multiplied, the inner stride): two mesh axes that split a
+    physical axis between them gather along all of it. Parts of the group's axes with another mesh axis's part
+    between them stay separate (an approximation: they share links)."""
+    parts = []
+    for p, axis in enumerate(torus):
+        run: list[tuple[int, int]] = []  # (size, stride) of the group's parts nested next to each other
+        runs = [run]
+        owners = [i for i in range(len(layout[p])) if layout[p][i] > 1]
+        for i in owners:
+            stride = math.prod(layout[p][j] for j in owners if j > i)
+            if i in mesh_axes:
+                run.append((layout[p][i], stride))
+            elif run:
+                run = []
+                runs.append(run)
+        for r in runs:
+            if r:
+                size, stride = math.prod(n for n, _ in r), r[-1][1]
+                parts.append(TorusPart(size, axis.wraparound and size * stride == axis.size, stride))
+    return tuple(parts)
 
 
 # -- collectives --------------------------------------------------------------------------------------------
@@ -143,9 +167,21 @@ def transfer(kind: str, nbytes: float, axes: tp.Sequence[str], mesh_shape: tp.Ma
     # bandwidth, floor(k / 2) hops across) and a line without (1 link, k - 1 hops): "not a full ring, half the
     # bandwidth". Several axes add their bandwidths (the book: V / (W_ici n_axes)). A GPU's NVLink egress
     # reaches every GPU of its node in one hop.
+    #
+    # A part of a physical axis (a TorusPart: k chips, `stride` s links between logical neighbours; see
+    # torus_parts). The s groups of that mesh axis along one physical line interleave (group c holds chips
+    # c, c + s, c + 2s, ...), so each logical hop crosses s physical links, and a physical link lies on one
+    # logical hop of each of the s groups (every link of a ring; on a line, all but the few at its ends).
+    # All s groups run their collective at once (every group alike): a link carries s groups' traffic. A
+    # ring algorithm moves (k - 1) / k V per device over its logical links, split between the two directions
+    # on a ring; a physical link direction carries that for s groups, (k - 1) / k V s / 2 on a ring,
+    # (k - 1) / k V s on a line. So one group's bandwidth is (2 if it wraps else 1) W_link / s: W_link (one
+    # link, a line) for a contiguous part (s = 1) of a larger axis. A strided part wraps only when it spans
+    # the whole physical axis (k s = P) and that axis wraps. The farthest logical neighbour is floor(k / 2)
+    # (ring) or k - 1 (line) logical hops away, s links each. A whole axis is s = 1, k = P: the forms above.
     if inner.kind == "torus":
-        widths = [inner.bandwidth * (2 if a.wraparound else 1) for a in s.torus]
-        hops_in = sum(a.size // 2 if a.wraparound else a.size - 1 for a in s.torus)
+        widths = [inner.bandwidth * (2 if a.wraparound else 1) / a.stride for a in s.torus]
+        hops_in = sum((a.size // 2 if a.wraparound else a.size - 1) * a.stride for a in s.torus)
     else:
         widths, hops_in = [inner.bandwidth], g - 1
     hops_out = m - 1
@@ -159,9 +195,11 @@ def transfer(kind: str, nbytes: float, axes: tp.Sequence[str], mesh_shape: tp.Ma
             parts[outer[0]] = (m - 1) / m * v / (outer[1] * g)
     elif kind == "all-to-all":
         # Each device holds S = nbytes and sends S / n to every other. Ring of k (book footnote): k^2/4 shards of
-        # S / k cross each link direction, k S / (4 W) with W the ring's two links; on a torus each axis's links
-        # carry that axis's hops at once: the slowest axis bounds it. Through a switch: (g - 1) S / n leave
-        # each GPU over NVLink; (n - g) S / n leave the unit, all its devices at once (book: B (M-1) / (M^2 W)).
+        # S / k cross each link direction, k S / (4 W) with W the ring's two links (a line: k^2 / 4 shards cross
+        # its middle link, W one link); on a torus each axis's links carry that axis's hops at once: the slowest
+        # axis bounds it (a part: W / stride, its links shared by its stride interleaved groups). Through a
+        # switch: (g - 1) S / n leave each GPU over NVLink; (n - g) S / n leave the unit, all its devices at once
+        # (book: B (M-1) / (M^2 W)).
         s_in = nbytes * g / n
         if inner.kind == "torus":
             parts = {inner.name: max((a.size * s_in / (4 * w) for a, w in zip(s.torus, widths, strict=True)),
