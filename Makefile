@@ -154,6 +154,7 @@ benchmarks: $(VENV)/.test-installed
 	$(BIN)/python benchmarks/depth.py
 	$(BIN)/python benchmarks/moe.py
 	$(BIN)/python benchmarks/widgets.py
+	$(BIN)/python benchmarks/published_runs.py
 
 clean:
 	rm -rf $(VENV) $(NEWEST_VENV) build .pytest_cache .ruff_cache

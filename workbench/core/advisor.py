@@ -33,6 +33,7 @@ from workbench.core.compile.virtual import cluster_mesh, compile_step
 from workbench.core.cost.ledger import REMATS, TASKS, ledger, libtpu_version, zero_parameter_copy_bytes
 from workbench.core.cost.network import span
 from workbench.core.cost.predicted import predict_step
+from workbench.core.cost.published import accuracy_text
 from workbench.core.cost.step_time import step_time
 from workbench.core.mesh import MESH_AXES
 from workbench.core.models import CausalLM, ModelConfig
@@ -187,6 +188,10 @@ class Advice:
                              f" for the libtpu {'.'.join(map(str, libtpu_version()))} that compiled it") + "), "
                           f"step {c.compiled_step.time_s * 1e3:.3g} ms from the compiled program"
                           + ("" if kind == "train" else " (compiled as a forward pass without a cache)"))
+        if c.compiled_step.xla_seconds is not None:
+            c.confirm_note += (f"; XLA's own estimate {format_seconds(c.compiled_step.xla_seconds)} (libtpu's "
+                               f"optimal_seconds, a scanned layer counted once) beside the model's "
+                               f"{format_seconds(c.step.time_s)}")
         if self.cluster.platform != "tpu":  # XLA:CPU in the worker: bfloat16 math widened, CPU fusion
             c.confirm_note += "; XLA:CPU's buffer assignment (bfloat16 widened), not held against the GPU's HBM"
         elif hbm is not None and total > hbm and c in self.ranked:
@@ -230,9 +235,15 @@ class Advice:
 
     def summary(self) -> str:
         pruned = ", ".join(f"{n} {why}" for why, n in self.pruned.items() if n)
+        steps = [c.step for c in (self.ranked or self.rejected)[:1]]
+        how = ""
+        if steps and steps[0].measured_model:
+            how = f". Step times and MFU are predictions: {accuracy_text()}"
+        elif steps and steps[0].ideal:
+            how = ". Step times are the ideal roofline (matmuls at peak): MFU marked ≤ is an upper bound"
         return (f"{self.task} of {self._model_name()} on {self.cluster.name}, batch {self.batch[0]} x {self.batch[1]}: "
                 f"{self.considered} layouts predicted in {self.seconds:.2f} s, {len(self.ranked)} fit"
-                + (f" (pruned before: {pruned})" if pruned else ""))
+                + (f" (pruned before: {pruned})" if pruned else "") + how)
 
     def _model_name(self) -> str:
         return getattr(getattr(self.model, "config", None), "model_type", type(self.model).__name__)
@@ -320,16 +331,18 @@ def _abstract_model(model_or_config: tp.Any, dtype: tp.Any) -> tp.Any:
 def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_len: int, task: str = "train",
            optimizer: str = "adamw", remat: str | tp.Sequence[str] | None = None,
            constraints: Constraints | None = None, partition_axis: PartitionAxis | None = None,
-           rules: tp.Sequence[tuple[str, tp.Any]] | None = None, confirm: int = 0, efficiency: float = 1.0,
+           rules: tp.Sequence[tuple[str, tp.Any]] | None = None, confirm: int = 0, efficiency: float | None = None,
            dtype: tp.Any = None) -> Advice:
     """Rank the layouts of ``model_or_config`` on ``cluster`` for a ``task`` step (see the module doc).
 
     ``batch_tokens`` tokens per step in sequences of ``seq_len`` (train, prefill); for ``"decode"``,
     ``batch_tokens`` sequences each decode one token against a KV cache of ``seq_len``. ``remat``: one policy,
     several, or None (train: all three; prefill and decode have no backward). ``confirm``: compile the top
-    ``confirm`` layouts (:meth:`Advice.confirm`). ``efficiency``: the fraction of peak FLOP/s matmuls reach (1, the
-    default: the roofline's ideal, so each MFU is an upper bound). ``dtype``: of an abstract model built from a
-    config (default bfloat16).
+    ``confirm`` layouts (:meth:`Advice.confirm`). Each step is priced by the measured step model
+    (:func:`~workbench.core.cost.predicted.predict_step`: kernels at the efficiencies real ones reach, only the
+    communication nothing hides; its MFU is a prediction, with the model's spread on published runs in
+    :meth:`Advice.summary`); ``efficiency`` (a float) prices with the ideal roofline at that fraction of peak instead
+    (1: each MFU an upper bound). ``dtype``: of an abstract model built from a config (default bfloat16).
     """
     import jax.numpy as jnp
 

@@ -23,6 +23,7 @@ Bubble fraction = idle ticks / all ticks: ``(p - 1) / (m + p - 1)`` for GPipe an
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing as tp
 
 import numpy as np
@@ -37,12 +38,16 @@ IDLE, FORWARD, BACKWARD = 0, 1, 2
 class PipelineConfig:
     """``num_stages`` pipeline devices (the ``pp`` axis size), ``num_microbatches`` per step, a ``schedule``
     ("gpipe", "1f1b", "interleaved" / "circular") and, for interleaved, ``virtual_stages`` per device
-    (default 2)."""
+    (default 2). ``uneven=True`` lets the layers split into stages of unequal depth, as real runs do when the
+    stages do not divide them (Llama 3 405B: 126 layers on 16 stages, the first and last one layer short):
+    :func:`~workbench.core.cost.predicted.predict_step` prices the deepest stage (:meth:`stage_layers`); the
+    compiled pipeline (:mod:`workbench.core.pipeline`) runs equal stages only."""
 
     num_stages: int
     num_microbatches: int
     schedule: str = "1f1b"
     virtual_stages: int | None = None
+    uneven: bool = False
 
     def __post_init__(self):
         for name in ("num_stages", "num_microbatches"):
@@ -83,6 +88,15 @@ class PipelineConfig:
         """``V = num_stages * virtual_stages``: how many pieces the layers are cut into."""
         return self.num_stages * self.virtual_stages
 
+    def stage_layers(self, num_layers: int) -> int:
+        """Layers of the deepest stage: :meth:`check_layers`, or with ``uneven`` the layers split as evenly as
+        they go (``ceil(num_layers / total_stages)``)."""
+        if self.uneven:
+            if num_layers < self.total_stages:
+                raise ValueError(f"{num_layers} layers cannot fill {self.total_stages} stages; use fewer stages")
+            return math.ceil(num_layers / self.total_stages)
+        return self.check_layers(num_layers)
+
     def check_layers(self, num_layers: int) -> int:
         """Layers per stage; a ValueError that says what would divide when ``num_layers`` does not."""
         v_total = self.total_stages
@@ -90,7 +104,9 @@ class PipelineConfig:
             fits = [s for s in range(1, num_layers + 1) if num_layers % (s * self.virtual_stages) == 0]
             raise ValueError(f"{num_layers} layers do not split into {v_total} equal stages "
                              f"({self.num_stages} devices x {self.virtual_stages} stages each); num_stages may "
-                             f"be {', '.join(map(str, fits))} for this model")
+                             f"be {', '.join(map(str, fits))} for this model"
+                             + (" (uneven=True is priced by predict_step; the compiled pipeline runs equal stages)"
+                                if self.uneven else " (or uneven=True, priced by predict_step)"))
         return num_layers // v_total
 
     def check_batch(self, batch_size: int, data_ways: int = 1) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import typing as tp
 
+from workbench.core.cost.published import accuracy_text
 from workbench.core.mesh import MESH_AXES
 from workbench.core.units import format_bytes, format_seconds
 from workbench.widgets._html import escape
@@ -131,7 +132,12 @@ def step_time_html(st: tp.Any, *, width_px: int = 520, top: int = 8) -> str:
                    f'<div style="display:flex;width:{width_px}px">'
                    f'{_bar([("wb-step-bar", color, s, f"{name}: {format_seconds(s)}")], scale, width_px, 12)}</div>'
                    f"<div>{escape(format_seconds(s))}</div></div>" for name, color, s in phases)
-    how = "the parts overlap: the step takes the longest" if st.overlap else "the parts run one after another"
+    if st.measured_model:
+        how = ("the step is the sum of its terms: " + ", ".join(f"{t.name} {format_seconds(t.seconds)}"
+                                                                for t in st.terms if t.seconds)
+               + f". How true: {accuracy_text()}")
+    else:
+        how = "the parts overlap: the step takes the longest" if st.overlap else "the parts run one after another"
     xla = (f" · XLA's own estimate {format_seconds(st.xla_seconds)} (counts a loop body once: about one layer)"
            if st.xla_seconds is not None else "")
     head = (f'<div class="wb-step-total" style="font-weight:600">predicted step: {escape(format_seconds(st.time_s))}, '

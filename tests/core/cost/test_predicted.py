@@ -115,7 +115,9 @@ def test_llama_70b_fsdp_needs_850_tokens_per_chip_on_three_axes():
 
 
 def test_llama_70b_fsdp_with_tp_stays_compute_bound_where_fsdp_with_sp_does_not():
-    """APPLIED_TRAINING, takeaway of "How to Shard LLaMA 3-70B for Training": at ~500 tokens per chip "we will be
+    """The book's ideal roofline (efficiency=1.0), the form its chapters derive.
+
+    APPLIED_TRAINING, takeaway of "How to Shard LLaMA 3-70B for Training": at ~500 tokens per chip "we will be
     comms-bound if we try to do pure FSDP or FSDP + sequence parallelism", while FSDP with 4-way tensor
     parallelism is not ICI-bound (the FSDP + TP discriminant 2 * 2550^2 / F = 453 tokens per chip is below it).
     On a v5p:4x16x16 slice at 512 tokens per chip."""
@@ -123,8 +125,8 @@ def test_llama_70b_fsdp_with_tp_stays_compute_bound_where_fsdp_with_sp_does_not(
     v5p = Cluster.tpu("v5p:4x16x16")
     batch = (256, 2048)
     assert batch[0] * batch[1] / v5p.num_devices == 512
-    fsdp_tp = predict_step(c, v5p, {"fsdp": 256, "tp": 4}, batch=batch, remat="none")
-    fsdp_sp = predict_step(c, v5p, {"fsdp": 256, "sp": 4}, batch=batch, remat="none")
+    fsdp_tp = predict_step(c, v5p, {"fsdp": 256, "tp": 4}, batch=batch, remat="none", efficiency=1.0)
+    fsdp_sp = predict_step(c, v5p, {"fsdp": 256, "sp": 4}, batch=batch, remat="none", efficiency=1.0)
     assert fsdp_tp.bound == "compute" and fsdp_sp.bound == "communication"
     assert fsdp_tp.compute_s == pytest.approx(fsdp_sp.compute_s)  # the same work, split differently
     assert 2 * 2550**2 / c.intermediate_size == pytest.approx(453, abs=1)
@@ -133,7 +135,9 @@ def test_llama_70b_fsdp_with_tp_stays_compute_bound_where_fsdp_with_sp_does_not(
 # -- the inference chapters: decode reads weights and KV caches -------------------------------------------------
 @pytest.mark.parametrize("sequences", [1, 16, 64])
 def test_llama_70b_decode_is_bound_by_reading_weights_and_kv_cache(sequences):
-    """APPLIED_INFERENCE, "Visualizing the Latency Throughput Tradeoff": LLaMA 3-70B with 16-way tensor
+    """The book's ideal roofline (efficiency=1.0), the form its chapters derive.
+
+    APPLIED_INFERENCE, "Visualizing the Latency Throughput Tradeoff": LLaMA 3-70B with 16-way tensor
     parallelism on a TPU v5e 4x4; a generate step loads the parameters and the KV caches from HBM (8.1e11 B/s a
     chip): "we are strongly KV cache memory bandwidth-bound ... in almost all of these configurations". KV
     cache in bf16: 2 K H L x 2 bytes = 324 kB a token (the chapter's table). The embedding table is looked up,
@@ -145,7 +149,8 @@ def test_llama_70b_decode_is_bound_by_reading_weights_and_kv_cache(sequences):
     context = 8192
     kv_per_token = 2 * c.num_key_value_heads * c.head_dim * c.num_hidden_layers * BF16
     assert kv_per_token == 327_680
-    step = predict_step(c, Cluster.tpu("v5e:4x4"), {"tp": 16}, batch=(sequences, context), task="decode")
+    step = predict_step(c, Cluster.tpu("v5e:4x4"), {"tp": 16}, batch=(sequences, context), task="decode",
+                        efficiency=1.0)
     weights = BF16 * (sum(params.values()) - params["embed_tokens"])
     book = (weights + sequences * context * kv_per_token) / (16 * 8.1e11)
     assert book <= step.memory_s <= book * (1.01 if sequences == 1 else 1.1)
@@ -158,13 +163,16 @@ def test_llama_70b_decode_is_bound_by_reading_weights_and_kv_cache(sequences):
 
 
 def test_decode_mlp_turns_compute_bound_past_the_critical_batch():
-    """APPLIED_INFERENCE, "bulk inference": "FFW blocks are compute bound when B > 240" (C / W_hbm of a v5e,
+    """The book's ideal roofline (efficiency=1.0), the form its chapters derive.
+
+    APPLIED_INFERENCE, "bulk inference": "FFW blocks are compute bound when B > 240" (C / W_hbm of a v5e,
     bf16 weights). The book counts weight bytes only; we also count the activations' reads and writes
     (about 8 D and 6 F / tp elements a token), which move the crossing up to about 400."""
     c = full_config("llama-3-70b")
 
     def ratio(b):
-        mlp = predict_step(c, Cluster.tpu("v5e:4x4"), {"tp": 16}, batch=(b, 16), task="decode").by_kind()["mlp"]
+        mlp = predict_step(c, Cluster.tpu("v5e:4x4"), {"tp": 16}, batch=(b, 16), task="decode",
+                           efficiency=1.0).by_kind()["mlp"]
         return mlp["compute_s"] / mlp["memory_s"]
 
     assert ratio(240) < 1 < ratio(480)
@@ -174,20 +182,24 @@ def test_decode_mlp_turns_compute_bound_past_the_critical_batch():
 
 
 def test_fsdp_is_infeasible_for_decode():
-    """APPLIED_INFERENCE, "Can we actually serve on a 4x8?": "FSDP is totally infeasible because of its high
+    """The book's ideal roofline (efficiency=1.0), the form its chapters derive.
+
+    APPLIED_INFERENCE, "Can we actually serve on a 4x8?": "FSDP is totally infeasible because of its high
     cost at small batch sizes (basically, moving weights ... is very expensive compared to moving
     activations)": gathering every layer's weights each step is communication-bound, far slower than tensor
     parallelism's activation all-reduces."""
     c = full_config("llama-3-70b")
     v5e = Cluster.tpu("v5e:4x4")
-    fsdp = predict_step(c, v5e, {"fsdp": 16}, batch=(16, 4096), task="decode")
-    tensor = predict_step(c, v5e, {"tp": 16}, batch=(16, 4096), task="decode")
+    fsdp = predict_step(c, v5e, {"fsdp": 16}, batch=(16, 4096), task="decode", efficiency=1.0)
+    tensor = predict_step(c, v5e, {"tp": 16}, batch=(16, 4096), task="decode", efficiency=1.0)
     assert fsdp.bound == "communication" and tensor.bound == "memory"
     assert fsdp.time_s > 5 * tensor.time_s
 
 
 def test_decode_reads_only_the_experts_its_tokens_reach():
-    """INFERENCE, "Mixture of Experts" (and "Serving LLaMA 3"'s takeaway, decode time is the bytes loaded): a
+    """The book's ideal roofline (efficiency=1.0), the form its chapters derive.
+
+    INFERENCE, "Mixture of Experts" (and "Serving LLaMA 3"'s takeaway, decode time is the bytes loaded): a
     decode step reads only the routed experts some token picked, on average 1 - (1 - 1/E)^(tokens k) of them,
     plus the shared experts and the router. DeepSeek-V3 at one sequence on 8 x 8 H100 (ep=64, 4 of the 256
     experts a device): 8 of 256 picked, 3 %; at 64 sequences most of them."""
@@ -198,7 +210,7 @@ def test_decode_reads_only_the_experts_its_tokens_reach():
     always = sum(params[f"layers/mlp/{w}"] for w in ("shared_gate", "shared_up", "shared_down", "router_kernel"))
 
     def experts_bytes(sequences):
-        step = predict_step(c, cluster, {"ep": 64}, batch=(sequences, 4096), task="decode")
+        step = predict_step(c, cluster, {"ep": 64}, batch=(sequences, 4096), task="decode", efficiency=1.0)
         return step.by_kind()["experts"]["memory_s"] * cluster.chip.hbm_bandwidth
 
     picked = 1 - (1 - 1 / 256) ** 8
@@ -224,7 +236,9 @@ def test_tensor_parallelism_across_nodes_runs_on_the_slower_network():
 
 # -- pipelines ------------------------------------------------------------------------------------------------
 def test_a_pipeline_adds_its_bubble_to_the_step():
-    """The bubble is the schedules' closed form (p - 1) / (v m + p - 1) (Narayanan et al. 2021), what the
+    """The book's ideal roofline (efficiency=1.0), the form its chapters derive.
+
+    The bubble is the schedules' closed form (p - 1) / (v m + p - 1) (Narayanan et al. 2021), what the
     schedule's own table measures; it idles that share of the ticks, f / (1 - f) times the pipelined layers'
     busy time added to the step. Without FSDP the busy time does not depend on m: twice the microbatches,
     about half the bubble; interleaving (v = 2) halves it too."""
@@ -233,7 +247,8 @@ def test_a_pipeline_adds_its_bubble_to_the_step():
     mesh = {"pp": 4, "dp": 2, "tp": 8}
 
     def step(m, schedule="1f1b"):
-        return predict_step(c, cluster, mesh, batch=(64, 4096), pipeline=PipelineConfig(4, m, schedule))
+        return predict_step(c, cluster, mesh, batch=(64, 4096), pipeline=PipelineConfig(4, m, schedule),
+                            efficiency=1.0)
 
     one = step(8)
     assert one.bubble_fraction == pytest.approx(3 / 11)

@@ -61,6 +61,9 @@ GB = 1e9
 _HOPPER = (("bf16", 989e12), ("fp8", 1979e12), ("int8", 1979e12))
 H100 = Hardware("H100 SXM", 989e12, 3.35e12, 450e9, SWITCH, 80 * GB, _HOPPER)
 H200 = Hardware("H200 SXM", 989e12, 4.8e12, 450e9, SWITCH, 141 * GB, _HOPPER)
+# Meta's Grand Teton H100 (torchtitan's benchmarks ran on it): the same SM as the SXM, 96 GB of HBM2e at 2.4 TB/s,
+# power-limited to 500 W (torchtitan, benchmarks/llama3_h100_202412_torchtitan.md).
+H100_500W = Hardware("H100 96GB HBM2e 500 W", 989e12, 2.4e12, 450e9, SWITCH, 96 * GB, _HOPPER)
 # Scaling book, "How to Think About TPUs", chip table (FLOP/s bf16 / int8, HBM bytes and B/s per chip) and
 # ICI table (B/s per link, one way): v4p 2.75e14 / 2.75e14, 32 GB, 1.2e12, ICI 4.5e10; v5p 4.59e14 / 9.18e14,
 # 96 GB, 2.8e12, 9e10; v5e 1.97e14 / 3.94e14, 16 GB, 8.1e11, 4.5e10; v6e 9.2e14 / 1.84e15, 32 GB, 1.6e12, 9e10.

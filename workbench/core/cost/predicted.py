@@ -102,11 +102,13 @@ import numbers
 import typing as tp
 
 from workbench.core.cluster import Cluster
+from workbench.core.cost.calibration import ADAMW_F32_BYTES, FLASH_BACKWARD, calibration
 from workbench.core.cost.flops import model_flops, model_shapes
+from workbench.core.cost.kernels import attention_efficiency, gemm_efficiency, memory_seconds
 from workbench.core.cost.ledger import REMATS, TASKS
 from workbench.core.cost.network import transfer
 from workbench.core.cost.roofline import rate_dtype, roofline
-from workbench.core.cost.step_time import CollectiveTime, StepTime, WorkPart
+from workbench.core.cost.step_time import CollectiveTime, StepTime, Term, WorkPart
 from workbench.core.mesh import MESH_AXES
 from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.sharding.zero import check_zero_stage
@@ -114,6 +116,9 @@ from workbench.core.sharding.zero import check_zero_stage
 WORK_KINDS = ("attention", "mlp", "experts", "embedding+head", "optimizer", "pipeline")
 BATCH_AXES = ("fsdp", "dp")  # PartitionAxis.batch_axis
 _ITEM_BYTES = {"bf16": 2, "int8": 1, "fp8": 1}
+# a bf16 operand cast to fp8 with a dynamic per-tensor scale: read for its amax, read and written as fp8 (the
+# second read fused with the first where the compiler can: Transformer Engine, torch.compile)
+FP8_CAST_BYTES = 3
 ADAMW_ACCESSES = 7  # reads: param, grad, mu, nu; writes: param, mu, nu
 # HBM traffic of the loss: float32 logits written, their softmax, their cotangent. Bytes moved, not the ledger's
 # LOGITS_COPIES (the copies resident at once, measured per compiler).
@@ -124,22 +129,37 @@ _EXPERT_W = ("ep", "fsdp", "tp")
 
 
 class _Acc:
-    """Per-kind FLOPs and bytes, and the collectives (merged when alike), as :func:`predict_step` adds them."""
+    """Per-kind FLOPs and bytes, the collectives (merged when alike), and what the step model prices beyond the
+    roofline: each kind's GEMMs by shape, its flash-attention FLOPs, its memory-bound bytes."""
 
-    def __init__(self, sizes: dict[str, int]):
+    def __init__(self, sizes: dict[str, int], fp8: bool = False):
         self.sizes = sizes
+        self.fp8 = fp8
         self.flops = dict.fromkeys(WORK_KINDS, 0.0)
         self.bytes = dict.fromkeys(WORK_KINDS, 0.0)
         self.comms: dict[tuple, list] = {}
+        self.gemms: list[tuple[str, float, float, float, float, float, float]] = []
+        self.attention: list[tuple[float, float, float, float, float, float]] = []
+        self.fused = dict.fromkeys(WORK_KINDS, 0.0)
 
     def comm(self, part: str, kind: str, axes: tp.Sequence[str], nbytes: float, runs: float, name: str,
-             pipelined: bool = False) -> None:
+             pipelined: bool = False, role: str = "critical") -> None:
         axes = tuple(a for a in axes if self.sizes[a] > 1)
         if not axes or runs <= 0 or nbytes <= 0:
             return
         key = (part, kind, axes, int(nbytes), name)
-        entry = self.comms.setdefault(key, [0, pipelined])
+        entry = self.comms.setdefault(key, [0, pipelined, role])
         entry[0] += int(runs)
+
+    def gemm(self, part: str, m: float, k: float, n: float, forward: float, backward: float, again: float = 0.0
+             ) -> None:
+        """``forward`` runs of an ``(m, k) @ (k, n)`` GEMM, ``backward`` runs of its two gradients, ``again``
+        recomputed forwards."""
+        if m > 0 and k > 0 and n > 0 and forward > 0:
+            self.gemms.append((part, m, k, n, forward, backward, again))
+            if self.fp8 and part != "embedding+head":  # dynamic scaling: operands read for amax, written as fp8
+                self.fused[part] += FP8_CAST_BYTES * ((forward + again) * (m * k + k * n)
+                                                      + backward * (m * n + m * k))
 
 
 def _check(task: str, remat: str, batch: tp.Any, batch_axes: tp.Sequence[str], mesh_shape: tp.Mapping[str, int],
@@ -169,8 +189,10 @@ def _check(task: str, remat: str, batch: tp.Any, batch_axes: tp.Sequence[str], m
 
 def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, int], *, batch: tuple[int, int],
                  task: str = "train", remat: str = "full", pipeline: PipelineConfig | None = None,
-                 kv_length: int | None = None, dtype: tp.Any = "bf16", efficiency: float = 1.0, overlap: bool = True,
-                 batch_axes: tp.Sequence[str] = BATCH_AXES, zero_stage: int = 0) -> StepTime:
+                 kv_length: int | None = None, dtype: tp.Any = "bf16", efficiency: float | None = None,
+                 overlap: bool = True, batch_axes: tp.Sequence[str] = BATCH_AXES, zero_stage: int = 0,
+                 grad_accumulation: int = 1, recompute: float | None = None, capacity_factor: float | None = None,
+                 tp_overlap: bool | None = None, causal: bool = True) -> StepTime:
     """The predicted time of one ``task`` step of ``config`` on ``cluster`` with a mesh of ``mesh_shape`` (workbench
     axes, e.g. ``{"fsdp": 16, "tp": 4}``), derived from shapes alone (see the module doc for every term).
 
@@ -178,11 +200,21 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     and the context length (one new token each; ``kv_length`` overrides the length). ``remat`` is the layers'
     rematerialisation policy (train only); ``pipeline`` a :class:`PipelineConfig` whose ``num_stages`` is the
     mesh's ``pp``; ``dtype`` the parameters' and activations' ("bf16", or "int8" / "fp8": 1 byte, their peak
-    rate); ``efficiency`` the fraction of peak FLOP/s matmuls reach (1, the roofline's ideal: the step's MFU and
-    HFU are then upper bounds); ``overlap`` whether compute, memory and communication overlap; ``batch_axes`` the
-    mesh axes the batch splits over; ``zero_stage=1`` the optimizer state split over ``dp`` (ZeRO-1,
-    :mod:`workbench.core.sharding.zero`). Raises ``ValueError`` for a batch or sequence the mesh does not divide,
-    and for ``pp > 1`` without a matching ``pipeline``.
+    rate); ``batch_axes`` the mesh axes the batch splits over; ``zero_stage=1`` the optimizer state split over
+    ``dp`` (ZeRO-1, :mod:`workbench.core.sharding.zero`).
+
+    By default the step is priced by the measured step model (:func:`_measured_terms`): kernels at the efficiencies
+    :mod:`~workbench.core.cost.calibration` cites, memory-bound work beside the matmuls, and only the communication
+    that nothing hides (``overlap=False``: none hidden). ``grad_accumulation`` microbatches run one after another
+    (no pipeline); ``recompute`` the fraction of a layer's forward matmuls its backward recomputes (default: 1 under
+    ``remat="full"``, else 0; MaxText's "minimal" / "save_qkv_proj" policies lie between); ``capacity_factor`` pads
+    each expert to ``factor x`` its balanced share of tokens (None: dropless, ragged GEMMs); ``tp_overlap`` hides
+    the tensor-parallel collectives behind the matmuls (collective matmul, async TP; default: on TPU, where XLA
+    decomposes them into windowed einsums unless told not to, off on GPU, where it takes async TP or Megatron's
+    ``--tp-comm-overlap``); ``causal`` lets the attention kernel skip masked tiles. ``efficiency`` (a float) prices
+    the old way instead: the roofline with matmuls at that fraction of peak, compute, memory and communication
+    overlapped (1: the ideal, whose MFU and HFU are upper bounds). Raises ``ValueError`` for a batch or sequence
+    the mesh does not divide, and for ``pp > 1`` without a matching ``pipeline``.
     """
     sizes = _check(task, remat, batch, batch_axes, mesh_shape, cluster)
     zero = check_zero_stage(zero_stage) == 1 and task == "train" and sizes["dp"] > 1
@@ -203,12 +235,24 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
         raise ValueError(f"the mesh has pp={pp}: pass pipeline=PipelineConfig(num_stages={pp}, num_microbatches=...)")
     if pipeline is not None and pipeline.num_stages != pp:
         raise ValueError(f"PipelineConfig(num_stages={pipeline.num_stages}) but the mesh has pp={pp}; make them equal")
-    m = pipeline.num_microbatches if pipeline is not None else 1
+    if isinstance(grad_accumulation, bool) or not isinstance(grad_accumulation, int) or grad_accumulation < 1:
+        raise ValueError(f"grad_accumulation is a positive int (microbatches a step); got {grad_accumulation!r}")
+    if pipeline is not None and grad_accumulation != 1:
+        raise ValueError("a pipeline's microbatches are its gradient accumulation: pass num_microbatches in "
+                         "PipelineConfig and leave grad_accumulation=1")
+    if recompute is not None and not 0 <= recompute <= 1:
+        raise ValueError(f"recompute is the fraction of the forward's matmuls recomputed, in [0, 1]; got {recompute}")
+    if capacity_factor is not None and capacity_factor <= 0:
+        raise ValueError(f"capacity_factor pads each expert's tokens: a positive number; got {capacity_factor}")
+    if big % (data * grad_accumulation):
+        raise ValueError(f"{big} sequences do not split into {grad_accumulation} microbatches over {data} "
+                         f"data-parallel ways; use a batch that is a multiple of {data * grad_accumulation}")
+    m = pipeline.num_microbatches if pipeline is not None else grad_accumulation
     v = pipeline.virtual_stages if pipeline is not None else 1
     if pipeline is not None:
         pipeline.check_batch(big, data)
     stacked = s.layers - s.dense_layers
-    stacked_dev = pipeline.check_layers(stacked) * v if pipeline is not None else stacked
+    stacked_dev = pipeline.stage_layers(stacked) * v if pipeline is not None else stacked
     bubble = pipeline.bubble_fraction if pipeline is not None else 0.0
 
     seqs = big // data  # sequences a device holds
@@ -228,8 +272,10 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     w_reads = (2 + r) * m if train else m
     grad_writes = m if train else 0
     acts = passes  # activation traffic: forward, the backward's two reads, a recompute
+    rg = (r if recompute is None else recompute) if train else 0  # forward matmuls recomputed, as a fraction
+    fused_passes = 1 + (2 + (remat != "none" or rg > 0) if train else 0)  # forward, backward's two, recompute
     tokens = set(batch_axes) | ({"sp"} if not decode else set())
-    acc = _Acc(sizes)
+    acc = _Acc(sizes, fp8=rate == "fp8")
 
     def gather(axes: tp.Sequence[str]) -> tuple[str, ...]:
         return tuple(a for a in ("fsdp", "sp") if a in axes and sizes[a] > 1)
@@ -241,16 +287,19 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
         g = gather(axes)
         ways = math.prod(sizes[a] for a in g)
         acc.comm(part, "all-gather", g, gathered_bytes, layers * (g_runs if gathers is None else gathers),
-                 f"{name} weights (FSDP)", pipelined)
+                 f"{name} weights (FSDP)", pipelined, "gather")
         shard = gathered_bytes / ways
         if train:
-            acc.comm(part, "reduce-scatter", g, shard, layers, f"{name} gradients (FSDP)")
+            # sharded gradients are reduce-scattered per microbatch of an accumulation (a pipeline's once a step)
+            acc.comm(part, "reduce-scatter", g, shard, layers * (1 if pipeline is not None else m),
+                     f"{name} gradients (FSDP)", role="grad")
             reduce = [a for a in MESH_AXES if a in tokens and a not in axes]
             if zero and "dp" in reduce:  # ZeRO-1: the dp share reduce-scattered, the updated block gathered back
                 reduce.remove("dp")
-                acc.comm(part, "reduce-scatter", ("dp",), shard / sizes["dp"], layers, f"{name} gradients (ZeRO-1)")
+                acc.comm(part, "reduce-scatter", ("dp",), shard / sizes["dp"], layers, f"{name} gradients (ZeRO-1)",
+                         role="grad")
                 acc.comm(part, "all-gather", ("dp",), shard, layers, f"{name} updated weights (ZeRO-1)")
-            acc.comm(part, "all-reduce", reduce, shard, layers, f"{name} gradients (data parallel)")
+            acc.comm(part, "all-reduce", reduce, shard, layers, f"{name} gradients (data parallel)", role="grad")
         return shard * layers
 
     def gather_writes(axes: tp.Sequence[str]) -> int:
@@ -277,13 +326,25 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
         attn_bytes += ab * kv_cache * n
     acc.flops["attention"] += layers_attn * attn_flops
     acc.bytes["attention"] += layers_attn * attn_bytes
+    runs_f, runs_b, runs_r = layers_attn * m, layers_attn * m * train, layers_attn * m * rg
+    if s.kv_split:  # the fused q, k, v projection and the output projection
+        acc.gemm("attention", nm, d, (heads * s.score_v + kv_ring), runs_f, runs_b, runs_r)
+        acc.gemm("attention", nm, heads * s.score_v, d, runs_f, runs_b, runs_r)
+    else:  # MLA: its projections as one GEMM of their total width
+        acc.gemm("attention", nm, d, (s.attn_split / tp_ + s.attn_rep) / d, runs_f, runs_b, runs_r)
+    acc.attention.append((layers_attn * m * 2 * nm * span_kv * heads * (s.score_qk + s.score_v),
+                          0.5 if causal and not decode and length > 1 else 1.0, span_kv, s.score_qk,
+                          (FLASH_BACKWARD + rg) if train else 0.0,
+                          layers_attn * ab * (kv_cache * seqs * span_kv if decode else n * s.attn_act_split / tp_)))
+    acc.fused["attention"] += layers_attn * m * ab * nm * (NORM_RESIDUAL * d + s.attn_act_split / tp_) * fused_passes
     shard_bytes += weights("attention", w_attn, _DENSE_W, layers_attn, "attention")
     tp_runs = m * (1 + (1 + r if train else 0))
-    acc.comm("attention", "all-reduce", ("tp",), nm * d * ab, layers_attn * tp_runs, "attention output (TP)", True)
+    acc.comm("attention", "all-reduce", ("tp",), nm * d * ab, layers_attn * tp_runs, "attention output (TP)", True,
+             "tp")
     if not decode:
         ring = m * (sp - 1) * (1 + (2 + r if train else 0))
         acc.comm("attention", "collective-permute", ("sp",), nm * kv_ring * ab, layers_attn * ring,
-                 "K, V round the ring (SP)", True)
+                 "K, V round the ring (SP)", True, "ring")
     else:
         acc.comm("attention", "all-reduce", ("sp",), seqs * heads * (s.score_v + 2) * 4, layers_attn,
                  "partial attention outputs (SP)", True)
@@ -296,10 +357,18 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     mlp_bytes += acts * ab * n * (s.mlp_act_full + s.mlp_act_split / tp_ + NORM_RESIDUAL * d)
     mlp_tp_runs = m * (1 + (1 + (r if s.recompute_down else 0) if train else 0))
     if layers_dense:
+        width = s.mlp_down / d  # F
+        acc.gemm("mlp", nm, d, (s.mlp - s.mlp_down) / d / tp_, layers_dense * m, layers_dense * m * train,
+                 layers_dense * m * rg)
+        acc.gemm("mlp", nm, width / tp_, d, layers_dense * m, layers_dense * m * train,
+                 layers_dense * m * rg * s.recompute_down)
+        acc.fused["mlp"] += (layers_dense * m * ab * nm * (NORM_RESIDUAL * d + (s.mlp_act_split - 2 * width) / tp_)
+                             * fused_passes)
         acc.flops["mlp"] += layers_dense * mlp_flops
         acc.bytes["mlp"] += layers_dense * mlp_bytes
         shard_bytes += weights("mlp", w_mlp, _DENSE_W, layers_dense, "MLP")
-        acc.comm("mlp", "all-reduce", ("tp",), nm * d * ab, layers_dense * mlp_tp_runs, "MLP output (TP)", True)
+        acc.comm("mlp", "all-reduce", ("tp",), nm * d * ab, layers_dense * mlp_tp_runs, "MLP output (TP)", True,
+                 "tp")
 
     # -- mixtures of experts ------------------------------------------------------------------------------------
     moe_flops = moe_bytes = 0.0
@@ -320,6 +389,24 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
         moe_bytes += acts * ab * (n * (2 * d + s.router / d + NORM_RESIDUAL * d)  # router in / out, norm, residual
                                   + copies * (3 * d + 6 * fe + 4 * d)  # the experts' matmuls, dispatch and return
                                   + (n * (3 * d + 6 * s.shared_width / tp_) if s.shared else 0))
+        fe_mat = s.expert / d  # the expert's widths: 3 Fe gated
+        local = s.experts / ep
+        per_expert = copies / m * ep / s.experts  # tokens one of this device's experts takes, balanced
+        rows = per_expert * (capacity_factor or 1.0)
+        runs_e = layers_moe * m * local
+        acc.gemm("experts", rows, d, (fe_mat - s.expert_width) / tp_, runs_e, runs_e * train, runs_e * rg)
+        acc.gemm("experts", rows, s.expert_width / tp_, d, runs_e, runs_e * train, runs_e * rg)
+        if s.shared:
+            acc.gemm("experts", nm, d, 2 * s.shared_width / tp_, layers_moe * m, layers_moe * m * train,
+                     layers_moe * m * rg)
+            acc.gemm("experts", nm, s.shared_width / tp_, d, layers_moe * m, layers_moe * m * train,
+                     layers_moe * m * rg)
+        acc.gemm("experts", n_e / m, d, s.experts, layers_moe * m, layers_moe * m * train, layers_moe * m * rg)
+        # a token's norm and residual, the router's softmax; each routed copy permuted out and back (read and
+        # write, dispatch and combine) and its gated activation over the (padded) rows
+        acc.fused["experts"] += layers_moe * m * ab * fused_passes * (
+            nm * (NORM_RESIDUAL * d + 2 * s.experts) + local * rows * (4 * d + 3 * s.expert_width / tp_)
+            + (nm * 3 * s.shared_width / tp_ if s.shared else 0))
         acc.flops["experts"] += layers_moe * moe_flops
         acc.bytes["experts"] += layers_moe * moe_bytes
         shard_bytes += weights("experts", w_exp, _EXPERT_W, layers_moe, "expert")
@@ -334,7 +421,7 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
             if train:
                 acc.comm("experts", "reduce-scatter", ("ep",), nm / ep * d * ab, layers_moe * m,
                          "token split (EP)", True)
-        acc.comm("experts", "all-reduce", ("tp",), nm * d * ab, layers_moe * tp_runs, "MoE output (TP)", True)
+        acc.comm("experts", "all-reduce", ("tp",), nm * d * ab, layers_moe * tp_runs, "MoE output (TP)", True, "tp")
 
     # -- embedding and head (outside the pipeline and the remat policy) ----------------------------------------
     w_head = s.head / tp_ * wb
@@ -345,15 +432,20 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     head_bytes += ab * n_head * vocab * (2 if train else 1) + (LOGITS_PASSES * 4 * n_head * vocab if train else 0)
     head_bytes += ab * n * d * (4 if train else 2) + (w_embed if train else 0)  # lookups (and their gradient)
     acc.flops["embedding+head"] += head_flops
+    acc.gemm("embedding+head", n_head / m, d, vocab, m, m * train)
+    acc.fused["embedding+head"] += ((LOGITS_PASSES * 4 * n_head * vocab if train else 0)
+                                    + ab * n * d * (4 if train else 2))
     acc.bytes["embedding+head"] += head_bytes
     shard_bytes += weights("embedding+head", w_head, _DENSE_W, 1, "head", gathers=2 if train else 1, pipelined=False)
     if s.embed:
         shard_bytes += weights("embedding+head", w_embed, _DENSE_W, 1, "embedding", gathers=1, pipelined=False)
-    acc.comm("embedding+head", "all-reduce", ("tp",), n * d * ab, 1 + train, "embedding lookup, head input (TP)")
+    acc.comm("embedding+head", "all-reduce", ("tp",), n * d * ab, 1 + train, "embedding lookup, head input (TP)",
+             role="tp")
 
     # -- the optimizer and the pipeline ---------------------------------------------------------------------------
     if train:
         acc.bytes["optimizer"] += ADAMW_ACCESSES * shard_bytes / (sizes["dp"] if zero else 1)
+        acc.fused["optimizer"] += ADAMW_F32_BYTES * shard_bytes / wb / (sizes["dp"] if zero else 1)
     if pp > 1:
         acc.comm("pipeline", "collective-permute", ("pp",), nm * d * ab, m * v * (2 if train else 1),
                  "activations between stages (PP)", True)
@@ -362,14 +454,27 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     # the share of each kind's per-layer collectives the schedule runs (a MoE's dense prefix runs before it)
     staged = {"attention": stacked_dev / layers_attn, "mlp": 0.0 if s.moe or not layers_dense else 1.0,
               "experts": 1.0, "pipeline": 1.0}
+    parts = tuple(WorkPart(kind, acc.flops[kind], acc.bytes[kind]) for kind in WORK_KINDS
+                  if acc.flops[kind] or acc.bytes[kind])
+    # MFU's model FLOPs (PaLM's): the whole step's, shared over every device; work a device repeats is not counted
+    model = model_flops(config, batch, task=task, kv_length=kv_length) / cluster.num_devices
+    flops, hbm = sum(acc.flops.values()), sum(acc.bytes.values())
+    if efficiency is None:
+        if tp_overlap is None:
+            tp_overlap = cluster.platform == "tpu"
+        timed, terms, achieved, hardware = _measured_terms(acc, cluster, mesh, rate, train=train, overlap=overlap,
+                                                           tp_overlap=tp_overlap, staged=staged, bubble=bubble,
+                                                           fused_passes=fused_passes)
+        line = roofline(hardware, hbm, cluster, rate)
+        return StepTime(cluster, mesh, line, timed, achieved, overlap, None, parts, bubble, terms[-1].seconds, model,
+                        terms)
     timed = []
     pipelined_s = 0.0
-    for (part, kind, axes, nbytes, name), (runs, pipelined) in acc.comms.items():
+    for (part, kind, axes, nbytes, name), (runs, pipelined, _) in acc.comms.items():
         t = transfer(kind, nbytes, axes, mesh, cluster)
         timed.append(CollectiveTime(kind, axes, nbytes, runs, t.seconds, t.level, t.bound, name, False, part))
         if pipelined and bubble:
             pipelined_s += t.seconds * runs * staged.get(part, 0.0)
-    flops, hbm = sum(acc.flops.values()), sum(acc.bytes.values())
     line = roofline(flops, hbm, cluster, rate, efficiency)
     bubble_s = 0.0
     if bubble:
@@ -378,11 +483,115 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
         stage = roofline(stage_flops, stage_bytes, cluster, rate, efficiency)
         busy = (max(stage.time_s, pipelined_s) if overlap else stage.time_s + pipelined_s)
         bubble_s = busy * bubble / (1 - bubble)
-    parts = tuple(WorkPart(kind, acc.flops[kind], acc.bytes[kind]) for kind in WORK_KINDS
-                  if acc.flops[kind] or acc.bytes[kind])
-    # MFU's model FLOPs (PaLM's): the whole step's, shared over every device; work a device repeats is not counted
-    model = model_flops(config, batch, task=task, kv_length=kv_length) / cluster.num_devices
     return StepTime(cluster, mesh, line, tuple(timed), efficiency, overlap, None, parts, bubble, bubble_s, model)
+
+
+_LAYER_KINDS = ("attention", "mlp", "experts")
+
+
+def _measured_terms(acc: _Acc, cluster: Cluster, mesh: dict[str, int], rate: str, *, train: bool, overlap: bool,
+                    tp_overlap: bool, staged: dict[str, float], bubble: float, fused_passes: int
+                    ) -> tuple[tuple[CollectiveTime, ...], tuple[Term, ...], float, float]:
+    """The step as the measured model prices it: its collectives at the network's attained bandwidth, the terms
+    whose sum is the step (the bubble last), the matmuls' achieved fraction of peak, and the hardware FLOPs it
+    runs (``recompute``'s share of the forward again; attention counted dense, its backward twice its forward, as
+    the roofline counts it).
+
+    Matmuls, attention kernels and memory-bound fusions run one after another on a device (one stream of
+    kernels). FSDP gathers run ahead of the layer that needs them and hide behind the forward's (the backward's)
+    work, gradient reductions behind the backward's; what exceeds that work is exposed, and so are the first
+    layer's gather and the last layer's reduction, which nothing precedes or follows. Ring attention's passes
+    hide behind the attention kernels. Tensor-, expert- and pipeline-parallel collectives sit between dependent
+    matmuls: exposed unless ``tp_overlap`` (collective matmul, async TP) hides the tensor-parallel ones behind the
+    matmuls."""
+    cal = calibration(cluster.chip.name)
+    peaks = {name: cluster.chip.peak_flops(name) / cluster.devices_per_chip for name in {rate, "bf16"}}
+    bandwidth = cluster.chip.hbm_bandwidth / cluster.devices_per_chip
+
+    bound = {"compute": 0.0, "memory": 0.0}  # matmul seconds by what bounds each GEMM
+
+    def gemm_s(m: float, k: float, n: float, dtype: str, runs: float) -> float:
+        compute = 2 * m * k * n / (peaks[dtype] * gemm_efficiency(m, k, n, cal, dtype))
+        memory = memory_seconds((m * k + k * n + m * n) * _ITEM_BYTES[dtype], cal, bandwidth)
+        bound["compute" if compute >= memory else "memory"] += runs * max(compute, memory)
+        return runs * max(compute, memory)
+
+    fwd, bwd = dict.fromkeys(WORK_KINDS, 0.0), dict.fromkeys(WORK_KINDS, 0.0)
+    gemm_flops = 0.0
+    for part, m, k, n, forward, backward, again in acc.gemms:
+        # low-precision training (Transformer Engine, torchao float8) keeps the LM head in bfloat16
+        dtype = "bf16" if part == "embedding+head" else rate
+        fwd[part] += gemm_s(m, k, n, dtype, forward)
+        bwd[part] += gemm_s(m, n, k, dtype, backward) + gemm_s(k, m, n, dtype, backward) + gemm_s(m, k, n, dtype, again)
+        gemm_flops += 2 * m * k * n * (forward + 2 * backward + again)
+    matmul_s = sum(fwd.values()) + sum(bwd.values())
+    attention = {"compute": 0.0, "memory": 0.0}
+    hardware = gemm_flops
+    for dense, causal, length, head_dim, backward, nbytes in acc.attention:
+        hardware += dense * (1 + (backward - FLASH_BACKWARD + 2 if backward else 0))
+        compute = dense * causal / (peaks["bf16"] * attention_efficiency(length, head_dim, cal))  # flash: bf16
+        memory = memory_seconds(nbytes, cal, bandwidth)  # a decode step's KV cache read
+        t = max(compute, memory)
+        fwd["attention"] += t
+        bwd["attention"] += backward * t
+        attention["compute" if compute >= memory else "memory"] += t * (1 + backward)
+    attention_s = sum(attention.values())
+    fused = {kind: cal.fusion.value * memory_seconds(acc.fused[kind], cal, bandwidth) for kind in _LAYER_KINDS}
+    fused["embedding+head"] = memory_seconds(acc.fused["embedding+head"], cal, bandwidth)
+    optimizer_s = memory_seconds(acc.fused["optimizer"], cal, bandwidth)
+    for kind, t in fused.items():
+        fwd[kind] += t / fused_passes
+        bwd[kind] += t - t / fused_passes
+
+    timed, role_s, role_runs = [], {}, {}
+    staged_comm = 0.0
+    for (part, kind, axes, nbytes, name), (runs, pipelined, role) in acc.comms.items():
+        t = transfer(kind, nbytes, axes, mesh, cluster)
+        seconds = t.seconds / cal.network.value
+        timed.append(CollectiveTime(kind, axes, nbytes, runs, seconds, t.level, t.bound, name, False, part))
+        role_s[role] = role_s.get(role, 0.0) + seconds * runs
+        role_runs[role] = role_runs.get(role, 0) + runs
+        if pipelined and role in ("tp", "critical"):
+            staged_comm += seconds * runs * staged.get(part, 0.0)
+    gathers, grads = role_s.get("gather", 0.0), role_s.get("grad", 0.0)
+    forward_s, backward_s = sum(fwd.values()), sum(bwd.values())
+    if not overlap:
+        hidden_not = gathers + grads + role_s.get("ring", 0.0)
+    else:
+        first = gathers / role_runs["gather"] if gathers else 0.0
+        last = grads / role_runs["grad"] if grads else 0.0
+        g_fwd = gathers / 2 if train else gathers
+        hidden_not = (first + last + max(0.0, g_fwd - forward_s) + max(0.0, gathers - g_fwd + grads - backward_s)
+                      + max(0.0, role_s.get("ring", 0.0) - attention_s))
+    tp_s = role_s.get("tp", 0.0)
+    critical = (max(0.0, tp_s - matmul_s) if tp_overlap and overlap else tp_s) + role_s.get("critical", 0.0)
+    achieved = gemm_flops / (peaks[rate] * matmul_s) if matmul_s else 1.0
+    terms = [
+        Term("matmuls", bound["compute"], "compute", f"{gemm_flops:.3g} FLOP at {achieved:.0%} of peak (each GEMM's "
+             f"shape on the {cal.tile}-wide unit; large ones at {cal.gemm.value:.0%})"),
+        Term("matmuls bound by HBM", bound["memory"], "memory", f"GEMMs whose operands take longer to read than to "
+             f"multiply (few rows: decode), at {cal.hbm.value:.0%} of HBM bandwidth"),
+        Term("attention kernels", attention["compute"], "compute", "flash attention, masked tiles skipped, forward "
+             f"and backward ({FLASH_BACKWARD}x the forward)"),
+        Term("attention bound by HBM", attention["memory"], "memory", "reading the KV cache"),
+        Term("memory-bound fusions", sum(fused.values()), "memory", f"norms, RoPE, activations, residuals, MoE "
+             f"permutes, the loss, at {cal.hbm.value:.0%} of HBM bandwidth ({cal.fusion.value:g}x the minimal "
+             f"traffic in the layers)"),
+        Term("optimizer update", optimizer_s, "memory", f"AdamW with float32 master weights and moments, "
+                                                        f"{ADAMW_F32_BYTES} B a parameter"),
+        Term("FSDP and gradient communication, exposed", hidden_not, "communication",
+             "what the forward's and backward's work does not hide, the first gather and the last reduction"
+             if overlap else "nothing hidden (overlap=False)"),
+        Term("TP, EP and PP collectives", critical, "communication",
+             "between dependent matmuls, on the critical path" + (" (TP hidden by collective matmuls)"
+                                                                   if tp_overlap else "")),
+    ]
+    bubble_s = 0.0
+    if bubble:
+        busy = sum(staged.get(kind, 0.0) * (fwd[kind] + bwd[kind]) for kind in _LAYER_KINDS) + staged_comm
+        bubble_s = busy * bubble / (1 - bubble)
+    terms.append(Term("pipeline bubble", bubble_s, "bubble", f"{bubble:.0%} of the schedule's ticks idle"))
+    return tuple(timed), tuple(terms), min(1.0, achieved), hardware
 
 
 __all__ = ["BATCH_AXES", "WORK_KINDS", "predict_step"]

@@ -55,14 +55,14 @@ class Roofline:
 
 
 def roofline(flops: float, hbm_bytes: float, cluster: Cluster, dtype: tp.Any = "bf16",
-             efficiency: float = 1.0) -> Roofline:
+             efficiency: float = 1.0, hbm_efficiency: float = 1.0) -> Roofline:
     """One device of ``cluster`` doing ``flops`` on operands of ``dtype`` (see :func:`rate_dtype`) at ``efficiency``
-    of its peak FLOP/s, and moving ``hbm_bytes`` to and from HBM."""
+    of its peak FLOP/s, and moving ``hbm_bytes`` to and from HBM at ``hbm_efficiency`` of its bandwidth."""
     if cluster.chip is None:
         raise ValueError(f"{cluster.name} has no peak numbers (simulated CPU devices); use a TPU or GPU cluster")
     if not 0 < efficiency <= 1:
         raise ValueError(f"efficiency is the fraction of peak FLOP/s reached, in (0, 1]; got {efficiency!r}")
     peak = cluster.chip.peak_flops(rate_dtype(dtype)) / cluster.devices_per_chip
-    bandwidth = cluster.chip.hbm_bandwidth / cluster.devices_per_chip
+    bandwidth = cluster.chip.hbm_bandwidth / cluster.devices_per_chip * hbm_efficiency
     return Roofline(flops, hbm_bytes, flops / (peak * efficiency), hbm_bytes / bandwidth, peak / bandwidth)
 

@@ -9,6 +9,7 @@ import dataclasses
 import typing as tp
 
 from workbench.core.cluster import Cluster
+from workbench.core.cost.calibration import calibration
 from workbench.core.cost.flops import hfu, mfu
 from workbench.core.cost.network import transfer
 from workbench.core.cost.roofline import Roofline, roofline
@@ -38,6 +39,17 @@ class CollectiveTime:
         return 0.0 if self.overlapped else self.seconds * self.runs
 
 
+class Term(tp.NamedTuple):
+    """One term of a measured-model step (:func:`~workbench.core.cost.predicted.predict_step`): its seconds on the
+    critical path, which ``part`` of the step it is ("compute", "memory", "communication", "bubble") and how it
+    was priced."""
+
+    name: str
+    seconds: float
+    part: str
+    note: str
+
+
 class WorkPart(tp.NamedTuple):
     """One layer kind's share of a step's work on a device: its matmul FLOPs and HBM bytes."""
 
@@ -58,6 +70,9 @@ class StepTime:
 
     ``efficiency`` is the fraction of peak FLOP/s its matmuls are assumed to reach; at 1 (no efficiency factor)
     the step is the roofline's ideal and its :attr:`mfu` and :attr:`hfu` are upper bounds (:attr:`ideal`).
+    A prediction of the measured step model carries ``terms`` instead (:class:`Term`: matmuls and attention at
+    the efficiencies their kernels reach, memory-bound work, the communication nothing hides, the bubble): the
+    step is their sum, ``roofline`` keeps the ideal counts and ``efficiency`` the matmuls' achieved fraction.
     ``model_flops``: a device's share of the step's model FLOPs (:func:`~workbench.core.cost.flops.model_flops`
     over the devices), which a prediction knows; a compiled program's dots are hardware FLOPs, so without it a
     compiled step has an HFU and no MFU.
@@ -74,14 +89,27 @@ class StepTime:
     bubble_fraction: float = 0.0
     bubble_s: float = 0.0
     model_flops: float | None = None
+    terms: tuple[Term, ...] = ()
+
+    def _part(self, part: str) -> float:
+        return sum(t.seconds for t in self.terms if t.part == part)
 
     @property
     def compute_s(self) -> float:
-        return self.roofline.compute_s
+        return self._part("compute") if self.terms else self.roofline.compute_s
 
     @property
     def memory_s(self) -> float:
-        return self.roofline.memory_s
+        return self._part("memory") if self.terms else self.roofline.memory_s
+
+    @property
+    def exposed_comm_s(self) -> float:
+        """Communication on the critical path: the measured model's exposed terms; the ideal's, all of it when it
+        outlasts the work it overlaps (or runs after it)."""
+        if self.terms:
+            return self._part("communication")
+        r = self.roofline
+        return max(0.0, self.comm_s - r.time_s) if self.overlap else self.comm_s
 
     @property
     def comm_s(self) -> float:
@@ -89,12 +117,22 @@ class StepTime:
 
     @property
     def time_s(self) -> float:
+        if self.terms:
+            return sum(t.seconds for t in self.terms)
         busy = max(self.roofline.time_s, self.comm_s) if self.overlap else self.roofline.time_s + self.comm_s
         return busy + self.bubble_s
 
     @property
+    def measured_model(self) -> bool:
+        """Priced by the measured step model (``terms``), not the ideal roofline."""
+        return bool(self.terms)
+
+    @property
     def bound(self) -> str:
         """"compute", "memory" or "communication": the longest part (a pipeline bubble aside)."""
+        if self.terms:  # the book's sense: collectives outlast the work they could hide behind
+            work = self.compute_s + self.memory_s
+            return "communication" if self.comm_s > work else max(("compute", "memory"), key=self._part)
         return "communication" if self.comm_s > self.roofline.time_s else self.roofline.bound
 
     def by_kind(self) -> dict[str, dict[str, float]]:
@@ -104,8 +142,9 @@ class StepTime:
         bytes; a step without parts (a compiled one) is one kind, "step"."""
         r = self.roofline
         parts = self.parts or (WorkPart("step", r.flops, r.hbm_bytes),)
-        out = {p.kind: {"compute_s": r.compute_s * p.flops / r.flops if r.flops else 0.0,
-                        "memory_s": r.memory_s * p.hbm_bytes / r.hbm_bytes if r.hbm_bytes else 0.0,
+        flops, nbytes = sum(p.flops for p in parts), sum(p.hbm_bytes for p in parts)
+        out = {p.kind: {"compute_s": self.compute_s * p.flops / flops if flops else 0.0,
+                        "memory_s": self.memory_s * p.hbm_bytes / nbytes if nbytes else 0.0,
                         "comm_s": 0.0} for p in parts}
         for c in self.collectives:
             kind = (c.part or "other") if self.parts else "step"
@@ -116,24 +155,27 @@ class StepTime:
     def peak_flops(self) -> float:
         """A device's peak FLOP/s, as the roofline priced the matmuls (before ``efficiency``)."""
         r = self.roofline
+        if self.terms:
+            return r.flops / r.compute_s if r.compute_s else 0.0
         return r.flops / (r.compute_s * self.efficiency) if r.compute_s else 0.0
 
     @property
     def ideal(self) -> bool:
         """No efficiency factor: matmuls at the chip's peak, so :attr:`mfu` and :attr:`hfu` are upper bounds."""
-        return self.efficiency == 1.0
+        return self.efficiency == 1.0 and not self.terms
 
     @property
     def hfu(self) -> float:
         """Hardware FLOPs utilisation (:func:`~workbench.core.cost.flops.hfu`): the matmul FLOPs a device runs,
         recompute included, over its peak and the step's time."""
-        return hfu(self.roofline.flops, self.time_s, self.peak_flops) if self.compute_s and self.time_s else 0.0
+        r = self.roofline
+        return hfu(r.flops, self.time_s, self.peak_flops) if r.compute_s and self.time_s else 0.0
 
     @property
     def mfu(self) -> float | None:
         """Model FLOPs utilisation (:func:`~workbench.core.cost.flops.mfu`): ``model_flops`` (no recompute, no
         repeated work) over a device's peak and the step's time; None without ``model_flops``."""
-        if self.model_flops is None or not self.compute_s or not self.time_s:
+        if self.model_flops is None or not self.roofline.compute_s or not self.time_s:
             return None
         return mfu(self.model_flops, self.time_s, self.peak_flops)
 
@@ -152,6 +194,8 @@ class StepTime:
             text += " (no MFU: a compiled program's dots include any recompute; pass model_flops)"
         else:
             text = f"MFU {self.mfu_text()}, {text}"
+        if self.terms:
+            return text + f" (predicted: matmuls at {self.efficiency:.0%} of peak, as measured kernels reach)"
         return text + (" (upper bounds: matmuls at peak)" if self.ideal else
                        f" (matmuls at {self.efficiency:.0%} of peak)")
 
@@ -176,6 +220,12 @@ class StepTime:
         mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items() if v > 1) or "one device"
         levels = ", ".join(f"{k} {format_seconds(v)}" for k, v in self.by_level().items() if k != "none")
         fs = format_seconds
+        if self.terms:
+            head = [("step", fs(self.time_s), f"{self.bound}-bound on {self.cluster.name}, {mesh}; the sum of the "
+                     f"terms below; {self.utilisation()}")]
+            head += [(t.name, fs(t.seconds), t.note) for t in self.terms if t.seconds]
+            head.append(("all collectives", fs(self.comm_s), (levels or "no collectives") + "; hidden or not"))
+            return head
         head = [("step", fs(self.time_s), f"{self.bound}-bound on {self.cluster.name}, {mesh}; parts "
                  + ("overlapped (the longest)" if self.overlap else "one after another") + f"; {self.utilisation()}"),
                 ("compute", fs(r.compute_s), f"{r.flops:.3g} FLOP per device at {self.efficiency:.0%} of peak"),
@@ -240,21 +290,24 @@ def _pair_opposite_permutes(timed: list[CollectiveTime], records: tp.Sequence[tp
 
 
 def step_time(analysis: tp.Any = None, cluster: Cluster | None = None, mesh_shape: tp.Mapping[str, int] | None = None,
-              *, efficiency: float = 1.0, dtype: tp.Any = "bf16", overlap: bool = True, flops: float | None = None,
+              *, efficiency: float | None = None, dtype: tp.Any = "bf16", overlap: bool = True,
+              flops: float | None = None,
               hbm_bytes: float | None = None, collectives: tp.Iterable[tp.Any] | None = None,
               model_flops: float | None = None) -> StepTime:
     """The predicted time of a compiled step (a :class:`~workbench.core.compile.virtual.CompiledAnalysis`) on
     ``cluster`` (default: the one it was compiled for) with its mesh (or ``mesh_shape``, name -> size).
 
-    Compute is the program's dots (``analysis.matmul_flops``, each once per loop trip) at ``efficiency`` of the
-    peak of ``dtype``; memory its HBM bytes (``analysis.hbm_bytes``); communication every collective
-    (:func:`collective_time`) times its loop trips. ``flops``, ``hbm_bytes`` and ``collectives`` (records or
-    ``(kind, bytes, axes[, runs])`` tuples) replace the analysis's. The dots are hardware FLOPs (a recomputed
-    forward included): they give the step's HFU; its MFU needs ``model_flops``, a device's share of the step's
-    model FLOPs (:func:`~workbench.core.cost.flops.model_flops` over the devices). Collectives run one after
-    another, except permutes in one loop body going opposite ways round a TPU ring (both directions of its links
-    at once). A GPU cluster's program is compiled by XLA:CPU (bfloat16 math widened to float32, CPU fusion): its
-    bytes are an overestimate.
+    Compute is the program's dots (``analysis.matmul_flops``, each once per loop trip) at ``efficiency`` of the peak
+    of ``dtype`` (default: the fraction large GEMMs reach on the chip, measured or fitted in
+    :mod:`~workbench.core.cost.calibration`; 1 gives the ideal roofline); memory its HBM bytes
+    (``analysis.hbm_bytes``, at the bandwidth fusions reach unless ``efficiency`` is given); communication every
+    collective (:func:`collective_time`) times its loop trips. ``flops``, ``hbm_bytes`` and ``collectives`` (records
+    or ``(kind, bytes, axes[, runs])`` tuples) replace the analysis's. The dots are hardware FLOPs (a recomputed
+    forward included): they give the step's HFU; its MFU needs ``model_flops``, a device's share of the step's model
+    FLOPs (:func:`~workbench.core.cost.flops.model_flops` over the devices). Collectives run one after another,
+    except permutes in one loop body going opposite ways round a TPU ring (both directions of its links at once). A
+    GPU cluster's program is compiled by XLA:CPU (bfloat16 math widened to float32, CPU fusion): its bytes are an
+    overestimate.
     """
     cluster = cluster or getattr(analysis, "cluster", None)
     if cluster is None:
@@ -281,5 +334,9 @@ def step_time(analysis: tp.Any = None, cluster: Cluster | None = None, mesh_shap
     if collectives is None and getattr(analysis, "hlo_text", ""):
         timed = _pair_opposite_permutes(timed, analysis.collectives, analysis.hlo_text)
     xla = getattr(analysis, "xla_seconds", None) if cluster == getattr(analysis, "cluster", None) else None
-    line = roofline(flops, hbm_bytes, cluster, dtype, efficiency)
+    hbm_efficiency = 1.0
+    if efficiency is None:
+        cal = calibration(cluster.chip.name)
+        efficiency, hbm_efficiency = cal.gemm.value, cal.hbm.value
+    line = roofline(flops, hbm_bytes, cluster, dtype, efficiency, hbm_efficiency)
     return StepTime(cluster, mesh, line, tuple(timed), efficiency, overlap, xla, model_flops=model_flops)

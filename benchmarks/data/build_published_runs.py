@@ -1,0 +1,322 @@
+"""Builds workbench/core/cost/published_runs.json from the raw records beside this file (published_runs_tpu.json,
+published_runs_gpu.json: every quote and derivation): which runs have a complete configuration, and the choices
+made in pricing each (the recompute fraction a remat policy comes to, the batch axes, the chip). Run it after
+editing a raw record: python benchmarks/data/build_published_runs.py"""
+
+import json
+import pathlib
+
+root = str(pathlib.Path(__file__).resolve().parents[2]) + "/"
+T = {r["name"]: r for r in json.load(open(root + "benchmarks/data/published_runs_tpu.json"))}
+G = {r["name"]: r for r in json.load(open(root + "benchmarks/data/published_runs_gpu.json"))}
+
+
+def hf(m):
+    keys = [
+        "model_type",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+        "tie_word_embeddings",
+        "num_local_experts",
+        "num_experts_per_tok",
+    ]
+    d = {k: m[k] for k in keys if k in m}
+    return {"hf": d}
+
+
+def maxtext2023(m):
+    return {
+        "config": dict(
+            model_type="maxtext-2023",
+            hidden_size=m["hidden_size"],
+            intermediate_size=m["intermediate_size"],
+            num_hidden_layers=m["num_hidden_layers"],
+            num_attention_heads=m["num_attention_heads"],
+            num_key_value_heads=m["num_key_value_heads"],
+            head_dim=m["head_dim"],
+            vocab_size=m["vocab_size"],
+            tie_word_embeddings=True,
+            mlp_type="gelu",
+            hidden_act="gelu",
+            norm_type="rms",
+            position_embedding="rope",
+        )
+    }
+
+
+def gpt(m, vocab):
+    return {
+        "config": dict(
+            model_type="gpt3",
+            hidden_size=m["hidden_size"],
+            intermediate_size=m["intermediate_size"],
+            num_hidden_layers=m["num_hidden_layers"],
+            num_attention_heads=m["num_attention_heads"],
+            num_key_value_heads=m["num_attention_heads"],
+            head_dim=m["hidden_size"] // m["num_attention_heads"],
+            vocab_size=vocab,
+            tie_word_embeddings=True,
+            mlp_type="gelu",
+            hidden_act="gelu",
+            norm_type="layer",
+            position_embedding="learned",
+        )
+    }
+
+
+def src(r):
+    s = r["source"]
+    return {
+        "url": s.get("url"),
+        "revision": s.get("revision"),
+        "quote": s.get("quote"),
+        "config": (r.get("config_source") or {}).get("url")
+        if isinstance(r.get("config_source"), dict)
+        else r.get("config_source"),
+        "derivation": r["measured"]["derivation"],
+    }
+
+
+runs = []
+
+
+def add(raw, **kw):
+    r = {"name": raw["name"], "source": src(raw), "measured_s": raw["measured"]["step_time_s"]}
+    r.update(kw)
+    runs.append(r)
+
+
+# --- TPU (MaxText) ---------------------------------------------------------------------------------------
+SAVE_QKV_O = (
+    "custom policy: q, k, v and out projections saved (offloaded), mlpwi recomputed, mlpwo's recompute "
+    "dropped by XLA: recompute = mlpwi / (all projections but mlpwo)"
+)
+SAVE_QKV = (
+    "q, k, v projections saved (offloaded), out_proj and mlpwi recomputed: recompute = (o + mlpwi) / "
+    "(all projections but mlpwo)"
+)
+for name, rec, why in (
+    ("tpurecipes-llama3.1-8b-v6e8", 0.73, SAVE_QKV_O),
+    ("tpurecipes-llama3.1-8b-v6e256", 0.73, SAVE_QKV_O),
+    ("tpurecipes-llama3.1-70b-v6e32", 0.86, SAVE_QKV),
+    ("tpurecipes-llama3.1-70b-v6e256", 0.86, SAVE_QKV),
+    ("tpurecipes-llama3.1-405b-2xv6e256", 1.0, "custom: only the layer input offloaded, the rest recomputed"),
+    ("tpurecipes-llama2-70b-v6e256", 0.86, "qkv_proj_offloaded: " + SAVE_QKV),
+    ("tpurecipes-llama3.1-405b-v5p1024", 1.0, "custom: context and mlpwo offloaded, every projection recomputed"),
+):
+    raw = T[name]
+    add(
+        raw,
+        framework="MaxText",
+        model=hf(raw["model"]),
+        cluster=raw["cluster"],
+        mesh=raw["mesh"],
+        batch=raw["batch"],
+        recompute=rec,
+        remat_note=why,
+        dtype="bf16",
+    )
+for name, rec, why, axes in (
+    ("tpurecipes-mixtral-8x7b-v6e256", 0.85, SAVE_QKV_O, None),
+    ("tpurecipes-mixtral-8x22b-v6e256", 0.85, SAVE_QKV_O, ["fsdp", "dp", "ep"]),
+):
+    raw = T[name]
+    m = dict(raw["model"])
+    m.setdefault("num_local_experts", 8)
+    m.setdefault("num_experts_per_tok", 2)
+    kw = dict(
+        framework="MaxText",
+        model=hf(m),
+        cluster=raw["cluster"],
+        mesh=raw["mesh"],
+        batch=raw["batch"],
+        recompute=rec,
+        remat_note=why + "; experts as dense einsums over a dispatch mask (capacity 1.25)",
+        dtype="bf16",
+        capacity_factor=1.25,
+    )
+    if axes:
+        kw["batch_axes"] = axes
+    add(raw, **kw)
+raw = T["tpurecipes-gpt3-175b-v6e256-bf16"]
+add(
+    raw,
+    framework="MaxText",
+    model=gpt(
+        raw["model"] | {"intermediate_size": raw["model"].get("intermediate_size", 4 * raw["model"]["hidden_size"])},
+        raw["model"]["vocab_size"],
+    ),
+    cluster=raw["cluster"],
+    mesh=raw["mesh"],
+    batch=raw["batch"],
+    recompute=1.0,
+    remat_note="full",
+    dtype="bf16",
+)
+for name in (
+    "maxtext-v5e-16b-1xv5e256",
+    "maxtext-v5e-32b-32xv5e256",
+    "maxtext-v5e-128b-1xv5e256",
+    "maxtext-v5p-32b-v5p128",
+    "maxtext-v5p-128b-v5p256",
+    "maxtext-v5p-1024b-v5p4096",
+    "maxtext-v4-22b-v4-128",
+    "maxtext-v4-52b-v4-384",
+):
+    raw = T[name]
+    full = raw["remat_policy"] == "full"
+    add(
+        raw,
+        framework="MaxText (2023 README table)",
+        model=maxtext2023(raw["model"]),
+        cluster=raw["cluster"],
+        mesh=raw["mesh"],
+        batch=raw["batch"],
+        recompute=1.0 if full else 0.0,
+        remat_note=raw["remat_policy"] + ("" if full else ": every projection's output saved, none recomputed"),
+        dtype="bf16",
+        note="MaxText's 2023 default decoder (parallel attention and MLP, a relu MLP of one up and one down "
+        "projection, head_dim 256): priced as a GELU MLP of the same two matrices",
+    )
+
+# --- GPU -------------------------------------------------------------------------------------------------
+SAC = "torchtitan selective AC 'op': every other matmul's output saved, about half recomputed"
+for name, dtype, _, mesh, rec, why, overlap in (
+    ("torchtitan-llama3.1-8b-h100x8-fsdp-compile-bf16", "bf16", None, {"fsdp": 8}, 0.5, SAC, False),
+    (
+        "torchtitan-llama3.1-8b-h100x8-fsdp-eager-bf16",
+        "bf16",
+        None,
+        {"fsdp": 8},
+        0.5,
+        SAC + "; no torch.compile",
+        False,
+    ),
+    ("torchtitan-llama3.1-8b-h100x8-fsdp-compile-fp8", "fp8", None, {"fsdp": 8}, 0.5, SAC, False),
+    ("torchtitan-llama3.1-8b-h100x128-fsdp-compile-bf16", "bf16", None, {"fsdp": 128}, 0.5, SAC, False),
+    (
+        "torchtitan-llama3.1-70b-h100x256-fsdp32-tp8-asynctp-fp8",
+        "fp8",
+        None,
+        {"fsdp": 32, "tp": 8},
+        1.0,
+        "full AC",
+        True,
+    ),
+    (
+        "torchtitan-llama3-70b-h100x256-fsdp32-tp8-asynctp-bf16",
+        "bf16",
+        None,
+        {"fsdp": 32, "tp": 8},
+        1.0,
+        "full AC",
+        True,
+    ),
+    ("torchtitan-llama3-8b-h100x64-fsdp8-tp8-asynctp-bf16", "bf16", None, {"fsdp": 8, "tp": 8}, 0.5, SAC, True),
+    ("torchtitan-llama3.1-8b-h200x32-fsdp-compile-fp8", "fp8", None, {"fsdp": 32}, 0.5, SAC, False),
+):
+    raw = G[name]
+    cl = dict(raw["cluster"])
+    if cl["gpu"] == "h100":
+        cl["gpu"] = "h100-96gb-500w"
+    add(
+        raw,
+        framework="torchtitan",
+        model=hf(raw["model"]),
+        cluster=cl,
+        mesh=mesh,
+        batch=raw["batch"],
+        recompute=rec,
+        remat_note=why,
+        dtype=dtype,
+        tp_overlap=overlap,
+        note="torchtitan's H100s: Grand Teton's 96 GB HBM2e (2.4 TB/s) parts at 500 W (chips.H100_500W)"
+        if "h100" in name
+        else "",
+    )
+raw = G["torchtitan-llama3.1-405b-h100x512-fsdp8-tp8-pp8-1f1b-fp8"]
+add(
+    raw,
+    framework="torchtitan",
+    model=hf(raw["model"]),
+    cluster={"gpu": "h100-96gb-500w", "nodes": 64},
+    mesh={"pp": 8, "fsdp": 8, "tp": 8},
+    batch=raw["batch"],
+    pipeline={"stages": 8, "microbatches": 8, "schedule": "1f1b", "uneven": True},
+    recompute=1.0,
+    remat_note="full AC",
+    dtype="fp8",
+    tp_overlap=True,
+    note="microbatches: torchtitan's default (one per stage), not stated in the benchmark; 126 layers on 8 stages "
+    "(split points not published: the largest stage priced, 16 layers); Grand Teton 96 GB / 500 W H100s",
+)
+NEMO = ("Megatron recipes: no activation recompute assumed (not stated), TP communication overlapped (perf "
+        "recipes' default)")
+for name, mesh, pipe, ga, model in (
+    ("megatron-bridge-25.11-llama3-8b-h100x8-fp8cs", {"fsdp": 8}, None, 16, None),
+    (
+        "megatron-bridge-25.11-llama3-70b-h100x64-fp8cs",
+        {"pp": 8, "dp": 2, "tp": 4},
+        {"stages": 8, "microbatches": 64, "virtual_stages": 5, "schedule": "interleaved"},
+        1,
+        None,
+    ),
+    (
+        "megatron-bridge-25.11-llama3.1-405b-h100x1024-fp8cs",
+        {"pp": 8, "dp": 8, "tp": 8, "sp": 2},
+        {"stages": 8, "microbatches": 64, "virtual_stages": 8, "schedule": "interleaved", "uneven": True},
+        1,
+        None,
+    ),
+    ("nemo-24.07-llama3-8b-h100x8-cp2-fp8", {"dp": 4, "sp": 2}, None, 32, None),
+    (
+        "nemo-24.07-llama3-70b-h100x64-tp4pp4cp2vp5-fp8",
+        {"pp": 4, "dp": 2, "tp": 4, "sp": 2},
+        {"stages": 4, "microbatches": 64, "virtual_stages": 5, "schedule": "interleaved"},
+        1,
+        None,
+    ),
+    (
+        "nemo-24.07-gpt3-175b-h100x512-tp4pp8vp6-fp8",
+        {"pp": 8, "dp": 16, "tp": 4},
+        {"stages": 8, "microbatches": 64, "virtual_stages": 6, "schedule": "interleaved"},
+        1,
+        "gpt",
+    ),
+):
+    raw = G[name]
+    m = gpt(raw["model"], raw["model"]["vocab_size"]) if model == "gpt" else hf(raw["model"])
+    kw = dict(
+        framework="Megatron-Bridge" if "bridge" in name else "NeMo",
+        model=m,
+        cluster=raw["cluster"],
+        mesh=mesh,
+        batch=raw["batch"],
+        recompute=0.0,
+        remat_note=NEMO,
+        dtype="fp8",
+        tp_overlap=True,
+    )
+    if pipe:
+        kw["pipeline"] = pipe
+    if ga > 1:
+        kw["grad_accumulation"] = ga
+    add(raw, **kw)
+json.dump(
+    {
+        "about": "Training steps others measured and published with a complete configuration, as "
+        "workbench.core.cost.published prices them. Built from the raw records in "
+        "benchmarks/data/published_runs_tpu.json and published_runs_gpu.json (every quote and derivation there); "
+        "the choices made in mapping each run "
+        "(recompute fraction, batch axes, assumptions) are in its fields.",
+        "runs": runs,
+    },
+    open(root + "workbench/core/cost/published_runs.json", "w"),
+    indent=1,
+)
+print(len(runs))

@@ -1,0 +1,108 @@
+"""Published training steps, predicted vs measured: how true the step model is.
+
+    python benchmarks/published_runs.py [--terms] [--xla]
+
+Prices every run in `workbench/core/cost/published_runs.json` (MaxText on TPU v4 / v5e / v5p / v6e, torchtitan,
+Megatron-Bridge and NeMo on H100 / H200; the raw records with each quote are in `benchmarks/data/`) with
+`predict_step`, and prints per run: the source, the layout, measured and predicted step time, their ratio, the
+predicted MFU and what bounds the step; then the median and the worst ratio. Target (the issue): every run within
+0.7-1.35x, the median |ratio| within 1.15x. ``--terms`` adds each run's terms. ``--xla`` also compiles each TPU
+run's train step with libtpu ahead of time (minutes) and prints XLA's own estimate beside the model's: libtpu's
+``optimal_seconds`` of the step compiled unrolled with one and with two layers, extrapolated to the model's depth
+(a scanned step's estimate counts its loop body once). Nothing is timed: these are predictions held against
+others' measurements.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from _header import header, print_rows  # imports nothing of JAX
+
+LOW, HIGH, MEDIAN = 0.7, 1.35, 1.15
+
+
+def xla_estimate(run) -> float:
+    """libtpu's ``optimal_seconds`` for ``run``'s train step: one layer's estimate from the step unrolled at one and
+    two layers, times the depth, plus the rest."""
+    import jax.numpy as jnp
+
+    from workbench.core.compile.virtual import compile_step
+    from workbench.models import CausalLM
+
+    estimates = []
+    for layers in (1, 2):
+        config = run.config.replace(num_hidden_layers=layers, layer_types=None)
+        model = CausalLM.lazy_init(config, dtype=jnp.bfloat16, param_dtype=jnp.float32)
+        model = model.with_options(scan_layers=False, remat="full" if run.recompute >= 0.5 else "none")
+        estimates.append(compile_step(model, run.cluster, run.mesh, batch=run.batch).xla_seconds)
+    return estimates[0] + (run.config.num_hidden_layers - 1) * (estimates[1] - estimates[0])
+
+
+def xla_table(runs) -> None:
+    from workbench.core.cost.published import price
+    from workbench.core.units import format_seconds
+
+    print(header("XLA's own estimate (libtpu optimal_seconds, extrapolated) beside the model, TPU runs"))
+    rows, ratios = [], []
+    for run in runs:
+        if run.cluster.platform != "tpu":
+            continue
+        try:
+            xla = xla_estimate(run)
+        except Exception as err:  # a run the compile path cannot take is reported, not fatal
+            rows.append((run.name, format_seconds(run.measured_s), format_seconds(price(run).time_s), "-", "-",
+                         f"not compiled: {type(err).__name__}: {str(err)[:80]}"))
+            continue
+        model = price(run).time_s
+        ratios.append(xla / model)
+        rows.append((run.name, format_seconds(run.measured_s), format_seconds(model), format_seconds(xla),
+                     f"{xla / model:.2f}", f"{xla / run.measured_s:.2f}"))
+    print_rows(["run", "measured", "model", "XLA", "XLA / model", "XLA / measured (or why not)"], rows)
+    if ratios:
+        print(f"\nXLA's estimate over the model's: {min(ratios):.2f} to {max(ratios):.2f} on {len(ratios)} runs, "
+              f"median {statistics.median(ratios):.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--terms", action="store_true", help="print each run's terms too")
+    parser.add_argument("--xla", action="store_true", help="compile the TPU runs and print XLA's own estimate")
+    args = parser.parse_args()
+    from workbench.core.cost.published import price, published_runs
+    from workbench.core.units import format_seconds
+
+    runs = published_runs()
+    print(header(f"{len(runs)} published training steps: predicted (predict_step) vs measured"))
+    rows, ratios = [], []
+    for run in runs:
+        step = price(run)
+        ratio = step.time_s / run.measured_s
+        ratios.append(ratio)
+        flag = "" if LOW <= ratio <= HIGH else "  OUTSIDE"
+        rows.append((run.name, run.framework, f"{run.cluster.name}", run.layout, format_seconds(run.measured_s),
+                     format_seconds(step.time_s), f"{ratio:.2f}{flag}", step.mfu_text(), step.bound))
+        if args.terms:
+            rows.append(("", "", "", "; ".join(f"{t.name} {format_seconds(t.seconds)}" for t in step.terms
+                                               if t.seconds), "", "", "", "", ""))
+    print_rows(["run", "framework", "cluster", "layout", "measured", "predicted", "ratio", "MFU", "bound"], rows)
+    far = [max(r, 1 / r) for r in ratios]
+    inside = sum(LOW <= r <= HIGH for r in ratios)
+    print(f"\nratio predicted / measured: {min(ratios):.2f} to {max(ratios):.2f}; {inside} of {len(ratios)} runs "
+          f"within {LOW}-{HIGH}x; median |ratio| {statistics.median(far):.3f}x (target {MEDIAN}x), worst "
+          f"{max(far):.3f}x")
+    for chip in sorted({run.chip for run in runs}):
+        mine = [r for run, r in zip(runs, ratios, strict=True) if run.chip == chip]
+        print(f"  {chip:<24} {len(mine):>2} runs: {min(mine):.2f} to {max(mine):.2f}")
+    print("\nSources: each run's url, revision and quoted measurement are in workbench/core/cost/published_runs.json;"
+          "\nthe constants the model uses, and which were fitted to which runs, in workbench/core/cost/calibration.py.")
+    if args.xla:
+        xla_table(runs)
+
+
+if __name__ == "__main__":
+    main()

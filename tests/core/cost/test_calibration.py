@@ -1,0 +1,81 @@
+"""Each cited measurement of workbench/core/cost/calibration.py, reproduced by the step model within its stated
+tolerance: the H100 figures in benchmarks/data/h100_measured_2026-11-27.json (benchmarks/gpu_constants.py on a
+lent H100 SXM), and every constant either sourced or saying it is not."""
+
+import json
+import pathlib
+import statistics
+
+import pytest
+
+from workbench.core.cluster import Cluster
+from workbench.core.cost.calibration import CALIBRATIONS, calibration
+from workbench.core.cost.chips import H100
+from workbench.core.cost.kernels import attention_efficiency, gemm_efficiency, memory_seconds
+from workbench.core.cost.predicted import predict_step
+from workbench.core.models.presets import full_config
+
+MEASURED = json.loads((pathlib.Path(__file__).parents[3] / "benchmarks/data/h100_measured_2026-11-27.json").read_text())
+PEAK = H100.peak_flops("bf16")
+
+
+def _gemm_s(m, k, n):
+    return 2 * m * k * n / (PEAK * gemm_efficiency(m, k, n, H100))
+
+
+def test_large_gemms_within_20_percent_of_the_measured_h100():
+    """Every GEMM of the two models' projections (8,192 tokens; forward, dx, dw) and the squares from 4096^3."""
+    large = [g for g in MEASURED["gemm"] if g["label"] != "square" or g["m"] >= 4096]
+    large = [g for g in large if not g["label"].startswith(("skinny", "decode"))]
+    assert len(large) >= 30
+    for g in large:
+        assert _gemm_s(g["m"], g["k"], g["n"]) / g["seconds"] == pytest.approx(1, abs=0.20), g["label"]
+    ratios = [_gemm_s(g["m"], g["k"], g["n"]) / g["seconds"] for g in large]
+    assert statistics.median(ratios) == pytest.approx(1, abs=0.05)
+
+
+@pytest.mark.parametrize("kind", ["skinny-n", "skinny-k"])
+def test_skinny_gemms_within_25_percent(kind):
+    """N or K of 64 to 1,024 (M 8,192): the tile's idle columns and the contraction's pipeline fill."""
+    rows = [g for g in MEASURED["gemm"] if g["label"] == kind]
+    assert len(rows) == 5
+    for g in rows:
+        assert _gemm_s(g["m"], g["k"], g["n"]) / g["seconds"] == pytest.approx(1, abs=0.25), (g["k"], g["n"])
+
+
+def test_flash_attention_within_10_percent():
+    """cuDNN, causal, forward and backward (2.5x the forward), FLOPs of the kept tiles."""
+    rows = [a for a in MEASURED["attention"] if a["impl"] == "cudnn" and a["causal"] and a["part"] == "fwd+bwd"]
+    assert len(rows) >= 4
+    for a in rows:
+        flops = 3.5 * 4 * a["batch"] * a["heads"] * a["seq"] ** 2 * a["head_dim"] / 2
+        predicted = flops / (PEAK * attention_efficiency(a["seq"], a["head_dim"], H100))
+        assert predicted / a["seconds"] == pytest.approx(1, abs=0.10), (a["seq"], a["head_dim"])
+
+
+def test_memory_bound_kernels_within_15_percent():
+    for row in MEASURED["memory"]:
+        predicted = memory_seconds(row["bytes"], H100, H100.hbm_bandwidth)
+        assert predicted / row["seconds"] == pytest.approx(1, abs=0.15), row["label"]
+
+
+def test_the_one_gpu_llama_1b_train_step_within_25_percent():
+    """The measured step: Llama-3.2-1B, 4 x 2,048 tokens, AdamW with float32 master weights, cuDNN attention, on
+    one H100 (160 ms without remat, 158 ms with full remat). The roofline of the day predicted 68 and 82 ms."""
+    config = full_config("llama-3.2-1b")
+    one = Cluster.h100(nodes=1, gpus_per_node=1)
+    for run in MEASURED["train"]:
+        step = predict_step(config, one, {}, batch=tuple(run["batch"]), remat=run["remat"])
+        assert step.time_s / run["seconds"] == pytest.approx(1, abs=0.25), run["remat"]
+
+
+def test_every_constant_is_sourced_or_says_it_is_not():
+    for name, cal in CALIBRATIONS.items():
+        for field in ("gemm", "attention", "hbm", "fusion", "network"):
+            evidence = getattr(cal, field)
+            assert evidence.source, (name, field)
+            assert evidence.sourced or "not sourced" in evidence.source
+            assert 0 < evidence.value <= (4 if field == "fusion" else 1), (name, field)
+    assert calibration("H100 SXM").gemm.sourced
+    with pytest.raises(ValueError, match="calibrated chips"):
+        calibration("TPU v9")

@@ -1,0 +1,134 @@
+"""What real kernels reach on each chip: the efficiency constants of the step model, each with its evidence.
+
+Every number :func:`~workbench.core.cost.predicted.predict_step` prices a step with, beyond the datasheet peaks
+of :mod:`~workbench.core.cost.chips`, lives here, as an :class:`Evidence`: its value and where it was measured
+(a repository, file and revision; a paper's table), or, where no measurement could be found, the words
+"not sourced" and what the value was fitted to. ``tests/core/cost/test_calibration.py`` reproduces each cited
+measurement from the model within the tolerance stated beside it.
+
+The mechanisms (:mod:`workbench.core.cost.kernels` prices them):
+
+- **GEMMs** reach ``gemm`` of the dense peak when every dimension is large; the MXU / tensor-core ``tile``
+  pads each dimension to a multiple of it; a contraction ``K`` fills the unit's pipeline as ``K / (K + k_half)``
+  (relative to ``K = 4096``), and an output dimension below ``n_full`` leaves part of the unit idle
+  (the rate falls in proportion).
+- **Flash attention** (cuDNN, FlashAttention, TPU splash) reaches ``attention`` of the peak as the sequence grows
+  (at ``head_dim`` 128), counting only the FLOPs of the tiles the causal mask keeps (the kernel skips the
+  rest); shorter sequences and narrower heads lose ``T / (T + t_half)`` and ``D / (D + d_half)`` (per tile
+  setup amortised over the row and the head).
+- **Memory-bound fusions** (norms, RoPE, activations, residual adds, casts, the loss, the optimizer update)
+  move their bytes at ``hbm`` of the HBM bandwidth; ``fusion`` is the HBM traffic the compiler's fusions
+  really move over the minimal count of the step model (inputs read once, outputs written once).
+- **Collectives** reach ``network`` of the links' bandwidth (the bus bandwidth NCCL / XLA collectives attain).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+H100_MEASURED = ("benchmarks/data/h100_measured_2026-11-27.json in this repository (benchmarks/gpu_constants.py "
+                 "on one H100 SXM 80GB, JAX 0.11.2, CUDA 13; commit fd0b56c)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Evidence:
+    """A constant and where it comes from: ``source`` names the measurement (or says "not sourced")."""
+
+    value: float
+    source: str
+
+    @property
+    def sourced(self) -> bool:
+        return not self.source.startswith("not sourced")
+
+
+@dataclasses.dataclass(frozen=True)
+class ChipCalibration:
+    """The efficiencies one chip's kernels reach (see the module doc for each mechanism)."""
+
+    chip: str
+    gemm: Evidence
+    tile: int
+    k_half: float
+    n_full: float
+    attention: Evidence
+    attention_t_half: float
+    attention_d_half: float
+    hbm: Evidence
+    fusion: Evidence
+    network: Evidence
+    gemm_fp8: Evidence | None = None
+
+
+_POWER_500W = (500 / 700) ** (1 / 3)
+_H100 = ChipCalibration(
+    chip="H100 SXM",
+    gemm=Evidence(0.70, f"{H100_MEASURED}: bf16 GEMMs 4096^3 to 16384^3 and the projections of Llama-3.2-1B and "
+                        f"Llama-3-8B on 8,192 tokens (fwd, dx, dw) reach 601 to 757 TFLOP/s, median 672: 0.68 of "
+                        f"989; within one step on trained-scale weights the same GEMMs reach 780 (the profile in "
+                        f"benchmarks/data/README.md). 0.70 reproduces every large shape within 20 % (the 1B head's "
+                        f"forward, 534, is the farthest)."),
+    # fitted to the same file's skinny-K / skinny-N GEMMs (M 8192), each within 25 %
+    tile=64, k_half=220.0, n_full=512.0,
+    attention=Evidence(0.59, f"{H100_MEASURED}: cuDNN flash attention, causal, fwd+bwd (backward 2.5x the "
+                             f"forward), D=128: 344 / 497 / 562 TFLOP/s at T = 2,048 / 8,192 / 16,384; D=64: 266 / "
+                             f"336 at 2,048 / 4,096. Fitted: 0.59 x T/(T+1427) x (D/(D+54)) / (128/(128+54)), "
+                             f"within 5 % of each."),
+    attention_t_half=1427.0, attention_d_half=54.0,
+    hbm=Evidence(0.87, f"{H100_MEASURED}: copy 2.93 TB/s, read-only sum 3.10, RMSNorm 2.65, AdamW f32 update 2.95, "
+                       f"of 3.35 (0.79 to 0.93)."),
+    fusion=Evidence(2.0, f"{H100_MEASURED}, the profiled Llama-3.2-1B train step: its non-GEMM, non-attention "
+                         f"kernels (fusions and the layer scan's copies, 69.5 ms of 161) move about twice the "
+                         f"minimal traffic this model counts for them at 0.87 of the HBM bandwidth."),
+    network=Evidence(0.80, "not sourced: NCCL's bus bandwidth on NVLink 4 / InfiniBand NDR is commonly 75-85 % of "
+                           "the links' (nccl-tests); chosen, not fitted."),
+    gemm_fp8=Evidence(0.55, "not sourced: fp8 GEMMs on H100 reach about 55 % of the 1,979 TFLOP/s fp8 peak in "
+                            "torchtitan's float8 runs; the per-tensor scaling casts are priced as fusions."),
+)
+
+# TPU constants: no standalone TPU kernel measurement could be run here or found published with its shapes, so
+# the TPU values are fitted to MaxText's published runs (benchmarks/published_runs.py lists them and which ones
+# the fit used); each says so.
+_TPU_FIT = "not sourced: fitted to MaxText's published runs on this chip (benchmarks/published_runs.py)"
+
+
+def _tpu(chip: str, gemm: float, tile: int, attention: float, hbm: float, fusion: float, network: float
+         ) -> ChipCalibration:
+    return ChipCalibration(
+        chip=chip, gemm=Evidence(gemm, f"{_TPU_FIT}; the MXU's {tile}x{tile} tiles"), tile=tile,
+        k_half=220.0, n_full=float(tile),
+        attention=Evidence(attention, f"{_TPU_FIT}; splash attention skips masked blocks"),
+        attention_t_half=1427.0, attention_d_half=54.0,
+        hbm=Evidence(hbm, f"{_TPU_FIT}"), fusion=Evidence(fusion, f"{_TPU_FIT}: XLA:TPU fuses elementwise work into "
+                                                             f"the matmuls' prologues and epilogues"),
+        network=Evidence(network, f"{_TPU_FIT}"))
+
+
+CALIBRATIONS: dict[str, ChipCalibration] = {
+    "H100 SXM": _H100,
+    "H200 SXM": dataclasses.replace(_H100, chip="H200 SXM"),  # the same SMs and NVLink; HBM from the datasheet
+    # 500 W instead of 700: the clock a power cap leaves, if power goes as the cube of the clock near the top of
+    # the voltage-frequency curve, is (500 / 700) ** (1 / 3) = 0.89 of it; not measured.
+    "H100 96GB HBM2e 500 W": dataclasses.replace(
+        _H100, chip="H100 96GB HBM2e 500 W",
+        gemm=Evidence(round(0.70 * _POWER_500W, 3), "not sourced: the H100 SXM's measured 0.70 times (500/700)^(1/3)"),
+        attention=Evidence(round(0.59 * _POWER_500W, 3), "not sourced: the H100 SXM's 0.59 times (500/700)^(1/3)")),
+    "TPU v4": _tpu("TPU v4", 0.80, 128, 0.55, 0.85, 1.0, 0.80),
+    "TPU v5e": _tpu("TPU v5e", 0.80, 128, 0.55, 0.85, 1.0, 0.80),
+    "TPU v5p": _tpu("TPU v5p", 0.85, 128, 0.55, 0.85, 1.0, 0.80),
+    "TPU v6e": _tpu("TPU v6e", 0.66, 256, 0.55, 0.85, 1.0, 0.80),
+}
+
+# Framework-level facts, each measured or counted elsewhere.
+ADAMW_F32_BYTES = 28  # a parameter's AdamW update with f32 master weights and moments: read p, m, v, g; write p, m, v
+FLASH_BACKWARD = 2.5  # a flash kernel's backward FLOPs over its forward's (recomputes the scores: 5 matmuls vs 2)
+
+
+def calibration(chip_name: str) -> ChipCalibration:
+    """The calibration of the chip called ``chip_name`` (a :class:`~workbench.core.cost.chips.Hardware`'s name)."""
+    if chip_name not in CALIBRATIONS:
+        raise ValueError(f"no measured efficiencies for {chip_name!r}; calibrated chips: {sorted(CALIBRATIONS)}")
+    return CALIBRATIONS[chip_name]
+
+
+__all__ = ["ADAMW_F32_BYTES", "CALIBRATIONS", "FLASH_BACKWARD", "ChipCalibration", "Evidence", "calibration"]

@@ -1,0 +1,58 @@
+"""How long one kernel takes on one chip: a GEMM of a shape, a flash-attention call, a memory-bound fusion, at
+the efficiencies :mod:`workbench.core.cost.calibration` holds (each with its evidence).
+
+>>> from workbench.core.cost.chips import H100
+>>> round(gemm_efficiency(8192, 4096, 4096, H100), 2), round(gemm_efficiency(8192, 4096, 64, H100), 3)
+(0.7, 0.088)
+>>> round(attention_efficiency(8192, 128, H100), 2)  # cuDNN, causal, fwd+bwd: measured 497 / 989 = 0.50
+0.5
+"""
+
+from __future__ import annotations
+
+import math
+
+from workbench.core.cost.calibration import ChipCalibration, calibration
+from workbench.core.cost.chips import Hardware
+
+_K_REF = 4096  # the contraction of the large GEMMs ``gemm`` was measured on
+
+
+def _padded(x: float, tile: int) -> float:
+    return math.ceil(x / tile) * tile if x > 0 else 0.0
+
+
+def _cal(chip: Hardware | ChipCalibration) -> ChipCalibration:
+    return chip if isinstance(chip, ChipCalibration) else calibration(chip.name)
+
+
+def gemm_efficiency(m: float, k: float, n: float, chip: Hardware | ChipCalibration, dtype: str = "bf16") -> float:
+    """The fraction of ``chip``'s dense peak an ``(m, k) @ (k, n)`` GEMM reaches: the large-GEMM efficiency, the
+    tile padding of every dimension, the contraction's pipeline fill ``k / (k + k_half)`` (relative to
+    ``k = 4096``) and output dimensions below ``n_full`` filling part of the unit."""
+    cal = _cal(chip)
+    if min(m, k, n) <= 0:
+        return 0.0
+    base = cal.gemm_fp8.value if dtype == "fp8" and cal.gemm_fp8 is not None else cal.gemm.value
+    t = cal.tile
+    mp, kp, np_ = _padded(m, t), _padded(k, t), _padded(n, t)
+    fill = (k / (k + cal.k_half)) / (_K_REF / (_K_REF + cal.k_half))
+    return base * (m / mp) * (k / kp) * (n / np_) * min(1.0, fill) * min(1.0, mp / cal.n_full) \
+        * min(1.0, np_ / cal.n_full)
+
+
+def attention_efficiency(length: float, head_dim: float, chip: Hardware | ChipCalibration) -> float:
+    """The fraction of the peak a flash-attention kernel's forward and backward reach over sequences of
+    ``length`` keys with heads of ``head_dim`` (FLOPs of the tiles a causal mask keeps)."""
+    cal = _cal(chip)
+    ref = 128 / (128 + cal.attention_d_half)
+    return cal.attention.value * length / (length + cal.attention_t_half) * (
+        head_dim / (head_dim + cal.attention_d_half)) / ref
+
+
+def memory_seconds(nbytes: float, chip: Hardware | ChipCalibration, bandwidth: float) -> float:
+    """Seconds to move ``nbytes`` to and from HBM of ``bandwidth`` B/s in memory-bound fusions."""
+    return nbytes / (bandwidth * _cal(chip).hbm.value) if nbytes else 0.0
+
+
+__all__ = ["attention_efficiency", "gemm_efficiency", "memory_seconds"]
