@@ -11,6 +11,7 @@ from flax import nnx
 import workbench as wb
 from workbench.core.cluster import Cluster
 from workbench.core.compile import steps
+from workbench.core.cost.calibration import calibration
 from workbench.core.cost.flops import mfu, model_flops, train_flops
 from workbench.core.cost.predicted import predict_step
 from workbench.core.cost.step_time import step_time
@@ -93,7 +94,7 @@ def test_remat_full_hfu_over_mfu_is_the_recompute():
     hardware_per_token = model_per_token + layers * (2 * attention + 2 * (mlp - d * f) + scores)
     h100 = Cluster.h100(gpus_per_node=1)
     step = step_time(cluster=h100, mesh_shape={}, flops=matmul_flops(compiled.as_text()), hbm_bytes=0.0,
-                     collectives=[], model_flops=model_flops(model, batch))
+                     collectives=[], model_flops=model_flops(model, batch), efficiency=1.0)
     assert step.hfu / step.mfu == pytest.approx(hardware_per_token / model_per_token, rel=1e-12)
     assert step.hfu == pytest.approx(1.0) and step.mfu < 0.9  # all compute: HFU reads 1, MFU does not
     # no efficiency factor: both are upper bounds, and say so
@@ -101,6 +102,10 @@ def test_remat_full_hfu_over_mfu_is_the_recompute():
     slower = step_time(cluster=h100, mesh_shape={}, flops=step.roofline.flops, hbm_bytes=0.0, collectives=[],
                        model_flops=step.model_flops, efficiency=0.5)
     assert slower.hfu == pytest.approx(0.5) and "≤" not in slower.summary() and "at 50% of peak" in slower.summary()
+    # the default: the chip's measured GEMM efficiency (calibration), a prediction, not a bound
+    measured = step_time(cluster=h100, mesh_shape={}, flops=step.roofline.flops, hbm_bytes=0.0, collectives=[],
+                         model_flops=step.model_flops)
+    assert measured.hfu == pytest.approx(calibration("H100 SXM").gemm.value) and not measured.ideal
     # without the model's FLOPs a compiled step has an HFU and no MFU
     assert step_time(cluster=h100, mesh_shape={}, flops=step.roofline.flops, hbm_bytes=0.0, collectives=[]).mfu is None
 

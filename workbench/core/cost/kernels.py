@@ -3,7 +3,7 @@ the efficiencies :mod:`workbench.core.cost.calibration` holds (each with its evi
 
 >>> from workbench.core.cost.chips import H100
 >>> round(gemm_efficiency(8192, 4096, 4096, H100), 2), round(gemm_efficiency(8192, 4096, 64, H100), 3)
-(0.7, 0.088)
+(0.7, 0.087)
 >>> round(attention_efficiency(8192, 128, H100), 2)  # cuDNN, causal, fwd+bwd: measured 497 / 989 = 0.50
 0.5
 """

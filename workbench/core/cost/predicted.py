@@ -15,7 +15,11 @@ Model" (Austin et al., https://jax-ml.github.io/scaling-book/): "Transformer Mat
 >>> from workbench.core.models.presets import full_config
 >>> step = predict_step(full_config("llama-3-70b"), Cluster.h100(nodes=8), {"fsdp": 8, "tp": 8}, batch=(32, 4096))
 >>> step.bound, round(step.time_s, 2), sorted(step.by_kind())
-('communication', 1.34, ['attention', 'embedding+head', 'mlp', 'optimizer'])
+('compute', 2.91, ['attention', 'embedding+head', 'mlp', 'optimizer'])
+>>> ideal = predict_step(full_config("llama-3-70b"), Cluster.h100(nodes=8), {"fsdp": 8, "tp": 8}, batch=(32, 4096),
+...                      efficiency=1.0)  # the book's roofline: matmuls at peak, the longest part
+>>> ideal.bound, round(ideal.time_s, 2), ideal.mfu_text()
+('communication', 1.34, '≤ 69%')
 
 The derivation (``n``: tokens a device holds, ``D`` hidden, ``F`` MLP width, ``H`` heads of ``h`` dims, ``K``
 key/value heads, ``V`` vocabulary, ``T`` sequence, ``m`` microbatches; every dimension a mesh axis splits is
@@ -141,6 +145,7 @@ class _Acc:
         self.gemms: list[tuple[str, float, float, float, float, float, float]] = []
         self.attention: list[tuple[float, float, float, float, float, float]] = []
         self.fused = dict.fromkeys(WORK_KINDS, 0.0)
+        self.recomputed = 0.0  # the FLOPs remat="full" recomputes (in ``flops``)
 
     def comm(self, part: str, kind: str, axes: tp.Sequence[str], nbytes: float, runs: float, name: str,
              pipelined: bool = False, role: str = "critical") -> None:
@@ -325,6 +330,7 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     elif task == "prefill":
         attn_bytes += ab * kv_cache * n
     acc.flops["attention"] += layers_attn * attn_flops
+    acc.recomputed += layers_attn * r * per_layer
     acc.bytes["attention"] += layers_attn * attn_bytes
     runs_f, runs_b, runs_r = layers_attn * m, layers_attn * m * train, layers_attn * m * rg
     if s.kv_split:  # the fused q, k, v projection and the output projection
@@ -365,6 +371,7 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
         acc.fused["mlp"] += (layers_dense * m * ab * nm * (NORM_RESIDUAL * d + (s.mlp_act_split - 2 * width) / tp_)
                              * fused_passes)
         acc.flops["mlp"] += layers_dense * mlp_flops
+        acc.recomputed += layers_dense * r * 2 * n * recomputed / tp_
         acc.bytes["mlp"] += layers_dense * mlp_bytes
         shard_bytes += weights("mlp", w_mlp, _DENSE_W, layers_dense, "MLP")
         acc.comm("mlp", "all-reduce", ("tp",), nm * d * ab, layers_dense * mlp_tp_runs, "MLP output (TP)", True,
@@ -408,6 +415,7 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
             nm * (NORM_RESIDUAL * d + 2 * s.experts) + local * rows * (4 * d + 3 * s.expert_width / tp_)
             + (nm * 3 * s.shared_width / tp_ if s.shared else 0))
         acc.flops["experts"] += layers_moe * moe_flops
+        acc.recomputed += layers_moe * r * 2 * (copies * s.expert / tp_ + n * shared_recomputed / tp_ + n * s.router)
         acc.bytes["experts"] += layers_moe * moe_bytes
         shard_bytes += weights("experts", w_exp, _EXPERT_W, layers_moe, "expert")
         if s.shared:
@@ -462,10 +470,11 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     if efficiency is None:
         if tp_overlap is None:
             tp_overlap = cluster.platform == "tpu"
-        timed, terms, achieved, hardware = _measured_terms(acc, cluster, mesh, rate, train=train, overlap=overlap,
-                                                           tp_overlap=tp_overlap, staged=staged, bubble=bubble,
-                                                           fused_passes=fused_passes)
-        line = roofline(hardware, hbm, cluster, rate)
+        timed, terms, achieved = _measured_terms(acc, cluster, mesh, rate, train=train, overlap=overlap,
+                                                 tp_overlap=tp_overlap, staged=staged, bubble=bubble,
+                                                 fused_passes=fused_passes)
+        # the hardware FLOPs run: ``recompute``'s share of what remat="full" recomputes
+        line = roofline(flops - (acc.recomputed * (1 - rg / r) if r else 0.0), hbm, cluster, rate)
         return StepTime(cluster, mesh, line, timed, achieved, overlap, None, parts, bubble, terms[-1].seconds, model,
                         terms)
     timed = []
@@ -491,11 +500,9 @@ _LAYER_KINDS = ("attention", "mlp", "experts")
 
 def _measured_terms(acc: _Acc, cluster: Cluster, mesh: dict[str, int], rate: str, *, train: bool, overlap: bool,
                     tp_overlap: bool, staged: dict[str, float], bubble: float, fused_passes: int
-                    ) -> tuple[tuple[CollectiveTime, ...], tuple[Term, ...], float, float]:
+                    ) -> tuple[tuple[CollectiveTime, ...], tuple[Term, ...], float]:
     """The step as the measured model prices it: its collectives at the network's attained bandwidth, the terms
-    whose sum is the step (the bubble last), the matmuls' achieved fraction of peak, and the hardware FLOPs it
-    runs (``recompute``'s share of the forward again; attention counted dense, its backward twice its forward, as
-    the roofline counts it).
+    whose sum is the step (the bubble last) and the matmuls' achieved fraction of peak.
 
     Matmuls, attention kernels and memory-bound fusions run one after another on a device (one stream of
     kernels). FSDP gathers run ahead of the layer that needs them and hide behind the forward's (the backward's)
@@ -526,9 +533,7 @@ def _measured_terms(acc: _Acc, cluster: Cluster, mesh: dict[str, int], rate: str
         gemm_flops += 2 * m * k * n * (forward + 2 * backward + again)
     matmul_s = sum(fwd.values()) + sum(bwd.values())
     attention = {"compute": 0.0, "memory": 0.0}
-    hardware = gemm_flops
     for dense, causal, length, head_dim, backward, nbytes in acc.attention:
-        hardware += dense * (1 + (backward - FLASH_BACKWARD + 2 if backward else 0))
         compute = dense * causal / (peaks["bf16"] * attention_efficiency(length, head_dim, cal))  # flash: bf16
         memory = memory_seconds(nbytes, cal, bandwidth)  # a decode step's KV cache read
         t = max(compute, memory)
@@ -591,7 +596,7 @@ def _measured_terms(acc: _Acc, cluster: Cluster, mesh: dict[str, int], rate: str
         busy = sum(staged.get(kind, 0.0) * (fwd[kind] + bwd[kind]) for kind in _LAYER_KINDS) + staged_comm
         bubble_s = busy * bubble / (1 - bubble)
     terms.append(Term("pipeline bubble", bubble_s, "bubble", f"{bubble:.0%} of the schedule's ticks idle"))
-    return tuple(timed), tuple(terms), min(1.0, achieved), hardware
+    return tuple(timed), tuple(terms), min(1.0, achieved)
 
 
 __all__ = ["BATCH_AXES", "WORK_KINDS", "predict_step"]

@@ -8,8 +8,8 @@ cluster, the layout, the batch, the recompute, the dtype, the measured step time
 far the predictions were from the measurements, which every view prints beside a prediction.
 
 >>> runs = published_runs()
->>> len(runs) >= 12, sorted({r.chip for r in runs})[:2]
-(True, ['H100 SXM', 'H200 SXM'])
+>>> len(runs) >= 12, sorted({r.cluster.platform for r in runs})
+(True, ['gpu', 'tpu'])
 """
 
 from __future__ import annotations
@@ -137,9 +137,11 @@ class Accuracy:
         return max(max(r, 1 / r) for r in self.ratios.values())
 
     def text(self) -> str:
-        return (f"on {len(self.ratios)} published runs (MaxText, torchtitan, NeMo; TPU v4 to v6e, H100, H200) "
-                f"predictions were {self.low:.2f}x to {self.high:.2f}x the measured step time, typically within "
-                f"{(self.median_abs - 1):.0%}")
+        runs = [r for r in published_runs() if r.name in self.ratios]
+        frameworks = ", ".join(sorted({r.framework.split(" (")[0] for r in runs}))
+        chips = ", ".join(sorted({" ".join(r.chip.split()[:2 if r.chip.startswith("TPU") else 1]) for r in runs}))
+        return (f"on {len(self.ratios)} published runs ({frameworks}; {chips}) predictions were {self.low:.2f}x to "
+                f"{self.high:.2f}x the measured step time, typically within {(self.median_abs - 1):.0%}")
 
 
 @functools.cache
