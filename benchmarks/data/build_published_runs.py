@@ -29,44 +29,22 @@ def hf(m):
     return {"hf": d}
 
 
+def _gelu(model_type, m, *, kv_heads, head_dim, vocab, norm, position):
+    """A non-gated (two-matrix) MLP decoder as ModelConfig fields, tied embeddings."""
+    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    return {"config": {"model_type": model_type, **{k: m[k] for k in keys}, "num_key_value_heads": kv_heads,
+                       "head_dim": head_dim, "vocab_size": vocab, "tie_word_embeddings": True, "mlp_type": "gelu",
+                       "hidden_act": "gelu", "norm_type": norm, "position_embedding": position}}
+
+
 def maxtext2023(m):
-    return {
-        "config": dict(
-            model_type="maxtext-2023",
-            hidden_size=m["hidden_size"],
-            intermediate_size=m["intermediate_size"],
-            num_hidden_layers=m["num_hidden_layers"],
-            num_attention_heads=m["num_attention_heads"],
-            num_key_value_heads=m["num_key_value_heads"],
-            head_dim=m["head_dim"],
-            vocab_size=m["vocab_size"],
-            tie_word_embeddings=True,
-            mlp_type="gelu",
-            hidden_act="gelu",
-            norm_type="rms",
-            position_embedding="rope",
-        )
-    }
+    return _gelu("maxtext-2023", m, kv_heads=m["num_key_value_heads"], head_dim=m["head_dim"], vocab=m["vocab_size"],
+                 norm="rms", position="rope")
 
 
 def gpt(m, vocab):
-    return {
-        "config": dict(
-            model_type="gpt3",
-            hidden_size=m["hidden_size"],
-            intermediate_size=m["intermediate_size"],
-            num_hidden_layers=m["num_hidden_layers"],
-            num_attention_heads=m["num_attention_heads"],
-            num_key_value_heads=m["num_attention_heads"],
-            head_dim=m["hidden_size"] // m["num_attention_heads"],
-            vocab_size=vocab,
-            tie_word_embeddings=True,
-            mlp_type="gelu",
-            hidden_act="gelu",
-            norm_type="layer",
-            position_embedding="learned",
-        )
-    }
+    return _gelu("gpt3", m, kv_heads=m["num_attention_heads"], head_dim=m["hidden_size"] // m["num_attention_heads"],
+                 vocab=vocab, norm="layer", position="learned")
 
 
 def src(r):
