@@ -10,8 +10,8 @@ The mechanisms (:mod:`workbench.core.cost.kernels` prices them):
 
 - **GEMMs** reach ``gemm`` of the dense peak when every dimension is large; the MXU / tensor-core ``tile``
   pads each dimension to a multiple of it; a contraction ``K`` fills the unit's pipeline as ``K / (K + k_half)``
-  (relative to ``K = 4096``), and an output dimension below ``n_full`` leaves part of the unit idle
-  (the rate falls in proportion).
+  (relative to ``K = 4096``), and an output width ``N`` below ``n_full`` leaves part of the unit idle
+  (the rate falls in proportion); few rows only pad to the tile (a decode GEMM is bound by reading its weights).
 - **Flash attention** (cuDNN, FlashAttention, TPU splash) reaches ``attention`` of the peak as the sequence grows
   (at ``head_dim`` 128), counting only the FLOPs of the tiles the causal mask keeps (the kernel skips the
   rest); shorter sequences and narrower heads lose ``T / (T + t_half)`` and ``D / (D + d_half)`` (per tile

@@ -29,7 +29,7 @@ def _cal(chip: Hardware | ChipCalibration) -> ChipCalibration:
 def gemm_efficiency(m: float, k: float, n: float, chip: Hardware | ChipCalibration, dtype: str = "bf16") -> float:
     """The fraction of ``chip``'s dense peak an ``(m, k) @ (k, n)`` GEMM reaches: the large-GEMM efficiency, the
     tile padding of every dimension, the contraction's pipeline fill ``k / (k + k_half)`` (relative to
-    ``k = 4096``) and output dimensions below ``n_full`` filling part of the unit."""
+    ``k = 4096``) and an output width below ``n_full`` filling part of the unit."""
     cal = _cal(chip)
     if min(m, k, n) <= 0:
         return 0.0
@@ -37,8 +37,8 @@ def gemm_efficiency(m: float, k: float, n: float, chip: Hardware | ChipCalibrati
     t = cal.tile
     mp, kp, np_ = _padded(m, t), _padded(k, t), _padded(n, t)
     fill = (k / (k + cal.k_half)) / (_K_REF / (_K_REF + cal.k_half))
-    return base * (m / mp) * (k / kp) * (n / np_) * min(1.0, fill) * min(1.0, mp / cal.n_full) \
-        * min(1.0, np_ / cal.n_full)
+    # rows only pad to the tile: a GEMM of few rows (decode) streams its weights and is bound by reading them
+    return base * (m / mp) * (k / kp) * (n / np_) * min(1.0, fill) * min(1.0, np_ / cal.n_full)
 
 
 def attention_efficiency(length: float, head_dim: float, chip: Hardware | ChipCalibration) -> float:
