@@ -53,25 +53,30 @@ def xla_estimate(run) -> float:
 
 
 def xla_table(runs) -> None:
+    """One line per TPU run as its compiles finish (each takes a minute or two), then the spread."""
     from workbench.core.cost.published import price
     from workbench.core.units import format_seconds
 
     print(header("XLA's own estimate (libtpu optimal_seconds, extrapolated) beside the model, TPU runs"))
-    rows, ratios = [], []
+    print("run | measured | model | XLA | XLA / model | XLA / measured (or why not)", flush=True)
+    ratios = []
     for run in runs:
         if run.cluster.platform != "tpu":
             continue
+        model = price(run).time_s
         try:
             xla = xla_estimate(run)
         except Exception as err:  # a run the compile path cannot take is reported, not fatal
-            rows.append((run.name, format_seconds(run.measured_s), format_seconds(price(run).time_s), "-", "-",
-                         f"not compiled: {type(err).__name__}: {str(err)[:80]}"))
+            print(f"{run.name} | {format_seconds(run.measured_s)} | {format_seconds(model)} | - | - | not compiled: "
+                  f"{type(err).__name__}: {str(err).splitlines()[0][:100]}", flush=True)
             continue
-        model = price(run).time_s
+        if xla <= 0:
+            print(f"{run.name} | {format_seconds(run.measured_s)} | {format_seconds(model)} | {xla:.3g} s | - | "
+                  f"libtpu's estimate is not a time on this chip", flush=True)
+            continue
         ratios.append(xla / model)
-        rows.append((run.name, format_seconds(run.measured_s), format_seconds(model), format_seconds(xla),
-                     f"{xla / model:.2f}", f"{xla / run.measured_s:.2f}"))
-    print_rows(["run", "measured", "model", "XLA", "XLA / model", "XLA / measured (or why not)"], rows)
+        print(f"{run.name} | {format_seconds(run.measured_s)} | {format_seconds(model)} | {format_seconds(xla)} | "
+              f"{xla / model:.2f} | {xla / run.measured_s:.2f}", flush=True)
     if ratios:
         print(f"\nXLA's estimate over the model's: {min(ratios):.2f} to {max(ratios):.2f} on {len(ratios)} runs, "
               f"median {statistics.median(ratios):.2f}")
@@ -81,11 +86,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--terms", action="store_true", help="print each run's terms too")
     parser.add_argument("--xla", action="store_true", help="compile the TPU runs and print XLA's own estimate")
+    parser.add_argument("--runs", nargs="*", default=None, metavar="NAME", help="only these runs (names or prefixes)")
     args = parser.parse_args()
     from workbench.core.cost.published import price, published_runs
     from workbench.core.units import format_seconds
 
     runs = published_runs()
+    if args.runs:
+        runs = tuple(r for r in runs if any(r.name.startswith(prefix) for prefix in args.runs))
     print(header(f"{len(runs)} published training steps: predicted (predict_step) vs measured"))
     rows, ratios = [], []
     for run in runs:
