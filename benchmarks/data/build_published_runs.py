@@ -69,6 +69,11 @@ def add(raw, **kw):
     runs.append(r)
 
 
+def add_as_recorded(raw, framework, model, **kw):
+    """A run whose cluster, mesh and batch are the raw record's."""
+    add(raw, framework=framework, model=model, cluster=raw["cluster"], mesh=raw["mesh"], batch=raw["batch"], **kw)
+
+
 # --- TPU (MaxText) ---------------------------------------------------------------------------------------
 SAVE_QKV_O = (
     "custom policy: q, k, v and out projections saved (offloaded), mlpwi recomputed, mlpwo's recompute "
@@ -88,13 +93,10 @@ for name, rec, why in (
     ("tpurecipes-llama3.1-405b-v5p1024", 1.0, "custom: context and mlpwo offloaded, every projection recomputed"),
 ):
     raw = T[name]
-    add(
+    add_as_recorded(
         raw,
-        framework="MaxText",
-        model=hf(raw["model"]),
-        cluster=raw["cluster"],
-        mesh=raw["mesh"],
-        batch=raw["batch"],
+        "MaxText",
+        hf(raw["model"]),
         recompute=rec,
         remat_note=why,
         dtype="bf16",
@@ -148,13 +150,10 @@ for name in (
 ):
     raw = T[name]
     full = raw["remat_policy"] == "full"
-    add(
+    add_as_recorded(
         raw,
-        framework="MaxText (2023 README table)",
-        model=maxtext2023(raw["model"]),
-        cluster=raw["cluster"],
-        mesh=raw["mesh"],
-        batch=raw["batch"],
+        "MaxText (2023 README table)",
+        maxtext2023(raw["model"]),
         recompute=1.0 if full else 0.0,
         remat_note=raw["remat_policy"] + ("" if full else ": every projection's output saved, none recomputed"),
         dtype="bf16",
