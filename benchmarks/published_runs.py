@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--xla", action="store_true", help="compile the TPU runs and print XLA's own estimate")
     parser.add_argument("--runs", nargs="*", default=None, metavar="NAME", help="only these runs (names or prefixes)")
     args = parser.parse_args()
-    from workbench.core.cost.published import price, published_runs
+    from workbench.core.cost.published import Accuracy, price, published_runs
     from workbench.core.units import format_seconds
 
     runs = published_runs()
@@ -107,11 +107,11 @@ def main() -> None:
             rows.append(("", "", "", "; ".join(f"{t.name} {format_seconds(t.seconds)}" for t in step.terms
                                                if t.seconds), "", "", "", "", ""))
     print_rows(["run", "framework", "cluster", "layout", "measured", "predicted", "ratio", "MFU", "bound"], rows)
-    far = [max(r, 1 / r) for r in ratios]
+    acc = Accuracy({run.name: ratio for run, ratio in zip(runs, ratios, strict=True)})
     inside = sum(LOW <= r <= HIGH for r in ratios)
-    print(f"\nratio predicted / measured: {min(ratios):.2f} to {max(ratios):.2f}; {inside} of {len(ratios)} runs "
-          f"within {LOW}-{HIGH}x; median |ratio| {statistics.median(far):.3f}x (target {MEDIAN}x), worst "
-          f"{max(far):.3f}x")
+    print(f"\nratio predicted / measured: {acc.low:.2f} to {acc.high:.2f}; {inside} of {len(ratios)} runs "
+          f"within {LOW}-{HIGH}x; median |ratio| {acc.median_abs:.3f}x (target {MEDIAN}x), worst "
+          f"{acc.worst_abs:.3f}x")
     for chip in sorted({run.chip for run in runs}):
         mine = [r for run, r in zip(runs, ratios, strict=True) if run.chip == chip]
         print(f"  {chip:<24} {len(mine):>2} runs: {min(mine):.2f} to {max(mine):.2f}")

@@ -13,9 +13,11 @@ from workbench.core.cost.calibration import CALIBRATIONS, calibration
 from workbench.core.cost.chips import H100
 from workbench.core.cost.kernels import attention_efficiency, gemm_efficiency, memory_seconds
 from workbench.core.cost.predicted import predict_step
+from workbench.core.cost.step_time import step_time
 from workbench.core.models.presets import full_config
 
-MEASURED = json.loads((pathlib.Path(__file__).parents[3] / "benchmarks/data/h100_measured_2026-11-27.json").read_text())
+ROOT = pathlib.Path(__file__).parents[3]
+MEASURED = json.loads((ROOT / "benchmarks/data/h100_measured_2026-11-27.json").read_text())
 PEAK = H100.peak_flops("bf16")
 
 
@@ -74,8 +76,19 @@ def test_every_constant_is_sourced_or_says_it_is_not():
         for field in ("gemm", "attention", "hbm", "fusion", "network"):
             evidence = getattr(cal, field)
             assert evidence.source, (name, field)
-            assert evidence.sourced or "not sourced" in evidence.source
+            if evidence.sourced:  # a measurement this repository holds
+                path = evidence.source.split(" in this repository")[0]
+                assert path.startswith("benchmarks/data/") and (ROOT / path).is_file(), (name, field)
             assert 0 < evidence.value <= (4 if field == "fusion" else 1), (name, field)
     assert calibration("H100 SXM").gemm.sourced
     with pytest.raises(ValueError, match="calibrated chips"):
         calibration("TPU v9")
+
+
+def test_simulated_cpu_devices_have_no_step_time():
+    """No chip numbers: a clear error, whichever pricing is asked for."""
+    cpu = Cluster.cpu(8)
+    with pytest.raises(ValueError, match="no peak numbers"):
+        predict_step(full_config("llama-3-8b"), cpu, {"fsdp": 8}, batch=(8, 128))
+    with pytest.raises(ValueError, match="no peak numbers"):
+        step_time(cluster=cpu, mesh_shape={"fsdp": 8}, flops=1.0, hbm_bytes=1.0, collectives=[])

@@ -111,7 +111,7 @@ from workbench.core.cost.flops import model_flops, model_shapes
 from workbench.core.cost.kernels import attention_efficiency, gemm_efficiency, memory_seconds
 from workbench.core.cost.ledger import REMATS, TASKS
 from workbench.core.cost.network import transfer
-from workbench.core.cost.roofline import rate_dtype, roofline
+from workbench.core.cost.roofline import check_chip, rate_dtype, roofline
 from workbench.core.cost.step_time import CollectiveTime, StepTime, Term, WorkPart
 from workbench.core.mesh import MESH_AXES
 from workbench.core.pipeline_schedule import PipelineConfig
@@ -511,6 +511,7 @@ def _measured_terms(acc: _Acc, cluster: Cluster, mesh: dict[str, int], rate: str
     hide behind the attention kernels. Tensor-, expert- and pipeline-parallel collectives sit between dependent
     matmuls: exposed unless ``tp_overlap`` (collective matmul, async TP) hides the tensor-parallel ones behind the
     matmuls."""
+    check_chip(cluster)
     cal = calibration(cluster.chip.name)
     peaks = {name: cluster.chip.peak_flops(name) / cluster.devices_per_chip for name in {rate, "bf16"}}
     bandwidth = cluster.chip.hbm_bandwidth / cluster.devices_per_chip
@@ -552,7 +553,7 @@ def _measured_terms(acc: _Acc, cluster: Cluster, mesh: dict[str, int], rate: str
     staged_comm = 0.0
     for (part, kind, axes, nbytes, name), (runs, pipelined, role) in acc.comms.items():
         t = transfer(kind, nbytes, axes, mesh, cluster)
-        seconds = t.seconds / cal.network.value
+        seconds = max(t.bandwidth_s / cal.network.value, t.latency_s)  # the attained bandwidth; hops as they are
         timed.append(CollectiveTime(kind, axes, nbytes, runs, seconds, t.level, t.bound, name, False, part))
         role_s[role] = role_s.get(role, 0.0) + seconds * runs
         role_runs[role] = role_runs.get(role, 0) + runs

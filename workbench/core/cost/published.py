@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import pathlib
 import statistics
 import typing as tp
@@ -153,11 +152,6 @@ def accuracy() -> Accuracy:
 def accuracy_text() -> str:
     """:meth:`Accuracy.text` of :func:`accuracy`, for a view to print beside a prediction."""
     return accuracy().text()
-
-
-def geometric_mean(values: tp.Iterable[float]) -> float:
-    values = list(values)
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 __all__ = ["RUNS_FILE", "Accuracy", "PublishedRun", "accuracy", "accuracy_text", "price", "published_runs"]

@@ -54,12 +54,17 @@ class Roofline:
         return self.flops / self.hbm_bytes if self.hbm_bytes else math.inf
 
 
+def check_chip(cluster: Cluster) -> None:
+    """A ValueError when ``cluster`` has no chip numbers to price a step with (simulated CPU devices)."""
+    if cluster.chip is None:
+        raise ValueError(f"{cluster.name} has no peak numbers (simulated CPU devices); use a TPU or GPU cluster")
+
+
 def roofline(flops: float, hbm_bytes: float, cluster: Cluster, dtype: tp.Any = "bf16",
              efficiency: float = 1.0, hbm_efficiency: float = 1.0) -> Roofline:
     """One device of ``cluster`` doing ``flops`` on operands of ``dtype`` (see :func:`rate_dtype`) at ``efficiency``
     of its peak FLOP/s, and moving ``hbm_bytes`` to and from HBM at ``hbm_efficiency`` of its bandwidth."""
-    if cluster.chip is None:
-        raise ValueError(f"{cluster.name} has no peak numbers (simulated CPU devices); use a TPU or GPU cluster")
+    check_chip(cluster)
     if not 0 < efficiency <= 1:
         raise ValueError(f"efficiency is the fraction of peak FLOP/s reached, in (0, 1]; got {efficiency!r}")
     peak = cluster.chip.peak_flops(rate_dtype(dtype)) / cluster.devices_per_chip

@@ -12,7 +12,7 @@ from workbench.core.cluster import Cluster
 from workbench.core.cost.calibration import calibration
 from workbench.core.cost.flops import hfu, mfu
 from workbench.core.cost.network import transfer
-from workbench.core.cost.roofline import Roofline, roofline
+from workbench.core.cost.roofline import Roofline, check_chip, roofline
 from workbench.core.hlo.collectives import loop_collectives
 from workbench.core.tables import html_table
 from workbench.core.units import format_bytes, format_seconds
@@ -101,15 +101,6 @@ class StepTime:
     @property
     def memory_s(self) -> float:
         return self._part("memory") if self.terms else self.roofline.memory_s
-
-    @property
-    def exposed_comm_s(self) -> float:
-        """Communication on the critical path: the measured model's exposed terms; the ideal's, all of it when it
-        outlasts the work it overlaps (or runs after it)."""
-        if self.terms:
-            return self._part("communication")
-        r = self.roofline
-        return max(0.0, self.comm_s - r.time_s) if self.overlap else self.comm_s
 
     @property
     def comm_s(self) -> float:
@@ -336,6 +327,7 @@ def step_time(analysis: tp.Any = None, cluster: Cluster | None = None, mesh_shap
     xla = getattr(analysis, "xla_seconds", None) if cluster == getattr(analysis, "cluster", None) else None
     hbm_efficiency = 1.0
     if efficiency is None:
+        check_chip(cluster)
         cal = calibration(cluster.chip.name)
         efficiency, hbm_efficiency = cal.gemm.value, cal.hbm.value
     line = roofline(flops, hbm_bytes, cluster, dtype, efficiency, hbm_efficiency)
