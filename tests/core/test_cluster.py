@@ -290,3 +290,21 @@ def test_without_libtpu_a_tpu_cluster_says_what_to_install(monkeypatch):
     with pytest.raises(ImportError, match=r'pip install "jax-workbench\[tpu-aot\]"'):
         tpu_devices("v5e:2x2")
     tpu_devices.cache_clear()
+
+
+def test_a_part_of_a_cluster_is_whole_nodes_or_a_box_of_the_torus_when_one_holds_it():
+    """Cluster.part: GPU parts are whole nodes on the same networks; a TPU part is a box of the slice's torus where
+    one holds that many chips (an axis kept whole keeps its wraparound), else the most balanced box, no
+    wraparound, and its name says so."""
+    gpu = Cluster.h100(nodes=5).part(32)
+    assert (gpu.nodes, gpu.num_devices, gpu.levels) == (4, 32, Cluster.h100(nodes=4).levels)
+    box = Cluster.tpu("v5p:16x20x28").part(4096)
+    assert [a.size for a in box.torus] == [16, 16, 16] and box.topology == "v5p:16x16x16"
+    assert [a.wraparound for a in box.torus] == [True, False, False]  # only the 16 kept whole closes its ring
+    loose = Cluster.tpu("v5p:16x20x28").part(8192)
+    assert sorted(a.size for a in loose.torus) == [16, 16, 32] and not any(a.wraparound for a in loose.torus)
+    assert loose.topology is None and "not a box" in loose.name
+    with pytest.raises(ValueError, match="whole nodes"):
+        Cluster.h100(nodes=2).part(12)
+    with pytest.raises(ValueError, match="cannot have"):
+        Cluster.h100(nodes=2).part(32)

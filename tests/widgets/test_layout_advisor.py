@@ -1,5 +1,6 @@
-"""LayoutAdvisor driven through its controls: inputs re-rank, a chosen row confirms, opens in the explorer and
-exports; bad input shows an inline error and keeps the last ranking."""
+"""LayoutAdvisor driven through its controls: inputs re-rank, a chosen row confirms, opens in the explorer (which
+shows the row's step time and MFU) and exports; the inputs' labels and values follow the task, and only its controls
+show; bad input or a failing callback shows an inline error and keeps the last ranking."""
 
 import html
 import re
@@ -11,6 +12,8 @@ from workbench.core.advisor import Constraints, advise
 from workbench.core.cluster import Cluster
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import full_config, tiny_config
+from workbench.core.units import format_seconds
+from workbench.widgets import layout_advisor as layout_advisor_module
 from workbench.widgets.layout_advisor import LayoutAdvisor
 
 
@@ -85,3 +88,106 @@ def test_the_static_picture_is_the_ranked_table(llama_70b):
     advisor = LayoutAdvisor(llama_70b, Cluster.h100(nodes=8), batch_tokens=16 * 2048, seq_len=2048)
     static = advisor._repr_html_()
     assert "wb-advice-table" in static and "wb-advice-bar" in static and "LayoutAdvisor" in repr(advisor)
+
+
+def _row_cells(advisor, rank=1):
+    row = re.search(rf'<tr class="wb-advice-row" data-rank="{rank}".*?</tr>', advisor._table.value).group(0)
+    return [html.unescape(re.sub(r"<[^>]+>", "", cell)) for cell in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+
+
+def _shown(control):
+    return control.layout.display != "none"
+
+
+def test_the_inputs_mean_what_the_task_takes(llama_70b):
+    """Train -> decode: 16 x 2048 tokens become 16 sequences decoding against a 2048-position KV cache (not 32768
+    sequences, which fit nowhere); the labels say so; decode -> train converts back; each switch ranks once."""
+    cluster = Cluster.h100(nodes=8)
+    advisor = LayoutAdvisor(llama_70b, cluster, batch_tokens=16 * 2048, seq_len=2048)
+    assert (advisor._tokens.description, advisor._seq.description) == ("tokens per step", "sequence length")
+    assert all(_shown(c) for c in (advisor._optimizer, advisor._pipeline, advisor._zero))
+    ranks = []
+    rank = advisor.rank
+    advisor.rank = lambda: ranks.append(1) or rank()
+    advisor._task.value = "decode"
+    assert not advisor.error and len(ranks) == 1
+    assert advisor._tokens.value == 16
+    assert (advisor._tokens.description, advisor._seq.description) == ("sequences (batch)", "KV cache length")
+    assert advisor.advice.task == "decode" and advisor.advice.batch == (16, 2048)
+    expected = advise(llama_70b, cluster, batch_tokens=16, seq_len=2048, task="decode")
+    assert expected.ranked and len(advisor.advice.ranked) == len(expected.ranked)
+    # decode has no optimizer, pipelines, ZeRO or remat: neither the controls nor the table offer them
+    assert not any(_shown(c) for c in (advisor._optimizer, advisor._pipeline, advisor._zero))
+    assert _shown(advisor._across) and _shown(advisor._headroom) and _shown(advisor._max_axes)
+    assert _first_row(advisor) == expected.ranked[0].mesh_label
+    table = html.unescape(advisor._table.value)
+    assert "remat" not in table and "ZeRO" not in table and "bubble" not in table
+    assert all("remat" not in label for label, _ in advisor._row.options)
+    advisor._tokens.value = 8  # a decode batch of 8 sequences
+    advisor._task.value = "prefill"
+    assert not advisor.error and len(ranks) == 3 and advisor._tokens.value == 8 * 2048
+    assert (advisor._tokens.description, advisor._seq.description) == ("tokens per step", "sequence length")
+    assert not any(_shown(c) for c in (advisor._optimizer, advisor._pipeline, advisor._zero))
+    advisor._task.value = "train"  # train <-> prefill: the same meaning, the value stays
+    assert not advisor.error and advisor._tokens.value == 8 * 2048
+    assert all(_shown(c) for c in (advisor._optimizer, advisor._pipeline, advisor._zero))
+    assert "remat" in _first_row(advisor)
+    # a short batch still decodes one sequence; a decode advisor starts with decode's labels
+    advisor._seq.value = 4 * 8 * 2048
+    advisor._task.value = "decode"
+    assert advisor._tokens.value == 1
+    decode = LayoutAdvisor(llama_70b, cluster, batch_tokens=16, seq_len=2048, task="decode")
+    assert (decode._tokens.description, decode._seq.description) == ("sequences (batch)", "KV cache length")
+    assert not _shown(decode._optimizer) and _first_row(decode) == expected.ranked[0].mesh_label
+
+
+@pytest.mark.parametrize("task, tokens", [("train", 16 * 2048), ("decode", 16)])
+def test_the_explorer_shows_the_step_time_and_mfu_of_the_row_it_was_opened_from(llama_70b, task, tokens):
+    """Llama-3-70B on 8 x 8 H100: the top train layout is pipelined (interleaved), the top decode layout reads a
+    2048-position KV cache; opened in the explorer, each is priced by the same measured step model."""
+    cluster = Cluster.h100(nodes=8)
+    advisor = LayoutAdvisor(llama_70b, cluster, batch_tokens=tokens, seq_len=2048, task=task)
+    top = advisor.advice.ranked[0]
+    if task == "train":
+        assert top.pipeline is not None  # the case a default 1F1B in the explorer priced differently
+    cells = _row_cells(advisor)
+    assert (cells[3], cells[5]) == (format_seconds(top.step.time_s), top.step.mfu_text())
+    assert advisor.open_in_explorer() and not advisor.error
+    explorer = advisor.explorer
+    assert explorer._task.value == task and explorer.layout.pipeline == top.pipeline
+    assert explorer.layout.zero_stage == top.zero_stage and explorer._remat.value == top.remat
+    total = re.search(r'class="wb-step-total"[^>]*>([^<]*)<', explorer._predicted_out.value).group(1)
+    shown = re.match(r"predicted step: (.+?), \S+-bound · MFU (\S+),", html.unescape(total))
+    assert shown is not None, total
+    assert shown.groups() == (cells[3], cells[5])
+    step = explorer.predicted_step()
+    assert step.time_s == pytest.approx(top.step.time_s, rel=1e-9) and step.mfu == pytest.approx(top.step.mfu)
+    assert step.measured_model
+    assert explorer.ledger().total == top.ledger.total
+
+
+def test_an_error_in_any_callback_is_shown_and_the_widget_keeps_working(llama_70b, monkeypatch):
+    advisor = LayoutAdvisor(llama_70b, Cluster.h100(nodes=8), batch_tokens=16 * 2048, seq_len=2048)
+    before = advisor._table.value
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("ranker <gone>")
+
+    monkeypatch.setattr(layout_advisor_module, "advise", fail)
+    advisor._headroom.value = 0.2  # no exception escapes the callback
+    assert advisor.error == "RuntimeError: ranker <gone>" and "ranker &lt;gone&gt;" in advisor._status.value
+    assert advisor._table.value == before
+    monkeypatch.setattr(layout_advisor_module, "convert_batch", fail)
+    advisor._task.value = "decode"  # the switch fails: the task, its batch and labels stay as they were
+    assert advisor.error == "task: RuntimeError: ranker <gone>"
+    assert (advisor._task.value, advisor._tokens.value) == ("train", 16 * 2048)
+    assert advisor._tokens.description == "tokens per step" and _shown(advisor._optimizer)
+    monkeypatch.undo()
+    advisor._task.value = "decode"
+    assert not advisor.error and advisor._tokens.value == 16 and advisor.advice.task == "decode"
+    monkeypatch.setattr(layout_advisor_module, "advice_html", fail)
+    advisor._row.value = 2  # a row change re-draws the table: its error shows, the last table stays
+    assert advisor.error == "table: RuntimeError: ranker <gone>"
+    monkeypatch.undo()
+    advisor._row.value = 1
+    assert not advisor.error

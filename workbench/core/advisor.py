@@ -13,8 +13,17 @@ step time, each with the reason it wins or loses in words; :meth:`Advice.confirm
 virtual cluster (:func:`~workbench.core.compile.virtual.compile_step`) and puts the compiler's memory and collectives
 beside the prediction, demoting a layout whose compiled memory does not fit.
 
+What it chooses between, as practitioners do: mesh shapes along whole torus axes and, on TPU, splitting one (a
+ring of 4 inside an axis of 16); part of a cluster whose device count nothing divides (the Llama-3 70B layout of
+the scaling book uses 8,192 of a v5p pod's 8,960 chips), saying how many chips stay idle; FSDP over the batch and
+the sequence together (``fsdp x sp``, both sharding the weights); gradient accumulation (microbatches per step,
+tried where a layout does not fit without remat); pipelines with uneven stages (Llama 3 405B's 126 layers on 16);
+expert parallelism whose ``ep`` groups are data parallel outside the experts (MaxText's and torchtitan's way).
+Ties (step times within 1 %) go to what a practitioner prefers next: no pipeline, no accumulation, no idle chips,
+fewer split axes, more HBM left free; each reason says which decided.
+
 ZeRO's stages: ``dp`` alone is stage 0, ``zero_stage=1`` on ``dp`` is stage 1 (and holds stage 2's split
-gradients in a jitted step), ``fsdp`` is stage 3. Gradient accumulation is not enumerated.
+gradients in a jitted step: ZeRO-2 is ZeRO-1 here), ``fsdp`` is stage 3.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import math
 import time
 import typing as tp
 
-from workbench.core.axes import MODE_DECODE, MODE_TRAIN, PartitionAxis
+from workbench.core.axes import EP, MODE_DECODE, MODE_TRAIN, PartitionAxis
 from workbench.core.compile.steps import OPTIMIZERS
 from workbench.core.compile.virtual import cluster_mesh, compile_step
 from workbench.core.cost.ledger import REMATS, TASKS, ledger, libtpu_version, zero_parameter_copy_bytes
@@ -35,7 +44,7 @@ from workbench.core.cost.network import span
 from workbench.core.cost.predicted import predict_step
 from workbench.core.cost.published import accuracy_text
 from workbench.core.cost.step_time import step_time
-from workbench.core.mesh import MESH_AXES
+from workbench.core.mesh import MESH_AXES, mesh_factorizations
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.pipeline import pipeline_partition_axis
 from workbench.core.pipeline_schedule import PipelineConfig
@@ -52,7 +61,12 @@ class Constraints:
     ``tp_across_nodes``: let ``tp`` (and ``sp``) groups span GPU nodes (their all-reduces then run on the
     inter-node network); ``max_split_axes``: mesh axes of size > 1 at most; ``pipeline``: consider ``pp > 1``
     (train steps); ``zero``: consider ZeRO-1 on ``dp > 1`` (train steps); ``headroom``: the fraction of HBM a
-    layout must leave free to count as fitting."""
+    layout must leave free to count as fitting; ``split_physical_axes``: on TPU, also mesh axes that split a torus
+    axis (MaxText's ``allow_split_physical_axes``: a ring of 4 inside an axis of 16); ``idle_chips``: when the
+    cluster's device count has a prime factor of 5 or more (which divides no batch, head or layer count of powers
+    of two), also plan on part of it (:meth:`Cluster.part <workbench.core.cluster.Cluster.part>`), saying how many
+    chips stay idle; ``grad_accumulation``: the microbatches per step to try (train, no pipeline) where a layout
+    does not fit without remat at fewer."""
 
     fixed: tp.Mapping[str, int] = dataclasses.field(default_factory=dict)
     tp_across_nodes: bool = False
@@ -60,11 +74,18 @@ class Constraints:
     pipeline: bool = True
     zero: bool = True
     headroom: float = 0.10
+    split_physical_axes: bool = True
+    idle_chips: bool = True
+    grad_accumulation: tuple[int, ...] = (1, 2, 4, 8, 16)
 
     def __post_init__(self):
         unknown = sorted(set(self.fixed) - set(MESH_AXES))
         if unknown:
             raise ValueError(f"Constraints.fixed names {unknown}; the mesh axes are {MESH_AXES}")
+        if not self.grad_accumulation or any(isinstance(k, bool) or not isinstance(k, int) or k < 1
+                                             for k in self.grad_accumulation):
+            raise ValueError(f"Constraints.grad_accumulation is a tuple of positive ints (microbatches per step, 1 "
+                             f"for none); got {self.grad_accumulation!r}")
         if not 0 <= self.headroom < 1:
             raise ValueError(f"Constraints.headroom is a fraction of HBM in [0, 1); got {self.headroom!r}")
         if isinstance(self.max_split_axes, bool) or not isinstance(self.max_split_axes, int) \
@@ -89,6 +110,9 @@ class Candidate:
     zero_stage: int = 0
     reason: str = ""
     recompute_s: float = 0.0  # compute seconds the remat policy adds to the step
+    grad_accumulation: int = 1  # microbatches per step, run one after another
+    cluster: tp.Any = None  # the part of the cluster it runs on, when it leaves chips idle
+    idle: int = 0  # devices of the cluster it leaves idle
     compiled: tp.Any = None  # virtual.CompiledAnalysis after confirm
     compiled_step: tp.Any = None  # cost.StepTime of the compiled program
     confirm_note: str = ""
@@ -102,8 +126,13 @@ class Candidate:
     def label(self) -> str:
         pl = self.pipeline
         pipe = "" if pl is None else f", {pl.schedule}{f' v={pl.virtual_stages}' if pl.virtual_stages > 1 else ''} " \
-            f"m={pl.num_microbatches}"
-        return f"{self.mesh_label}, remat {self.remat}{pipe}" + (", ZeRO-1" if self.zero_stage else "")
+            f"m={pl.num_microbatches}{' uneven stages' if pl.uneven else ''}"
+        used = f" on {math.prod(self.mesh_shape.values()):,} devices ({self.idle:,} idle)" if self.idle else ""
+        if self.ledger.kind != "train":  # no backward: no remat, optimizer, ZeRO or accumulation to name
+            return self.mesh_label + used
+        accumulate = f", {self.grad_accumulation} microbatches accumulated" if self.grad_accumulation > 1 else ""
+        return (f"{self.mesh_label}{used}, remat {self.remat}{pipe}{accumulate}"
+                + (", ZeRO-1" if self.zero_stage else ""))
 
     @property
     def time_s(self) -> float:
@@ -116,6 +145,8 @@ class Candidate:
     def layout(self, model: tp.Any, cluster: tp.Any = None) -> tp.Any:
         """This layout resolved on ``model`` (on ``cluster_mesh(cluster, ...)`` with a cluster, else an
         ``AbstractMesh``), carrying its remat policy and pipeline."""
+        if cluster is not None and self.cluster is not None:
+            cluster = self.cluster
         mesh = _mesh(self.mesh_shape, cluster)
         mode = MODE_DECODE if self.ledger.kind == "decode" else MODE_TRAIN
         return Layout.of(model, mesh, self.partition_axis, self.rules, mode, remat=self.remat, pipeline=self.pipeline,
@@ -154,8 +185,9 @@ class Advice:
                     f"(Constraints), or change the batch so it divides over the data axes")
         smallest = self.rejected[0]
         return (f"no layout fits {self.cluster.name}: the smallest, {smallest.label}, needs "
-                f"{_gib(smallest.ledger.total)} per device ({smallest.reason}). Fewer tokens per step (the "
-                f"advisor does not model gradient accumulation) or more chips would.")
+                f"{_gib(smallest.ledger.total)} per device ({smallest.reason}). "
+                + ("Fewer sequences, a shorter KV cache or more chips would." if self.task == "decode" else
+                   "More microbatches (Constraints.grad_accumulation), fewer tokens per step or more chips would."))
 
     def confirm(self, k: int = 3, *, progress: tp.Callable[[str], None] | None = None) -> list[Candidate]:
         """Compile the top ``k`` on the virtual cluster (:meth:`confirm_one` each)."""
@@ -166,28 +198,39 @@ class Advice:
         TPU slice (XLA's TPU compiler), if its compiled memory exceeds the HBM it moves from ``ranked`` to
         ``rejected`` with that reason. A GPU cluster's program is XLA:CPU's (in the worker), whose memory is not
         a GPU's: it is shown, not held against the HBM."""
+        cluster = c.cluster or self.cluster  # the part of the cluster it plans on, when it leaves chips idle
         if progress is not None:
-            progress(f"compiling {c.label} for {self.cluster.name}")
-        if c.pipeline is not None and self.cluster.platform != "tpu":
+            progress(f"compiling {c.label} for {cluster.name}")
+        if c.pipeline is not None and cluster.platform != "tpu":
             c.confirm_note = ("not compiled: a pipelined step compiles for TPU clusters only (XLA:CPU aborts on the "
                               "exported pipeline the GPU worker receives)")
+            return c
+        if cluster.platform == "tpu" and cluster.topology is None:
+            c.confirm_note = (f"not compiled: {cluster.name} is no TPU slice shape, so XLA's TPU compiler has no "
+                              f"topology to compile it for")
+            return c
+        if c.pipeline is not None and c.pipeline.uneven:
+            c.confirm_note = "not compiled: the compiled pipeline runs equal stages only (uneven stages are priced)"
             return c
         model = self.model.with_options(remat=c.remat) if hasattr(self.model, "with_options") else self.model
         kind = "train" if self.task == "train" else "forward"
         batch = self.batch if self.task != "decode" else (self.batch[0], 1)
-        c.compiled = compile_step(model, self.cluster, c.mesh_shape, kind=kind, batch=batch,
+        batch = (batch[0] // c.grad_accumulation, batch[1])  # one microbatch of an accumulation: its memory
+        c.compiled = compile_step(model, cluster, c.mesh_shape, kind=kind, batch=batch,
                                   optimizer=self.optimizer, partition_axis=c.partition_axis, rules=c.rules or None,
                                   pipeline=c.pipeline, zero_stage=c.zero_stage)
         # a decode step compiles as a one-token forward without a cache: not the predicted step's model FLOPs
-        c.compiled_step = step_time(c.compiled, efficiency=c.step.efficiency,
-                                    model_flops=None if self.task == "decode" else c.step.model_flops)
+        model_flops = None if self.task == "decode" else c.step.model_flops / c.grad_accumulation
+        c.compiled_step = step_time(c.compiled, efficiency=c.step.efficiency, model_flops=model_flops)
         total, hbm = c.compiled.memory.total, self.cluster.hbm_per_device
         here = self._ledger_total_compiled_here(c, model)
         c.confirm_note = (f"compiled: {_gib(total, decimals=2)} per device (ledger {here / total - 1:+.1%}"
                           + ("" if here == c.ledger.total else
                              f" for the libtpu {'.'.join(map(str, libtpu_version()))} that compiled it") + "), "
                           f"step {c.compiled_step.time_s * 1e3:.3g} ms from the compiled program"
-                          + ("" if kind == "train" else " (compiled as a forward pass without a cache)"))
+                          + ("" if kind == "train" else " (compiled as a forward pass without a cache)")
+                          + (f" (one of its {c.grad_accumulation} microbatches; the ledger adds the gradient sum)"
+                             if c.grad_accumulation > 1 else ""))
         if c.compiled_step.xla_seconds is not None:
             c.confirm_note += (f"; XLA's own estimate {format_seconds(c.compiled_step.xla_seconds)} (libtpu's "
                                f"optimal_seconds, a scanned layer counted once) beside the model's "
@@ -241,7 +284,9 @@ class Advice:
             how = f". Step times and MFU are predictions: {accuracy_text()}"
         elif steps and steps[0].ideal:
             how = ". Step times are the ideal roofline (matmuls at peak): MFU marked ≤ is an upper bound"
-        return (f"{self.task} of {self._model_name()} on {self.cluster.name}, batch {self.batch[0]} x {self.batch[1]}: "
+        batch = f"{self.batch[0]} sequences, KV cache {self.batch[1]}" if self.task == "decode" else \
+            f"batch {self.batch[0]} x {self.batch[1]}"
+        return (f"{self.task} of {self._model_name()} on {self.cluster.name}, {batch}: "
                 f"{self.considered} layouts predicted in {self.seconds:.2f} s, {len(self.ranked)} fit"
                 + (f" (pruned before: {pruned})" if pruned else "") + how)
 
@@ -275,48 +320,146 @@ MICROBATCHES_PER_STAGE = (1, 2, 4)  # m = p, 2p, 4p: the bubble (p - 1) / (v m +
 
 
 def _pipeline_configs(p: int, rows_per_shard: int, num_layers: int) -> list[tp.Any]:
-    """The pipelines a ``pp = p`` layout may run: 1F1B and interleaved (two stages per device) with ``m = p, 2p,
-    4p`` microbatches where ``m`` divides a data shard's rows (and ``2 p`` the layers, for interleaved). GPipe is
-    left out: the same bubble as 1F1B with ``m`` microbatches stashed instead of ``p``."""
-    configs = []
-    for schedule, v in (("1f1b", 1), ("interleaved", 2)):
-        if num_layers % (p * v):
-            continue
-        configs += [PipelineConfig(p, k * p, schedule, v) for k in MICROBATCHES_PER_STAGE
-                    if rows_per_shard % (k * p) == 0]
-    return configs
+    """The pipelines a ``pp = p`` layout may run: 1F1B and interleaved (two or four stages per device, at least two
+    layers each) with ``m = p, 2p, 4p`` microbatches where ``m`` divides a data shard's rows. Stages that do not
+    divide the layers are uneven, offered where no schedule divides them
+    (the deepest ``ceil(L / stages)`` deep, as Llama 3 405B's 126 layers on 16 stages). GPipe is left out: the
+    same bubble as 1F1B with ``m`` microbatches stashed instead of ``p``."""
+    even, uneven = [], []
+    for schedule, v in (("1f1b", 1), ("interleaved", 2), ("interleaved", 4)):
+        if num_layers < 2 * p * v:
+            continue  # a virtual stage of one layer: nothing left to overlap its sends with
+        split = num_layers % (p * v) != 0
+        (uneven if split else even).extend(PipelineConfig(p, k * p, schedule, v, uneven=split)
+                                           for k in MICROBATCHES_PER_STAGE if rows_per_shard % (k * p) == 0)
+    return even or uneven  # uneven stages only where no schedule splits the layers evenly
+
+
+SHORT_SHARD = 512  # tokens: a sequence shard shorter than this leaves attention's kernels too little to overlap
 
 
 def _shape_filter(shape: dict[str, int], config: tp.Any, cluster: tp.Any, task: str, batch: tuple[int, int],
                   constraints: Constraints) -> str | None:
-    """Why a mesh shape makes no sense for this model and batch (a key of ``Advice.pruned``), or None."""
-    if sum(n > 1 for n in shape.values()) > constraints.max_split_axes:
-        return "with too many split axes"
-    if any(shape[a] != n for a, n in constraints.fixed.items()):
-        return "not of the fixed sizes"
+    """Why a mesh shape makes no sense for this model and batch (a key of ``Advice.pruned``, naming the number that
+    decides it), ``""`` for a shape not worth counting (an axis the model or task does not have), or None."""
     b, t = batch
     ep, tp_, sp, pp = shape["ep"], shape["tp"], shape["sp"], shape["pp"]
     experts = config.num_local_experts
-    if ep > 1 and (not experts or experts % ep):
-        return "with ep not dividing the experts"
+    layers = config.num_hidden_layers - config.first_dense_layers
+    if (ep > 1 and not experts) or (pp > 1 and (task != "train" or not constraints.pipeline)):
+        return ""  # no experts to split, no backward to pipeline: not a choice to report
+    if sum(n > 1 for n in shape.values()) > constraints.max_split_axes:
+        return f"with more than {constraints.max_split_axes} split axes"
+    if any(shape[a] != n for a, n in constraints.fixed.items()):
+        return "not of the fixed sizes"
+    if ep > 1 and experts % ep:
+        return f"with ep not dividing the {experts} experts"
     if tp_ > 1 and (config.num_attention_heads % tp_ or config.intermediate_size % tp_):
-        return "with tp not dividing the heads"
-    if sp > 1 and (task == "decode" or t % sp or t // sp < 512):
-        return "with sp where the sequence is short"
-    if pp > 1:
-        layers = config.num_hidden_layers - config.first_dense_layers
-        if task != "train" or not constraints.pipeline or layers % pp:
-            return "with pp not fitting the layers or task"
-    data = shape["dp"] * shape["fsdp"]
+        return f"with tp not dividing the {config.num_attention_heads} heads"
+    if sp > 1 and task == "decode":
+        return "with sp on a decode step"
+    if sp > 1 and (t % sp or t // sp < SHORT_SHARD):
+        return f"with sp leaving under {SHORT_SHARD} of the {t} positions per shard"
+    data = shape["dp"] * shape["fsdp"] * (ep if _tokens_over_ep(shape) else 1)
     if b % data:
-        return "with the batch not dividing over dp x fsdp"
-    if pp > 1 and not _pipeline_configs(pp, b // data, config.num_hidden_layers - config.first_dense_layers):
-        return "with pp not fitting the layers or task"
+        return f"with the {b} sequences not dividing over the data axes"
+    if pp > 1 and not _pipeline_configs(pp, b // data, layers):
+        return "with pp and too few sequences per data shard to microbatch"
     if cluster.platform == "gpu" and not constraints.tp_across_nodes and tp_ * sp > 1:
         inner = tp_ * sp  # tp and sp are the mesh's innermost axes: consecutive GPUs
         if cluster.gpus_per_node % inner:
-            return "with tp across nodes"
+            return f"with tp x sp across the {cluster.gpus_per_node}-GPU nodes"
     return None
+
+
+def _tokens_over_ep(shape: tp.Mapping[str, int]) -> bool:
+    """Whether the token batch splits over ``ep`` as well as the data axes: always with ``ep > 1``, as MaxText (its
+    ``activation_batch`` rule names ``expert``) and torchtitan (EP borrows its devices from data parallelism) run
+    experts: outside the expert layers an ``ep`` group is data parallel, not a copy of the same work."""
+    return shape.get("ep", 1) > 1
+
+
+def _batch_partition_axis(pa: PartitionAxis, shape: tp.Mapping[str, int]) -> PartitionAxis:
+    """``pa`` with the batch over ``ep`` too where :func:`_tokens_over_ep` says so."""
+    if not _tokens_over_ep(shape):
+        return pa
+    over = lambda axes: tuple(dict.fromkeys((*(axes if isinstance(axes, tuple) else (axes,)), EP)))
+    return pa.replace(batch_axis=over(pa.batch_axis), decode_batch_axis=over(pa.decode_batch_axis))
+
+
+@functools.lru_cache(maxsize=64)
+def _mesh_shapes(cluster: tp.Any, split: bool, max_split_axes: int) -> tuple[tuple[int, ...], ...]:
+    """The mesh shapes over :data:`MESH_AXES` a search tries on ``cluster``: those along whole physical axes, and
+    with ``split`` (TPU) those that split a torus axis (:func:`~workbench.core.cluster.torus_layout`), of at most
+    ``max_split_axes`` axes of size > 1."""
+    whole = set(cluster.valid_mesh_shapes(len(MESH_AXES)))
+    if cluster.platform != "tpu" or not split:
+        return tuple(sorted(whole))
+    shapes = set(whole)
+    for s in mesh_factorizations(cluster.num_devices):
+        sizes = tuple(s.values())
+        if sizes in shapes or sum(n > 1 for n in sizes) > max_split_axes:
+            continue
+        try:
+            cluster.check_mesh_shape(sizes)
+        except ValueError:
+            continue
+        shapes.add(sizes)
+    return tuple(sorted(shapes))
+
+
+def _cluster_parts(cluster: tp.Any, constraints: Constraints) -> list[tp.Any]:
+    """The cluster, and where its device count has a prime factor of 5 or more, the parts of it of the largest
+    ``2^a`` and ``3 x 2^a`` devices (:meth:`Cluster.part`), biggest first."""
+    n = cluster.num_devices
+    if not constraints.idle_chips or not any(p >= 5 for p in _prime_factors(n)):
+        return [cluster]
+    unit = cluster.gpus_per_node if cluster.platform == "gpu" else cluster.slices * cluster.devices_per_chip
+    counts = {1 << (n.bit_length() - 1), 3 << max(0, (n // 3).bit_length() - 1)}
+    parts = [cluster] + [cluster.part(k) for k in sorted(counts, reverse=True)
+                         if k < n and k % unit == 0 and k >= unit]
+    return parts
+
+
+def _prime_factors(n: int) -> list[int]:
+    out, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    return out + ([n] if n > 1 else [])
+
+
+def _factorization(n: int) -> str:
+    counts: dict[int, int] = {}
+    for p in _prime_factors(n):
+        counts[p] = counts.get(p, 0) + 1
+    return " x ".join(f"{p}^{k}" if k > 1 else str(p) for p, k in counts.items())
+
+
+TIE = 0.01  # step times within 1 % are a tie: the ranking then prefers what a practitioner would
+
+
+def _preference(c: Candidate) -> tuple:
+    """Rank by step time; within :data:`TIE` of each other: no pipeline, no accumulation, no idle chips, fewer
+    split axes, then more HBM left free (:func:`tie_break` says which decided)."""
+    return (round(math.log(c.time_s) / math.log1p(TIE)), c.pipeline is not None, c.grad_accumulation, c.idle,
+            c.split_axes, c.ledger.total)
+
+
+def tie_break(c: Candidate, other: Candidate) -> str:
+    """Why ``c`` ranks after ``other`` when their step times tie (within :data:`TIE`), in words; "" otherwise."""
+    if abs(c.time_s / other.time_s - 1) > TIE:
+        return ""
+    for mine, theirs, words in ((c.pipeline is not None, other.pipeline is not None, "a pipeline that buys nothing"),
+                                (c.grad_accumulation, other.grad_accumulation, "gradient accumulation"),
+                                (c.idle, other.idle, "idle chips"),
+                                (c.split_axes, other.split_axes, "more split axes"),
+                                (c.ledger.total, other.ledger.total, "less HBM left free")):
+        if mine > theirs:
+            return words
+    return ""
 
 
 def _abstract_model(model_or_config: tp.Any, dtype: tp.Any) -> tp.Any:
@@ -381,38 +524,77 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
     ranked: list[Candidate] = []
     rejected: list[Candidate] = []
     considered = 0
-    for sizes in cluster.valid_mesh_shapes(len(MESH_AXES)):
-        shape = dict(zip(MESH_AXES, sizes, strict=True))
-        why = _shape_filter(shape, config, cluster, task, step_batch, constraints)
-        if why is not None:
-            pruned[why] = pruned.get(why, 0) + 1
-            continue
-        data = shape["dp"] * shape["fsdp"]
-        pipelines = _pipeline_configs(shape["pp"], step_batch[0] // data, config.num_hidden_layers
-                                      - config.first_dense_layers) if shape["pp"] > 1 else [None]
-        shape_pa = pipeline_partition_axis(pa) if shape["pp"] > 1 else pa
-        layout = Layout.of(model, _mesh(shape), shape_pa, rules, mode)
-        kv_length = seq_len if task == "decode" else None
-        zeros = (0, 1) if constraints.zero and task == "train" and shape["dp"] > 1 else (0,)
-        no_remat: dict[tuple, tp.Any] = {}  # (pipeline, zero) -> the step without recompute
-        for pipeline, r, zero in sorted(itertools.product(pipelines, remats, zeros), key=lambda k: k[1] != "none"):
-            considered += 1
-            led = ledger(model, layout, kind=task, batch=step_batch, optimizer=optimizer, remat=r, cluster=cluster,
-                         pipeline=pipeline, kv_length=kv_length, zero_stage=zero)
-            step = predict_step(config, cluster, shape, batch=step_batch, task=task, remat=r, pipeline=pipeline,
-                                kv_length=kv_length, efficiency=efficiency, zero_stage=zero)
-            fits = led.total <= cluster.hbm_per_device * (1 - constraints.headroom)
-            c = Candidate(shape, r, pipeline, shape_pa, rules, led, step, fits, zero)
-            if r == "none" or task != "train":
-                no_remat[pipeline, zero] = step
-            elif (pipeline, zero) not in no_remat:
-                no_remat[pipeline, zero] = predict_step(config, cluster, shape, batch=step_batch, task=task,
-                                                        remat="none", pipeline=pipeline, kv_length=kv_length,
-                                                        efficiency=efficiency, zero_stage=zero)
-            c.recompute_s = step.compute_s - no_remat[pipeline, zero].compute_s
-            (ranked if fits else rejected).append(c)
-    # equal times (compute-bound layouts often tie): fewer split axes, then less memory
-    ranked.sort(key=lambda c: (float(f"{c.time_s:.4g}"), c.split_axes, c.ledger.total))
+    kv_length = seq_len if task == "decode" else None
+    remats = tuple(sorted(remats, key=REMATS.index))  # least recompute first: a search stops at the first that fits
+    usable = cluster.hbm_per_device * (1 - constraints.headroom)
+    layers = config.num_hidden_layers - config.first_dense_layers
+    padded_models: dict[int, tp.Any] = {layers: model}
+    for part in _cluster_parts(cluster, constraints):
+        idle = cluster.num_devices - part.num_devices
+        for sizes in _mesh_shapes(part, constraints.split_physical_axes, constraints.max_split_axes):
+            shape = dict(zip(MESH_AXES, sizes, strict=True))
+            why = _shape_filter(shape, config, part, task, step_batch, constraints)
+            if why is not None:
+                if why:
+                    pruned[why] = pruned.get(why, 0) + 1
+                continue
+            batch_axes = ("fsdp", "dp", "ep") if _tokens_over_ep(shape) else ("fsdp", "dp")
+            data = math.prod(shape[a] for a in batch_axes)
+            pipelines = _pipeline_configs(shape["pp"], step_batch[0] // data, layers) if shape["pp"] > 1 else [None]
+            shape_pa = _batch_partition_axis(pipeline_partition_axis(pa) if shape["pp"] > 1 else pa, shape)
+            layouts: dict[int, tp.Any] = {}  # stacked depth -> the layout to hold against HBM
+            zeros = (0, 1) if constraints.zero and task == "train" and shape["dp"] > 1 else (0,)
+            for pipeline, zero in itertools.product(pipelines, zeros):
+                # uneven stages are held against HBM as the deepest stage, times pp
+                depth = layers if pipeline is None or not pipeline.uneven else \
+                    pipeline.stage_layers(layers) * pipeline.total_stages
+                if depth not in padded_models:
+                    total = depth + config.first_dense_layers
+                    kinds = config.layer_types  # the layer pattern carried on over the padded layers
+                    padded = config.replace(num_hidden_layers=total, layer_types=None if kinds is None else
+                                            tuple(kinds[i % len(kinds)] for i in range(total)))
+                    padded_models[depth] = _abstract_model(padded, getattr(model, "dtype", None) or jnp.bfloat16)
+                if depth not in layouts:
+                    layouts[depth] = Layout.of(padded_models[depth], _mesh(shape), shape_pa, rules, mode)
+                layout = layouts[depth]
+                accumulations = [k for k in constraints.grad_accumulation if (step_batch[0] // data) % k == 0] \
+                    if task == "train" and pipeline is None else [1]
+                fitted_at = None  # the first accumulation at which a layout fits; one more is tried if only remat did
+                for k in sorted(accumulations):
+                    if fitted_at is not None and (fitted_at[1] == "none" or k > 2 * fitted_at[0]):
+                        break  # fits without recompute, or one doubling past the first fit: more only slows it
+                    micro = (step_batch[0] // k, step_batch[1])
+                    no_remat = None
+                    for r in remats:
+                        considered += 1
+                        led = ledger(padded_models[depth], layout, kind=task, batch=micro,
+                                     optimizer=optimizer, remat=r, cluster=part, pipeline=pipeline,
+                                     kv_length=kv_length, zero_stage=zero)
+                        if k > 1:  # the running sum of the microbatches' gradients, beside each one's own
+                            led = dataclasses.replace(led, temporaries=led.temporaries + led.grads)
+                        step = predict_step(config, part, shape, batch=step_batch, task=task, remat=r,
+                                            pipeline=pipeline, kv_length=kv_length, efficiency=efficiency,
+                                            zero_stage=zero, grad_accumulation=k, batch_axes=batch_axes)
+                        fits = led.total <= usable
+                        c = Candidate(shape, r, pipeline, shape_pa, rules, led, step, fits, zero,
+                                      grad_accumulation=k, cluster=part if idle else None, idle=idle)
+                        if r == "none" or task != "train":
+                            no_remat = step
+                        elif no_remat is None:
+                            no_remat = predict_step(config, part, shape, batch=step_batch, task=task, remat="none",
+                                                    pipeline=pipeline, kv_length=kv_length, efficiency=efficiency,
+                                                    zero_stage=zero, grad_accumulation=k, batch_axes=batch_axes)
+                        c.recompute_s = step.compute_s - no_remat.compute_s
+                        (ranked if fits else rejected).append(c)
+                        if led.params + led.grads + led.optimizer + led.kv_cache > usable:
+                            fitted_at = (0, "none")  # the state alone overflows: no remat or microbatching helps
+                            break
+                        if fits:
+                            fitted_at = fitted_at or (k, r)
+                            if r == "none":
+                                fitted_at = (k, r)
+                            break  # more recompute only slows a layout that fits
+    ranked.sort(key=_preference)
     rejected.sort(key=lambda c: c.ledger.total)
     advice = Advice(model, cluster, task, batch if task != "decode" else (batch[0], seq_len), optimizer, ranked,
                     rejected, considered, pruned, 0.0)
@@ -438,8 +620,9 @@ def _explain(advice: Advice, constraints: Constraints) -> None:
     for c in advice.ranked:
         fits_by_shape.setdefault(tuple(c.mesh_shape.values()), []).append(c)
     best = advice.ranked[0] if advice.ranked else None
-    for c in advice.ranked:
-        c.reason = reason(c, advice.cluster, best=best, batch=advice.batch, task=advice.task)
+    for i, c in enumerate(advice.ranked):
+        c.reason = reason(c, advice.cluster, best=best, batch=advice.batch, task=advice.task,
+                          previous=advice.ranked[i - 1] if i else None)
     for c in advice.rejected:
         # the fastest fitting layout of the same mesh, with this schedule if one fits, else this remat policy
         rescued = sorted(fits_by_shape.get(tuple(c.mesh_shape.values()), []),
@@ -451,10 +634,13 @@ def _explain(advice: Advice, constraints: Constraints) -> None:
 
 
 def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, rescued_by: Candidate | None = None,
-           batch: tuple[int, int] | None = None, task: str = "train", headroom: float = 0.0) -> str:
-    """Why ``c`` ranks where it does, in words: what it does not fit by (and which remat would fit), or what
-    bounds its step (the largest collective on its network level, a tensor-parallel group across nodes, too
-    few tokens per chip to hide FSDP's gathers, a pipeline bubble) and how far it is from the best."""
+           batch: tuple[int, int] | None = None, task: str = "train", headroom: float = 0.0,
+           previous: Candidate | None = None) -> str:
+    """Why ``c`` ranks where it does, in words, each with the number that decides it: what it does not fit by (and
+    which remat would fit), or what bounds its step (the largest collective on its network level, a
+    tensor-parallel group across nodes, too few tokens per chip to hide FSDP's gathers, a pipeline bubble), the
+    chips it leaves idle and why, how far it is from the best, and what broke a tie with the layout ranked
+    before it (``previous``)."""
     hbm = cluster.hbm_per_device
     if not c.fits:
         parts = c.ledger.parts()
@@ -492,8 +678,18 @@ def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, resc
         devices = math.prod(c.mesh_shape.values())
         per_chip = batch[0] * batch[1] / devices
         needed = per_chip * fsdp_comm / st.compute_s
-        words.append(f"{per_chip:,.0f} tokens per chip is below the {needed:,.0f} needed to hide FSDP's "
-                     f"all-gathers")
+        axes = [a for a in ("fsdp", "sp") if c.mesh_shape.get(a, 1) > 1]
+        words.append(f"{per_chip:,.0f} tokens per chip < {needed:,.0f} needed to hide FSDP's all-gathers over "
+                     f"{' x '.join(f'{a}={c.mesh_shape[a]}' for a in axes)}")
+    if c.idle:
+        n = cluster.num_devices
+        odd = sorted({p for p in _prime_factors(n) if p >= 5})
+        words.append(f"runs on {n - c.idle:,} of the {n:,} devices ({c.idle:,} idle): {n:,} = {_factorization(n)}, "
+                     f"and {' and '.join(map(str, odd))} divide{'s' if len(odd) == 1 else ''} none of the batch's "
+                     f"sequences, the heads or the layers")
+    if c.grad_accumulation > 1:
+        rows = f" of {batch[0] // c.grad_accumulation} sequences" if batch else ""
+        words.append(f"{c.grad_accumulation} microbatches{rows} one after another, their gradients summed")
     if c.recompute_s > 0.01 * st.compute_s:
         words.append(f"remat {c.remat} recomputes the forward: {_ms(c.recompute_s)} of compute more")
     bubble = getattr(st, "bubble_fraction", 0.0) or 0.0
@@ -501,6 +697,9 @@ def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, resc
         words.append(f"pipeline bubble {bubble:.0%} (p={c.pipeline.num_stages}, m={c.pipeline.num_microbatches})")
     if best is not None and c is not best:
         words.append(f"{c.time_s / best.time_s:.2f}x the best")
+        why_after = tie_break(c, previous) if previous is not None else ""
+        if why_after:
+            words.append(f"ties with the row above (within {TIE:.0%}), ranked after it for {why_after}")
     elif best is c:
         words.append("the fastest that fits")
     if hbm is not None:

@@ -318,6 +318,51 @@ class Cluster:
         raise ValueError(f"mesh shape {shape} does not map onto {self.name}: {why}. Valid {len(shape)}-axis "
                          f"shapes along whole physical axes: {sorted(valid)}")
 
+    def part(self, num_devices: int) -> Cluster:
+        """``num_devices`` of this cluster's devices as a cluster of their own: a run that leaves the rest idle.
+
+        GPU: whole nodes (``num_devices`` a multiple of ``gpus_per_node``), on the same networks. TPU: the same
+        count from each slice, as a box of the slice's torus when one holds them (an axis that keeps its full
+        length keeps its wraparound); else on the most balanced box of that many chips, with no wraparound: the
+        part is not a box of the torus, so no axis of it closes a ring, and its collectives are priced as on that
+        box's lines (the name says which)."""
+        _positive("num_devices", num_devices)
+        if num_devices == self.num_devices:
+            return self
+        if num_devices > self.num_devices:
+            raise ValueError(f"{self.name} has {self.num_devices} devices; a part of it cannot have {num_devices}")
+        if self.platform == "gpu":
+            if num_devices % self.gpus_per_node:
+                raise ValueError(f"a part of {self.name} is whole nodes: a multiple of {self.gpus_per_node} GPUs; "
+                                 f"got {num_devices}")
+            nodes = num_devices // self.gpus_per_node
+            bandwidth = self.level("inter-node").bandwidth if self.nodes > 1 else INTER_NODE_PER_NODE
+            part = Cluster.gpu(self.chip, nodes=nodes, gpus_per_node=self.gpus_per_node,
+                               inter_node_bandwidth=bandwidth)
+            return dataclasses.replace(part, name=f"{num_devices:,} GPUs of {self.name}")
+        if self.platform != "tpu":
+            return Cluster.cpu(num_devices)
+        unit = self.slices * self.devices_per_chip
+        if num_devices % unit:
+            raise ValueError(f"a part of {self.name} takes as many chips from each of its {self.slices} slice(s): a "
+                             f"multiple of {unit} devices; got {num_devices}")
+        chips = num_devices // unit
+        dims = tuple(a.size for a in self.torus)
+        boxes = [box for box in _boxes(chips, len(dims)) if all(b <= d for b, d in zip(box, dims, strict=True))]
+        if boxes:
+            box = max(boxes, key=lambda b: (sum(x == d for x, d in zip(b, dims, strict=True)), -max(b)))
+            torus = tuple(TorusAxis(b, a.wraparound and b == a.size) for b, a in zip(box, self.torus, strict=True))
+            how = "a box of its torus"
+        else:
+            box = min(_boxes(chips, len(dims)), key=lambda b: (max(b), -min(b), b))
+            torus = tuple(TorusAxis(b, False) for b in box)
+            how = "not a box of its torus: priced on these lines, no wraparound"
+        generation = self.topology.split(":")[0]
+        shape = "x".join(map(str, box))
+        return dataclasses.replace(
+            self, name=f"{chips * self.slices:,} chips of {self.name} ({shape}, {how})", num_devices=num_devices,
+            topology=f"{generation}:{shape}" if boxes else None, torus=torus)
+
     def mesh(self, mesh_shape: tp.Sequence[int], axis_names: tp.Sequence[str]) -> Mesh | AbstractMesh:
         """The mesh to place abstract arguments on: :func:`cluster_mesh`."""
         return cluster_mesh(self, mesh_shape, axis_names)
@@ -337,6 +382,13 @@ class Cluster:
 def _valid_mesh_shapes(cluster: Cluster, ndim: int) -> frozenset[tuple[int, ...]]:
     """:meth:`Cluster.valid_mesh_shapes` as a set, remembered (a layout search checks many shapes)."""
     return frozenset(cluster.valid_mesh_shapes(ndim))
+
+
+def _boxes(n: int, ndim: int) -> list[tuple[int, ...]]:
+    """Every ``ndim``-tuple of positive ints whose product is ``n``."""
+    if ndim == 1:
+        return [(n,)]
+    return [(d, *rest) for d in range(1, n + 1) if n % d == 0 for rest in _boxes(n // d, ndim - 1)]
 
 
 def _positive(name: str, value: tp.Any) -> None:

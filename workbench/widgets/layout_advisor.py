@@ -16,10 +16,28 @@ from workbench.widgets._errors import InlineError
 from workbench.widgets._html import error_html, escape
 from workbench.widgets.sharding_explorer import ShardingExplorer
 
-__all__ = ["LayoutAdvisor", "advice_html"]
+__all__ = ["LayoutAdvisor", "advice_html", "batch_label", "convert_batch", "length_label"]
 
 _CELL = "padding:2px 6px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top"
 _PHASES = (("compute", "#4c78a8"), ("memory", "#72b7b2"), ("communication", "#f58518"), ("bubble", "#bab0ac"))
+
+
+def batch_label(task: str) -> str:
+    """What the batch box counts for ``task`` (:func:`~workbench.core.advisor.advise`'s ``batch_tokens``)."""
+    return "sequences (batch)" if task == "decode" else "tokens per step"
+
+
+def length_label(task: str) -> str:
+    """What the length box is for ``task`` (``advise``'s ``seq_len``: a decode step's KV cache)."""
+    return "KV cache length" if task == "decode" else "sequence length"
+
+
+def convert_batch(value: int, seq_len: int, old_task: str, new_task: str) -> int:
+    """The batch box's ``value`` for ``old_task`` in ``new_task``'s meaning: tokens per step (train, prefill) become
+    ``tokens // seq_len`` sequences (at least 1) for decode, and decode's sequences ``sequences x seq_len`` tokens."""
+    if (old_task == "decode") == (new_task == "decode"):
+        return value
+    return max(1, value // seq_len) if new_task == "decode" else value * seq_len
 
 
 def _phases(c: Candidate) -> list[tuple[str, str, float]]:
@@ -42,6 +60,7 @@ def advice_html(advice: Advice, *, top: int = 10, rejected: int = 5, selected: i
     """The ranked table (with a step-time breakdown bar per row) and the best few that do not fit, with why."""
     hbm = advice.cluster.hbm_per_device
     tokens = advice.batch[0] * (1 if advice.task == "decode" else advice.batch[1])
+    train = advice.task == "train"
     shown = advice.ranked[:top]
     scale = max([sum(s for _, _, s in _phases(c)) for c in shown] + [1e-12])
     head = ("#", "layout", "memory/device", "step time", "tokens/s", "MFU", "bound by", "breakdown", "why")
@@ -58,7 +77,8 @@ def advice_html(advice: Advice, *, top: int = 10, rejected: int = 5, selected: i
                     + (f'<div class="wb-advice-confirmed" style="color:#1a7f37">{escape(c.confirm_note)}</div>'
                        if c.confirm_note else "") + "</td></tr>")
     legend = " ".join(f'<span style="white-space:nowrap"><span style="display:inline-block;width:10px;height:10px;'
-                      f'background:{color}"></span> {name}</span>' for name, color in _PHASES)
+                      f'background:{color}"></span> {name}</span>' for name, color in _PHASES
+                      if train or name != "bubble")  # a bubble is a pipeline's: train steps only
     table = (f'<table class="wb-advice-table" style="border-collapse:collapse">'
              f'<tr>{"".join(f"<th style={chr(34)}{_CELL}{chr(34)}>{h}</th>" for h in head)}</tr>{"".join(rows)}'
              f"</table>") if rows else error_html(advice.why_none())
@@ -68,14 +88,25 @@ def advice_html(advice: Advice, *, top: int = 10, rejected: int = 5, selected: i
               f'</div><ul style="margin:2px 0">{misses}</ul>') if misses else ""
     return (f'<div class="wb-advice" style="font-size:12px"><div class="wb-advice-summary">'
             f"{escape(advice.summary())}</div><div style='color:#555'>breakdown: {legend} (each alone; with overlap "
-            f"the step takes the longest, plus the bubble)</div>{table}{missed}</div>")
+            f"the step takes the longest{', plus the bubble' if train else ''})</div>{table}{missed}</div>")
 
 
 class LayoutAdvisor(InlineError):
-    """Inputs (tokens per step, sequence length, task, optimizer, constraints) that re-rank the layouts of
-    ``model`` on ``cluster`` as they change; pick a row to confirm it with the compiler, open it in a
-    :class:`~workbench.widgets.sharding_explorer.ShardingExplorer`, or export it as code. ``advisor.advice`` is
-    the last :class:`~workbench.core.advisor.Advice`; ``advisor.error`` the inline error ('' when none)."""
+    """Inputs (batch, sequence length, task, optimizer, constraints) that re-rank the layouts of ``model`` on
+    ``cluster`` as they change; pick a row to confirm it with the compiler, open it in a
+    :class:`~workbench.widgets.sharding_explorer.ShardingExplorer` (which prices it with the same step model, so it
+    shows the row's step time and MFU), or export it as code. ``advisor.advice`` is the last
+    :class:`~workbench.core.advisor.Advice`; ``advisor.error`` the inline error ('' when none).
+
+    The inputs mean what :func:`~workbench.core.advisor.advise` takes for the task, and their labels say so: for
+    train and prefill ``batch_tokens`` is the tokens per step and ``seq_len`` the sequence length; for decode
+    ``batch_tokens`` is the sequences (each decodes one token) and ``seq_len`` their KV cache length. Switching the
+    task in or out of decode converts the batch box (:func:`convert_batch`): ``tokens // seq_len`` sequences (at
+    least 1), and back ``sequences x seq_len`` tokens. Only the controls that apply to the task are shown: the
+    optimizer, pipelines and ZeRO-1 are a train step's (hidden for prefill and decode, their values kept for when
+    train comes back; the advisor's remat policies are train-only too). An error in any callback shows on the
+    status line; the last ranking stays.
+    """
 
     def __init__(self, model: tp.Any, cluster: tp.Any, *, batch_tokens: int = 1 << 20, seq_len: int = 4096,
                  task: str = "train", optimizer: str = "adamw", constraints: Constraints | None = None,
@@ -83,15 +114,18 @@ class LayoutAdvisor(InlineError):
         self.model, self.cluster, self.top = model, cluster, top
         self.advice: Advice | None = None
         self.explorer: tp.Any = None
+        self._quiet = False  # True while one input's change sets another (a task switch): rank once, after
         c = constraints or Constraints()
         w, style = widgets, {"description_width": "initial"}
-        self._tokens = w.BoundedIntText(batch_tokens, min=1, max=1 << 40, description="tokens per step (decode: "
-                                        "sequences)", style=style, layout=w.Layout(width="330px"))
+        self._tokens = w.BoundedIntText(batch_tokens, min=1, max=1 << 40, description=batch_label(task),
+                                        style=style, layout=w.Layout(width="250px"))
         self._tokens.add_class("wb-advisor-tokens")
-        self._seq = w.BoundedIntText(seq_len, min=1, max=1 << 24, description="sequence length", style=style,
-                                     layout=w.Layout(width="210px"))
+        self._seq = w.BoundedIntText(seq_len, min=1, max=1 << 24, description=length_label(task), style=style,
+                                     layout=w.Layout(width="220px"))
+        self._seq.add_class("wb-advisor-seq")
         self._task = w.Dropdown(options=TASKS, value=task, description="task", layout=w.Layout(width="150px"),
                                 style={"description_width": "35px"})
+        self._task.add_class("wb-advisor-task")
         self._optimizer = w.Dropdown(options=OPTIMIZERS, value=optimizer, description="optimizer",
                                      layout=w.Layout(width="170px"), style={"description_width": "62px"})
         self._across = w.Checkbox(c.tp_across_nodes, description="tp across GPU nodes", indent=False)
@@ -121,9 +155,10 @@ class LayoutAdvisor(InlineError):
         self._open.on_click(lambda _: self.open_in_explorer())
         self._export.on_click(lambda _: self.export())
         self._row.observe(lambda _: self._render_table(), names="value")
-        for control in (self._tokens, self._seq, self._task, self._optimizer, self._across, self._pipeline,
-                        self._zero, self._max_axes, self._headroom):
-            control.observe(lambda _: self.rank(), names="value")
+        self._task.observe(self._on_task, names="value")
+        for control in (self._tokens, self._seq, self._optimizer, self._across, self._pipeline, self._zero,
+                        self._max_axes, self._headroom):
+            control.observe(lambda _: self._quiet or self.rank(), names="value")
         self.widget = w.VBox([
             w.HTML(f'<div style="font-size:13px"><b>LayoutAdvisor</b> · {escape(self._model_name())} · '
                    f"{escape(str(cluster))}</div>"),
@@ -132,6 +167,7 @@ class LayoutAdvisor(InlineError):
             self._status, self._table, w.HBox([self._row, self._confirm, self._open, self._export]), self._out,
             self._explorer_box])
         self.widget.add_class("wb-layout-advisor")
+        self._show_task(task)
         self.rank()
 
     def _model_name(self) -> str:
@@ -142,24 +178,54 @@ class LayoutAdvisor(InlineError):
         return Constraints(fixed=self._fixed, tp_across_nodes=self._across.value, max_split_axes=self._max_axes.value,
                            pipeline=self._pipeline.value, zero=self._zero.value, headroom=self._headroom.value)
 
+    @property
+    def train_only(self) -> tuple[tp.Any, ...]:
+        """The controls of a train step alone (hidden for prefill and decode)."""
+        return self._optimizer, self._pipeline, self._zero
+
+    def _show_task(self, task: str) -> None:
+        """Labels and visible controls for ``task``."""
+        self._tokens.description, self._seq.description = batch_label(task), length_label(task)
+        for control in self.train_only:
+            control.layout.display = None if task == "train" else "none"
+
+    def _on_task(self, change: dict[str, tp.Any]) -> None:
+        """The task changed: the batch box converts to the new meaning, the labels and controls follow, and the
+        layouts re-rank once. If that fails, the error shows and the task, its batch and labels stay as they were."""
+        if self._quiet:
+            return
+        old, new, before = change["old"], change["new"], self._tokens.value
+        self._quiet = True
+        try:
+            with self._guard("task") as failed:
+                value = convert_batch(before, self._seq.value, old, new)
+                self._tokens.value = min(max(value, self._tokens.min), self._tokens.max)
+                self._show_task(new)
+            if failed:
+                self._task.value, self._tokens.value = old, before
+                self._show_task(old)
+        finally:
+            self._quiet = False
+        if not failed:
+            self.rank()
+
     # -- actions (each shows its error inline and returns False) -----------------------------------------------
     def rank(self) -> bool:
         """Re-rank from the inputs."""
         self._status.value = '<div style="font-size:12px;color:#555">ranking…</div>'
-        with self._guard(catch=(ValueError, TypeError)) as failed:
+        with self._guard(plain=(ValueError, TypeError)) as failed:
             advice = advise(self.model, self.cluster, batch_tokens=self._tokens.value, seq_len=self._seq.value,
                             task=self._task.value, optimizer=self._optimizer.value, constraints=self.constraints)
+            options = [(f"{i}: {c.label}", i) for i, c in enumerate(advice.ranked[:self.top], 1)]
         if failed:
             return False
         self.advice = advice
         self._clear_error()
-        options = [(f"{i}: {c.label}", i) for i, c in enumerate(advice.ranked[:self.top], 1)]
         self._row.options = options
         self._row.value = options[0][1] if options else None
         for button in (self._confirm, self._open, self._export):
             button.disabled = not options
-        self._render_table()
-        return True
+        return self._render_table()
 
     def selected(self) -> Candidate | None:
         if self.advice is None or not self._row.value:
@@ -171,43 +237,44 @@ class LayoutAdvisor(InlineError):
         c = self.selected()
         if c is None:
             return False
+        task = self.advice.task
         self._out.value = f'<div style="font-size:12px;color:#555">compiling {escape(c.label)}…</div>'
         with self._guard("confirm", clear="own") as failed:
             self.advice.confirm_one(c)
+            self._out.value = _confirmed_html(c, task)
+            options = [(f"{i}: {x.label}", i) for i, x in enumerate(self.advice.ranked[:self.top], 1)]
+            keep = self.advice.ranked.index(c) + 1 if c in self.advice.ranked else \
+                (options[0][1] if options else None)
+            self._row.options = options
+            self._row.value = keep
         if failed:
             self._out.value = ""
             return False
-        self._out.value = _confirmed_html(c)
-        options = [(f"{i}: {x.label}", i) for i, x in enumerate(self.advice.ranked[:self.top], 1)]
-        keep = self.advice.ranked.index(c) + 1 if c in self.advice.ranked else (options[0][1] if options else None)
-        self._row.options = options
-        self._row.value = keep
-        self._render_table()
-        return True
+        return self._render_table()
 
     def open_in_explorer(self) -> bool:
-        """A ShardingExplorer on the cluster, laid out as the chosen row."""
+        """A ShardingExplorer on the cluster, laid out as the chosen row (its mesh, rules, mode, remat policy,
+        pipeline and ZeRO stage: :meth:`Candidate.layout <workbench.core.advisor.Candidate.layout>`) for the same
+        task, batch and optimizer: it prices the step as the advisor did and shows the row's step time and MFU."""
         c = self.selected()
         if c is None:
             return False
-        with self._guard("open in explorer", catch=(ValueError, TypeError), clear="own") as failed:
-            batch = self.advice.batch if self.advice.task != "decode" else (self.advice.batch[0], 1)
+        with self._guard("open in explorer", plain=(ValueError, TypeError), clear="own") as failed:
             model = self.model.with_options(remat=c.remat) if hasattr(self.model, "with_options") else self.model
-            self.explorer = ShardingExplorer(model, c.mesh_shape, c.partition_axis, c.rules, cluster=self.cluster,
-                                             batch=batch)
-        if failed:
-            return False
-        self.explorer._task.value = self.advice.task
-        self.explorer._optimizer_name.value = self.advice.optimizer
-        self._explorer_box.children = (self.explorer.widget,)
-        return True
+            # Advice.batch is (sequences, length): for decode the length is the KV cache's, as the explorer takes it
+            explorer = ShardingExplorer(model, c.layout(model, self.cluster), cluster=self.cluster,
+                                        batch=self.advice.batch, task=self.advice.task)
+            explorer._optimizer_name.value = self.advice.optimizer
+            self.explorer = explorer
+            self._explorer_box.children = (explorer.widget,)
+        return not failed
 
     def export(self) -> tuple[str, str] | None:
         """The chosen row as a Python snippet and as JSON (``Layout.to_code`` / ``Layout.to_json``), shown below."""
         c = self.selected()
         if c is None:
             return None
-        with self._guard("export", catch=(ValueError, TypeError, AttributeError), clear="own") as failed:
+        with self._guard("export", plain=(ValueError, TypeError, AttributeError), clear="own") as failed:
             layout = c.layout(self.model)
             code, text = layout.to_code(cluster=self.cluster), layout.to_json(cluster=self.cluster)
         if failed:
@@ -220,9 +287,13 @@ class LayoutAdvisor(InlineError):
         return code, text
 
     # -- rendering ---------------------------------------------------------------------------------------------
-    def _render_table(self) -> None:
-        if self.advice is not None:  # the status line is the error area: rank() clears it, a row change keeps it
+    def _render_table(self) -> bool:
+        if self.advice is None:
+            return False
+        # the status line is the error area: rank() clears it, a row change keeps it
+        with self._guard("table", clear="own") as failed:
             self._table.value = advice_html(self.advice, top=self.top, selected=self._row.value)
+        return not failed
 
     def _repr_mimebundle_(self, **kwargs: tp.Any) -> dict[str, tp.Any]:
         return {**self.widget._repr_mimebundle_(**kwargs), "text/plain": repr(self)}
@@ -235,7 +306,7 @@ class LayoutAdvisor(InlineError):
         return f"LayoutAdvisor({self._model_name()}, {self.cluster.name}, {ranked})"
 
 
-def _confirmed_html(c: Candidate) -> str:
+def _confirmed_html(c: Candidate, task: str = "train") -> str:
     """Predicted beside compiled, for one confirmed row."""
     if c.compiled is None:
         return f'<div class="wb-advisor-confirmed" style="font-size:12px">{escape(c.confirm_note)}</div>'

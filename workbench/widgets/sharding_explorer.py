@@ -191,24 +191,42 @@ class ShardingExplorer(InlineError):
     (``{"fsdp": 16, "tp": 4}``; default every device on ``fsdp``) or ``cluster_mesh(cluster, ...)``; a control
     offers the cluster's valid mesh shapes; the memory chart is the ledger (:func:`workbench.core.cost.ledger.ledger`:
     parameters, gradients, optimizer state, activations under the remat policy, temporaries, per device)
-    against the device's HBM, re-computed on every edit; "collectives" compiles the step for the cluster's
-    devices and adds the predicted step time (:func:`workbench.core.cost.step_time.step_time`), each collective's
-    time on
-    the cluster's network and the compiled memory beside the ledger.
+    against the device's HBM, re-computed on every edit, beside the step predicted from the shapes
+    (:func:`workbench.core.cost.predicted.predict_step`, the measured step model: the advisor's numbers for the same
+    layout, task and batch); ``task`` ("train", "prefill" or "decode", a control too) is the step they count, with
+    ``batch = (B, T)``: for decode ``B`` sequences each decoding one token against a KV cache of ``T``. "collectives"
+    compiles the step for the cluster's devices and adds the compiled step's time
+    (:func:`workbench.core.cost.step_time.step_time`), each collective's time on the cluster's network and the
+    compiled memory beside the ledger.
+
+    ``mesh`` may also be a :class:`~workbench.core.views.explore.Layout` (e.g. ``candidate.layout(model, cluster)``
+    from the advisor): its mesh, partition axis, rules, mode, remat policy, pipeline and ZeRO stage, re-resolved on
+    ``model`` (``partition_axis`` and ``rules`` are then not given).
 
     "export" (:meth:`export`) shows the layout as a Python snippet and as JSON (with the cluster, the remat
     policy and a pp mesh's pipeline); :meth:`load` switches to a Layout or its JSON (e.g. an advised one).
     """
 
-    def __init__(self, model: tp.Any, mesh: Mesh | jax.sharding.AbstractMesh | tp.Mapping[str, int] | None = None,
+    def __init__(self, model: tp.Any,
+                 mesh: Mesh | jax.sharding.AbstractMesh | tp.Mapping[str, int] | explore.Layout | None = None,
                  partition_axis: PartitionAxis | None = None, rules: tp.Sequence[tuple[str, tp.Any]] | None = None,
                  mode: str = MODE_TRAIN, *, optimizer: bool = True, kv_cache: tuple[int, int] | None = None,
-                 batch: tuple[int, int] = (8, 64), cluster: tp.Any = None):
+                 batch: tuple[int, int] = (8, 64), cluster: tp.Any = None, task: str = "train"):
         self.model = model
         self.cluster = cluster  # a virtual Cluster: "collectives" and "experts" compile for its devices
-        mesh = _cluster_mesh(mesh, cluster)
+        if task not in ledgers.TASKS:
+            raise ValueError(f"task must be one of {ledgers.TASKS}; got {task!r}")
         # raises on a bad start
-        self.layout = explore.Layout.of(model, mesh, _pipelined(partition_axis, mesh), rules, mode)
+        if isinstance(mesh, explore.Layout):  # a planned layout (e.g. an advised one): all it carries
+            if partition_axis is not None or rules is not None:
+                raise ValueError("give a Layout or partition_axis / rules, not both: a Layout carries its own")
+            given = mesh
+            self.layout = explore.Layout.of(model, _cluster_mesh(given.mesh, cluster), given.partition_axis,
+                                            given.rules, given.mode, remat=given.remat, pipeline=given.pipeline,
+                                            zero_stage=given.zero_stage)
+        else:
+            mesh = _cluster_mesh(mesh, cluster)
+            self.layout = explore.Layout.of(model, mesh, _pipelined(partition_axis, mesh), rules, mode)
         self.step_time: tp.Any = None  # cost.StepTime of the last compiled step on the cluster
         self._compiled_key: tuple | None = None
         self.collectives: explore.StepCollectives | None = None
@@ -221,7 +239,7 @@ class ShardingExplorer(InlineError):
         self._live = all(isinstance(x, jax.Array) for x in jax.tree.leaves(_params(model)))
         self._kv_dtype = np.dtype(getattr(model, "dtype", np.float32))
         kv_b, kv_s = kv_cache or (8, getattr(self.layout.config, "max_position_embeddings", 256))
-        self._build(optimizer, kv_cache is not None, kv_b, kv_s, batch)
+        self._build(optimizer, kv_cache is not None, kv_b, kv_s, batch, task)
         self._render(first=True)
 
     # -- state ---------------------------------------------------------------------------------------
@@ -249,11 +267,18 @@ class ShardingExplorer(InlineError):
         """The memory ledger of one step as the controls say (task, optimizer, remat, batch), against the
         cluster's HBM; on a mesh with ``pp > 1`` the layout's pipeline, by default 1F1B
         (:func:`workbench.core.pipeline.default_config`)."""
-        b, t = self._batch_b.value, self._batch_t.value
+        batch, kv_length = self._step_batch()
         pipeline = self._pipeline() if self._task.value == "train" else None
-        return ledgers.ledger(self.model, self.layout, kind=self._task.value, batch=(b, t),
+        return ledgers.ledger(self.model, self.layout, kind=self._task.value, batch=batch, kv_length=kv_length,
                               optimizer=self._optimizer_name.value, remat=self._remat.value, cluster=self.cluster,
                               pipeline=pipeline)
+
+    def _step_batch(self) -> tuple[tuple[int, int], int | None]:
+        """``(batch, kv_length)`` of the step the controls describe, as the ledger, the predicted step and the
+        advisor (:func:`workbench.core.advisor.advise`) take them: a decode step is ``(B, 1)``, one new token per
+        sequence, against a KV cache of ``T`` positions; a train step or a prefill is ``(B, T)``."""
+        b, t = self._batch_b.value, self._batch_t.value
+        return ((b, 1), t) if self._task.value == "decode" else ((b, t), None)
 
     def _pipeline(self) -> tp.Any:
         """The layout's pipeline; on a mesh with ``pp > 1`` and none given, 1F1B over the batch
@@ -418,7 +443,8 @@ class ShardingExplorer(InlineError):
         return seconds
 
     # -- rendering ------------------------------------------------------------------------------------
-    def _build(self, optimizer: bool, kv_on: bool, kv_b: int, kv_s: int, batch: tuple[int, int]) -> None:
+    def _build(self, optimizer: bool, kv_on: bool, kv_b: int, kv_s: int, batch: tuple[int, int],
+               task: str = "train") -> None:
         w = widgets
         self._title = w.HTML()
         self._error_area()
@@ -431,11 +457,11 @@ class ShardingExplorer(InlineError):
                                       style={"description_width": "45px"})
         for control in (self._optimizer, self._kv_on, self._kv_b, self._kv_s):
             control.observe(lambda _: self._on_memory_options(), names="value")
-        self._task = w.Dropdown(options=ledgers.TASKS, value="train", description="step", layout=w.Layout(
+        self._task = w.Dropdown(options=ledgers.TASKS, value=task, description="step", layout=w.Layout(
             width="150px"), style={"description_width": "35px"})
         self._optimizer_name = w.Dropdown(options=OPTIMIZERS, value="adamw", description="optimizer",
                                           layout=w.Layout(width="170px"), style={"description_width": "62px"})
-        remat = getattr(self.model, "remat", "none")
+        remat = self.layout.remat or getattr(self.model, "remat", "none")
         self._remat = w.Dropdown(options=ledgers.REMATS, value=remat if remat in ledgers.REMATS else "none",
                                  description="remat", layout=w.Layout(width="170px"),
                                  style={"description_width": "40px"})
@@ -460,7 +486,7 @@ class ShardingExplorer(InlineError):
         self._table = w.HTML()
         self._table.add_class("wb-explorer-table-html")
         self._kind = w.ToggleButtons(options=explore.STEP_KINDS, value="forward", style={"button_width": "70px"})
-        self._batch_b = w.BoundedIntText(batch[0], min=1, max=1 << 16, description="B", layout=w.Layout(width="100px"),
+        self._batch_b = w.BoundedIntText(batch[0], min=1, max=1 << 24, description="B", layout=w.Layout(width="100px"),
                                          style={"description_width": "15px"})
         self._batch_t = w.BoundedIntText(batch[1], min=1, max=1 << 20, description="T", layout=w.Layout(width="110px"),
                                          style={"description_width": "15px"})
@@ -595,11 +621,11 @@ class ShardingExplorer(InlineError):
         """The step the controls describe, timed from the model's shapes on the cluster
         (:func:`workbench.core.cost.predicted.predict_step`): compute, HBM traffic and each collective per layer
         kind, before any compile."""
-        b, t = self._batch_b.value, self._batch_t.value
+        batch, kv_length = self._step_batch()
         task = self._task.value
-        return predict_step(self.layout.config, self.cluster, dict(self.mesh.shape), batch=(b, t), task=task,
+        return predict_step(self.layout.config, self.cluster, dict(self.mesh.shape), batch=batch, task=task,
                             remat=self._remat.value, pipeline=self._pipeline() if task == "train" else None,
-                            kv_length=t if task == "decode" else None, zero_stage=self.layout.zero_stage)
+                            kv_length=kv_length, zero_stage=self.layout.zero_stage)
 
     def _render_predicted(self) -> None:
         if self.cluster.chip is None:
