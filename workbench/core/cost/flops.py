@@ -61,6 +61,7 @@ class ModelShapes:
     kv_ring: int  # K and V elements a token that ring attention passes on
     kv_cache: int  # KV cache elements a token and layer
     kv_split: bool  # whether tp splits the K / V heads (MLA's latent: no)
+    kv_heads: int  # K / V heads a token and layer (MLA: 1, the latent)
     mlp: int  # a dense MLP's weights
     mlp_down: int
     mlp_act_full: int
@@ -88,14 +89,14 @@ def model_shapes(c: tp.Any) -> ModelShapes:
         act_full = (d + 2 * rq if rq else d) + d + (lat + r) + d  # q(_a) in (+ q_a out, q_b in), kv_a in/out, o out
         act_split = h * (nope + r) + h * (nope + lat) + h * (lat + vd) + h * vd  # q out, W_uk, W_uv, o in
         score_qk, score_v = lat + r, lat  # the absorbed form: an MQA over [c; k_pe] with values c
-        kv_ring, kv_cache, kv_split = 2 * lat + r, lat + r, False
+        kv_ring, kv_cache, kv_split, kv_heads = 2 * lat + r, lat + r, False, 1
     else:
         hd, kv = c.head_dim, c.num_key_value_heads
         attn_rep, attn_split = 0, 2 * d * h * hd + 2 * d * kv * hd
         act_full, act_split = 4 * d, 2 * h * hd + 2 * kv * hd
         score_qk = score_v = hd
         kv_ring = kv_cache = 2 * kv * hd
-        kv_split = True
+        kv_split, kv_heads = True, kv
     gated = c.mlp_type != "gelu"
     widths = 3 if gated else 2
     fe = c.expert_intermediate_size if c.mlp_type == "moe" else 0
@@ -104,6 +105,7 @@ def model_shapes(c: tp.Any) -> ModelShapes:
         hidden=d, vocab=c.vocab_size, layers=c.num_hidden_layers, dense_layers=c.first_dense_layers, moe=moe,
         attn_split=attn_split, attn_rep=attn_rep, attn_act_full=act_full, attn_act_split=act_split, heads=h,
         score_qk=score_qk, score_v=score_v, kv_ring=kv_ring, kv_cache=kv_cache, kv_split=kv_split,
+        kv_heads=kv_heads,
         mlp=widths * d * f, mlp_down=d * f, mlp_act_full=(widths - 1) * d + d,
         mlp_act_split=(widths - 1) * f + f + 3 * f,
         expert=3 * d * fe, experts=c.num_local_experts if moe else 0, topk=c.num_experts_per_tok if moe else 0,

@@ -54,7 +54,9 @@ the (gathered) weights a device uses: forward, backward, a recompute; an FSDP ga
 gathers; the backward writes a gradient per microbatch; AdamW reads parameters, gradients and both moments and
 writes three (7 accesses of each parameter's shard, moments in the parameters' dtype as optax keeps them).
 Decode reads the weights of the experts its tokens reach (``1 - (1 - 1/E)^copies`` of them) and every layer's
-KV cache (``2 K h`` elements a token, MLA's latent ``C + R``), and writes one token of it; prefill writes the
+KV cache (``2 K h`` elements a token, MLA's latent ``C + R``; a device reads its ``K / tp`` heads, one when ``tp``
+is a multiple of ``K`` above it: each head repeated to one per device as serving engines keep it, all ``K`` where
+they do not divide, MLA's latent whole), and writes one token of it; prefill writes the
 cache. Activations: each matmul's input read and output written, attention as a fused (flash) kernel (Q read,
 K and V read once, O written; the scores stay on chip), norms and residuals ``5 D`` a token a sublayer, the
 gated activation ``3F``; a train step moves them three times (forward, and the backward's two reads) and again
@@ -114,6 +116,7 @@ from workbench.core.cost.network import transfer
 from workbench.core.cost.roofline import check_chip, rate_dtype, roofline
 from workbench.core.cost.step_time import CollectiveTime, StepTime, Term, WorkPart
 from workbench.core.mesh import MESH_AXES
+from workbench.core.models.cache import stored_kv_heads
 from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.sharding.zero import check_zero_stage
 
@@ -165,6 +168,15 @@ class _Acc:
             if self.fp8 and part != "embedding+head":  # dynamic scaling: operands read for amax, written as fp8
                 self.fused[part] += FP8_CAST_BYTES * ((forward + again) * (m * k + k * n)
                                                       + backward * (m * n + m * k))
+
+
+def _kv_heads_per_device(s: tp.Any, tp_: int) -> int:
+    """K / V heads of the cache a device holds (:func:`~workbench.core.models.cache.stored_kv_heads` split over
+    ``tp``; all of them where they do not divide; MLA's latent is not split)."""
+    if not s.kv_split:
+        return s.kv_heads
+    stored = stored_kv_heads(s.kv_heads, s.heads, tp_)
+    return stored // tp_ if stored % tp_ == 0 else stored
 
 
 def _check(task: str, remat: str, batch: tp.Any, batch_axes: tp.Sequence[str], mesh_shape: tp.Mapping[str, int],
@@ -319,7 +331,7 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     heads = s.heads / tp_
     w_attn = (s.attn_split / tp_ + s.attn_rep) * wb
     kv_ring = s.kv_ring / (tp_ if s.kv_split else 1)
-    kv_cache = s.kv_cache / (tp_ if s.kv_split else 1)
+    kv_cache = s.kv_cache / s.kv_heads * _kv_heads_per_device(s, tp_)
     per_layer = 2 * n * (s.attn_split / tp_ + s.attn_rep) + 2 * n * span_kv * heads * (s.score_qk + s.score_v)
     attn_flops = passes * per_layer
     attn_bytes = w_attn * (w_reads + gather_writes(_DENSE_W) + grad_writes)

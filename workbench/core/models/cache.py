@@ -19,6 +19,13 @@ Multi-head latent attention (DeepSeek-V3) caches ``[latent ; rope key]`` once pe
 ``(L, B, S, 1, C + R)`` (pages ``(L, num_pages, page_size, 1, C + R)``) and no value array; its values
 are the keys' first ``value_dim = C`` channels (the latent, stored once). :func:`kv_layout` gives a
 config's layout and :func:`cache_footprint` its bytes per token against the expanded cache.
+
+On a mesh the cache is ``(BATCH, KV_LENGTH, KV_HEAD, KV_HEAD_DIM)`` resolved in decode mode
+(:func:`cache_decisions`). When the head dimension's mesh axes (``tp`` by default) are more than the
+KV heads, the cache stores each KV head repeated ``tp // KV`` times, one head per device, as serving
+engines (vLLM, MaxText) do: :func:`stored_kv_heads` says how many heads that is, and a step writes
+each new key/value repeated (``jnp.repeat`` per head, so query head ``h`` still reads original KV
+head ``h // (H // KV)``).
 """
 
 from __future__ import annotations
@@ -31,12 +38,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from workbench.core.axes import BATCH, KV_HEAD, KV_HEAD_DIM, KV_LENGTH, MODE_DECODE, DimDecision, PartitionAxis
 from workbench.core.models.config import ModelConfig
 from workbench.core.operations import OperationMetadata, OperationRegistry
 from workbench.core.operations.attention.common import KV_LENGTHS
 
 Array = jax.Array
 INDEX = jnp.int32  # every cache index and position: int32 whatever jax_enable_x64 says
+# A KV cache's dimensions, resolved in decode mode (it exists only while generating, and prefill writes the
+# same arrays decode reads).
+KV_CACHE_AXES = (BATCH, KV_LENGTH, KV_HEAD, KV_HEAD_DIM)
+KV_CACHE_MODE = MODE_DECODE
 
 
 def _pytree(data: tuple[str, ...], meta: tuple[str, ...] = ()):
@@ -91,6 +103,70 @@ def kv_layout(config: ModelConfig) -> KVLayout:
     if config.mla:
         return KVLayout(1, config.kv_lora_rank + config.qk_rope_head_dim, config.kv_lora_rank)
     return KVLayout(config.num_key_value_heads, config.head_dim)
+
+
+def stored_kv_heads(kv_heads: int, num_heads: int, ways: int) -> int:
+    """Heads a cache stores when its head dimension is split ``ways`` ways: ``ways`` (each KV head repeated
+    ``ways // kv_heads`` times, one head per device, as vLLM and MaxText serve GQA when tp exceeds the KV heads)
+    when ``ways`` is a multiple of ``kv_heads`` above it that splits the ``num_heads`` query heads evenly;
+    otherwise ``kv_heads`` (they split over ``ways``, or stay whole where they do not divide).
+    MLA's one latent head is not repeated: pass ``ways=1`` for it (see :func:`cache_decisions`).
+
+    >>> stored_kv_heads(8, 64, 16), stored_kv_heads(8, 64, 4), stored_kv_heads(8, 64, 12)
+    (16, 8, 8)
+    """
+    if ways > kv_heads and ways % kv_heads == 0 and num_heads % ways == 0:
+        return ways
+    return kv_heads
+
+
+def _head_axes(decisions: tp.Sequence[DimDecision]) -> tuple[str, ...]:
+    """The mesh axes the head dimension (dim 2) can split over: its candidates the batch and length leave free."""
+    taken = {a for d in decisions[:2] for a in d.chosen}
+    return tuple(a for a in dict.fromkeys(decisions[2].candidates) if a not in taken)
+
+
+def cache_decisions(config: ModelConfig, batch: int, max_length: int, mesh: tp.Any,
+                    partition_axis: PartitionAxis | None = None) -> tuple[tuple[int, ...], list[DimDecision]]:
+    """Shape ``(B, S, stored heads, D)`` of one layer's keys (or values) on ``mesh`` and how each dimension is
+    resolved (``KV_CACHE_AXES`` in decode mode; the heads' reason says when they are repeated or why not).
+
+    >>> from jax.sharding import AbstractMesh
+    >>> from workbench.core.mesh import MESH_AXES
+    >>> from workbench.core.models.presets import full_config
+    >>> tp16 = AbstractMesh(tuple(16 if a == "tp" else 1 for a in MESH_AXES), MESH_AXES)
+    >>> shape, decisions = cache_decisions(full_config("llama-3-70b"), 8, 8192, tp16)
+    >>> shape, decisions[2].chosen
+    ((8, 8192, 16, 128), ('tp',))
+    >>> decisions[2].reason.split(";")[0]
+    '8 KV heads repeated 2x to one per tp device (as serving engines do)'
+    """
+    pa = PartitionAxis() if partition_axis is None else partition_axis
+    kv = kv_layout(config)  # MLA: one head of [latent ; rope key]
+    shape = (batch, max_length, kv.kv_heads, kv.key_dim)
+    decisions = pa.explain(KV_CACHE_AXES, KV_CACHE_MODE, shape=shape, mesh=mesh)
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+    free = _head_axes(decisions)
+    ways = math.prod(sizes[a] for a in free)
+    axes = "×".join(a for a in free if sizes[a] > 1)
+    if config.mla:
+        note = (f"MLA caches one latent head, replicated over {axes} as MaxText and vLLM keep it (split the "
+                f"sequence over sp instead)") if ways > 1 else ""
+    else:
+        stored = stored_kv_heads(kv.kv_heads, config.num_attention_heads, ways)
+        note = ""
+        if stored != kv.kv_heads:
+            shape = (batch, max_length, stored, kv.key_dim)
+            decisions = pa.explain(KV_CACHE_AXES, KV_CACHE_MODE, shape=shape, mesh=mesh)
+            note = (f"{kv.kv_heads} KV heads repeated {stored // kv.kv_heads}x to one per {axes} device "
+                    f"(as serving engines do)")
+        elif ways > kv.kv_heads:
+            why = (f"{ways} is not a multiple of them" if ways % kv.kv_heads else
+                   f"the {config.num_attention_heads} query heads do not split {ways} ways")
+            note = f"{kv.kv_heads} KV heads do not repeat to one per {axes} device ({why})"
+    if note:
+        decisions[2] = dataclasses.replace(decisions[2], reason=f"{note}; {decisions[2].reason}")
+    return shape, decisions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,7 +313,8 @@ class _ContiguousStep:
                ) -> tuple[Array, tuple[Array, Array | None]]:
         """Write this layer's new keys/values at slots ``index ..`` and attend over the layer's slots
         (``options``: the family's extra attention arguments, e.g. ``softmax_scale``). A cache with
-        ``value_dim`` (MLA) takes ``v_BTKD=None`` and reads the values as the keys' first channels.
+        ``value_dim`` (MLA) takes ``v_BTKD=None`` and reads the values as the keys' first channels. A cache
+        storing more heads than ``k_BTKD`` has (repeated to one per tp device) gets each head repeated.
 
         Visibility is causal in slot order with ``kv_lengths = index + T`` (so a blockwise kernel
         skips the unwritten tail) and ``valid_BS`` hiding left padding; a window counts slots,
@@ -246,6 +323,7 @@ class _ContiguousStep:
         keys, values = kv
         b, t = q_BTHD.shape[:2]
         _check_values(self.cache.value_dim, v_BTKD)
+        k_BTKD, v_BTKD = _to_stored_heads(k_BTKD, keys.shape[3]), _to_stored_heads(v_BTKD, keys.shape[3])
         start = index32(layer, 0, self.cache.index, 0, 0)
         keys = jax.lax.dynamic_update_slice(keys, _as(k_BTKD, keys.dtype)[None], start)
         k_BSKD = _as(_layer(keys, layer), q_BTHD.dtype)
@@ -275,6 +353,16 @@ class _ContiguousStep:
         return KVCache(keys=kv[0], values=kv[1], valid_BS=self.valid_BS,
                        positions_B=self.cache.positions_B + self.count_B, index=self.cache.index + t,
                        value_dim=self.cache.value_dim)
+
+
+def _to_stored_heads(x_BTKD: Array | None, stored: int) -> Array | None:
+    """New keys or values with each KV head repeated to the ``stored`` heads a cache keeps (see
+    :func:`stored_kv_heads`): consecutive copies, so stored head ``s`` is KV head ``s // repeats``."""
+    if x_BTKD is None or x_BTKD.shape[2] == stored:
+        return x_BTKD
+    if stored % x_BTKD.shape[2]:
+        raise ValueError(f"internal: a cache of {stored} heads cannot hold {x_BTKD.shape[2]} KV heads repeated")
+    return jnp.repeat(x_BTKD, stored // x_BTKD.shape[2], axis=2)
 
 
 def _check_values(value_dim: int | None, v_BTKD: Array | None) -> None:
@@ -422,6 +510,7 @@ class _PagedStep:
         latents (``value_dim``, MLA) take ``v_BTKD=None``: values are the key pages' first channels."""
         kp, vp = kv
         _check_values(self.cache.value_dim, v_BTKD)
+        k_BTKD, v_BTKD = _to_stored_heads(k_BTKD, kp.shape[3]), _to_stored_heads(v_BTKD, kp.shape[3])
         kp = kp.at[layer, self.page_BT, self.offset_BT].set(_as(k_BTKD, kp.dtype), mode="drop")
         k_pages = _as(_layer(kp, layer), q_BTHD.dtype)
         if vp is None:

@@ -11,7 +11,7 @@ import typing as tp
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from workbench.core.axes import (
     BATCH,
@@ -26,7 +26,7 @@ from workbench.core.axes import (
 from workbench.core.linear import ColumnParallelLinear
 from workbench.core.mesh import as_auto, call_on_auto_axes, explicit_mesh_of
 from workbench.core.models.block import ACTIVATION_AXES, Attention, make_norm
-from workbench.core.models.cache import KVCache, PagedKVCache, kv_layout
+from workbench.core.models.cache import KVCache, PagedKVCache, cache_decisions, kv_layout
 from workbench.core.models.config import ModelConfig
 from workbench.core.models.decoder import DecoderBlock
 from workbench.core.models.generation_config import GenerationConfig
@@ -187,12 +187,37 @@ class CausalLM(ModelMethods, nnx.Module):
                 module.attn_mechanism, module.attn_options = name, frozen
         return model
 
-    def init_cache(self, batch_size: int, max_length: int, *, dtype=None) -> KVCache:
+    def init_cache(self, batch_size: int, max_length: int, *, dtype=None, mesh: tp.Any = None,
+                   partition_axis: PartitionAxis | None = None) -> KVCache:
         """An empty contiguous cache for ``batch_size`` rows of up to ``max_length`` tokens (MLA: latents and
-        rope keys, see ``cache.kv_layout``)."""
-        layout = kv_layout(self.config)
-        return self._typed(KVCache.create(self.config.num_hidden_layers, batch_size, max_length, layout.kv_heads,
-                                          layout.key_dim, dtype or self.dtype, value_dim=layout.value_dim))
+        rope keys, see ``cache.kv_layout``).
+
+        On a mesh (``mesh``, else the one the model's parameters are typed on or ``shard_model`` laid it on) keys
+        and values are laid out as :func:`~workbench.core.sharding.plan.kv_cache_spec` says (``partition_axis``,
+        default the model's): rows over ``(fsdp, dp)``, heads over ``tp``, and where ``tp`` is a multiple of the
+        KV heads above their count, each head repeated to one per ``tp`` device (``cache.stored_kv_heads``), as
+        serving engines keep GQA caches; a step writes each new key and value repeated alike. Without a mesh
+        the cache holds the model's KV heads, unplaced."""
+        c, layout = self.config, kv_layout(self.config)
+        dtype = dtype or self.dtype
+        explicit = explicit_mesh_of(nnx.state(self, nnx.Param))
+        mesh = mesh if mesh is not None else explicit if explicit is not None else getattr(self, "mesh", None)
+        if mesh is None:
+            return self._typed(KVCache.create(c.num_hidden_layers, batch_size, max_length, layout.kv_heads,
+                                              layout.key_dim, dtype, value_dim=layout.value_dim))
+        for name, value in (("batch_size", batch_size), ("max_length", max_length)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int; got {value!r}")
+        pa = partition_axis or getattr(self, "partition_axis", None) or PartitionAxis()
+        shape, decisions = cache_decisions(c, batch_size, max_length, mesh, pa)
+        kv_spec = PartitionSpec(None, *(d.spec_entry for d in decisions))  # layers stacked first, whole
+        create = lambda: KVCache.create(c.num_hidden_layers, batch_size, max_length, shape[2], shape[3], dtype,
+                                        value_dim=layout.value_dim)
+        abstract = jax.eval_shape(create)  # checks the sizes; every leaf is zeros, made in place below
+        specs = dataclasses.replace(abstract, keys=kv_spec, values=None if layout.value_dim else kv_spec,
+                                    valid_BS=PartitionSpec(), positions_B=PartitionSpec(), index=PartitionSpec())
+        return jax.tree.map(lambda x, spec: jnp.zeros(x.shape, x.dtype, device=NamedSharding(mesh, spec)),
+                            abstract, specs)
 
     def _typed(self, cache: tp.Any) -> tp.Any:
         """``cache`` replicated on the model's mesh when its parameters carry Explicit axes, else as it is.

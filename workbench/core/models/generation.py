@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec as P
 from workbench.core.compile.cache import PROGRAMS, signature
 from workbench.core.mesh import call_on_auto_axes, explicit_mesh_of
 from workbench.core.models.beam_search import beam_programs, best_sequences
-from workbench.core.models.cache import PagedKVCache
+from workbench.core.models.cache import KVCache, PagedKVCache
 from workbench.core.models.generation_config import GenerationConfig
 from workbench.core.models.sampling import sample_programs
 
@@ -245,11 +245,26 @@ def _plan(model, input_ids, config, attention_mask, prng_key, streamer, cache):
     return key, args, lambda on_tokens=None: sample_programs(graphdef, config, prompt_len, on_tokens)
 
 
+def _is_cache(x: tp.Any) -> bool:
+    return isinstance(x, KVCache | PagedKVCache)
+
+
+def _out_specs(out: tp.Any, args: tuple) -> tp.Any:
+    """Every output typed replicated, but a cache typed as the call's cache came in (``init_cache`` on a mesh splits
+    its rows and heads: replicating it after the prefill would undo that, and its donated buffers go unused)."""
+    given = next((x for x in args if _is_cache(x)), None)
+    spec = lambda x: jax.typeof(x).sharding.spec if explicit_mesh_of(x) is not None else P()
+    cache_specs = None if given is None else jax.tree.map(spec, given)
+    same = lambda x: cache_specs is not None and jax.tree.structure(x) == jax.tree.structure(given)
+    return jax.tree.map(lambda x: cache_specs if _is_cache(x) and same(x) else jax.tree.map(lambda _: P(), x), out,
+                        is_leaf=_is_cache)
+
+
 def _compile(fn: tp.Callable, args: tuple, donate: tuple[int, ...]):
     mesh = explicit_mesh_of(args)
     if mesh is not None:  # written for Auto axes: on Explicit ones run as on Auto axes, outputs typed replicated
-        program = fn
-        fn = lambda *a: call_on_auto_axes(program, a, mesh, lambda out: jax.tree.map(lambda _: P(), out))
+        program = fn  # (a cache typed as it came in)
+        fn = lambda *a: call_on_auto_axes(program, a, mesh, lambda out: _out_specs(out, args))
     return jax.jit(fn, donate_argnums=donate).lower(*args).compile()
 
 

@@ -30,18 +30,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from workbench.core import axes as ax
-from workbench.core.axes import (
-    BATCH,
-    KV_HEAD,
-    KV_HEAD_DIM,
-    KV_LENGTH,
-    LENGTH,
-    MODE_DECODE,
-    MODE_TRAIN,
-    DimDecision,
-    PartitionAxis,
-)
-from workbench.core.models.cache import kv_layout
+from workbench.core.axes import BATCH, LENGTH, MODE_TRAIN, DimDecision, PartitionAxis
+from workbench.core.models.cache import KV_CACHE_AXES, KV_CACHE_MODE, cache_decisions
 from workbench.core.models.stack import check_remat
 from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.sharding import export as layout_export
@@ -54,11 +44,9 @@ __all__ = ["INPUT_AXES", "KV_CACHE_AXES", "KV_CACHE_MODE", "ROLES", "ROLE_FIELDS
 
 ROLES = (ax.DP, ax.FSDP, ax.EP, ax.TP, ax.SP)
 ROLE_FIELDS = tuple(PartitionAxis().field_for(role) for role in ROLES)
-# The token batch of a step, and a KV cache: what they are resolved as (the cache in decode mode:
-# it exists only while generating, and prefill writes the same arrays decode reads).
+# The token batch of a step, and a KV cache: what they are resolved as (the cache, KV_CACHE_AXES, in decode mode
+# KV_CACHE_MODE: it exists only while generating, and prefill writes the same arrays decode reads).
 INPUT_AXES = (BATCH, LENGTH)
-KV_CACHE_AXES = (BATCH, KV_LENGTH, KV_HEAD, KV_HEAD_DIM)
-KV_CACHE_MODE = MODE_DECODE
 KVCacheSize = tuple[int, int, tp.Any]  # (batch, max_length, dtype)
 
 
@@ -208,23 +196,26 @@ class Layout:
 
 # -- a KV cache on the layout's mesh ------------------------------------------------------------------
 def kv_cache_decisions(layout: Layout, batch: int, max_length: int) -> tuple[tuple[int, ...], list[DimDecision]]:
-    """Shape ``(B, S, KV, D)`` of one layer's keys (or values) and how each dimension is resolved."""
+    """Shape ``(B, S, KV, D)`` of one layer's keys (or values) and how each dimension is resolved.
+
+    ``KV`` is the heads the cache stores (:func:`workbench.core.models.cache.stored_kv_heads`): the model's KV
+    heads, or, where the head dimension's mesh axes outnumber them (``tp=16`` for 8 KV heads), each head repeated
+    to one per device, as serving engines keep it; the reason of that dimension says so."""
     if layout.config is None:
         raise ValueError("a KV cache is sized from the model's config; this layout has none (pass the model, "
                          "not just its parameters)")
     for name, value in (("batch", batch), ("max_length", max_length)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"KV cache {name} must be a positive int; got {value!r}")
-    kv = kv_layout(layout.config)  # MLA: one head of [latent ; rope key]
-    shape = (batch, max_length, kv.kv_heads, kv.key_dim)
-    return shape, layout.partition_axis.explain(KV_CACHE_AXES, KV_CACHE_MODE, shape=shape, mesh=layout.mesh)
+    return cache_decisions(layout.config, batch, max_length, layout.mesh, layout.partition_axis)
 
 
 def kv_cache_spec(layout: Layout, batch: int, max_length: int) -> tuple[tuple[int, ...], PartitionSpec, str]:
     """Shape ``(B, S, KV, D)`` of one layer's keys (or values), its spec and the reason.
 
     The cache is resolved as ``(BATCH, KV_LENGTH, KV_HEAD, KV_HEAD_DIM)`` in decode mode: by default
-    the batch over ``(fsdp, dp)``, the cached length over ``sp``, the key/value heads over ``tp``.
+    the batch over ``(fsdp, dp)``, the cached length over ``sp``, the key/value heads over ``tp`` (repeated
+    to one per ``tp`` device where ``tp`` is a multiple of them above their count, see :func:`kv_cache_decisions`).
     """
     shape, decisions = kv_cache_decisions(layout, batch, max_length)
     return shape, PartitionSpec(*(d.spec_entry for d in decisions)), reason_text(decisions)
