@@ -105,17 +105,29 @@ class Candidate:
     partition_axis: PartitionAxis
     rules: tuple[tuple[str, tp.Any], ...]
     ledger: tp.Any
-    step: tp.Any
+    price: tp.Callable[[str], tp.Any]  # remat policy -> the predicted step (priced when first asked for)
     fits: bool
     zero_stage: int = 0
     reason: str = ""
-    recompute_s: float = 0.0  # compute seconds the remat policy adds to the step
     grad_accumulation: int = 1  # microbatches per step, run one after another
     cluster: tp.Any = None  # the part of the cluster it runs on, when it leaves chips idle
     idle: int = 0  # devices of the cluster it leaves idle
     compiled: tp.Any = None  # virtual.CompiledAnalysis after confirm
     compiled_step: tp.Any = None  # cost.StepTime of the compiled program
     confirm_note: str = ""
+
+    @functools.cached_property
+    def step(self) -> tp.Any:
+        """The predicted step (:func:`~workbench.core.cost.predicted.predict_step`): priced on first use, so a
+        layout that does not fit costs the search its ledger only."""
+        return self.price(self.remat)
+
+    @functools.cached_property
+    def recompute_s(self) -> float:
+        """Compute seconds the remat policy adds to the step."""
+        if self.remat == "none" or self.ledger.kind != "train":
+            return 0.0
+        return self.step.compute_s - self.price("none").compute_s
 
     @property
     def mesh_label(self) -> str:
@@ -438,6 +450,20 @@ def _factorization(n: int) -> str:
     return " x ".join(f"{p}^{k}" if k > 1 else str(p) for p, k in counts.items())
 
 
+def _pricer(config: tp.Any, cluster: tp.Any, shape: dict[str, int], batch: tuple[int, int], task: str,
+            pipeline: tp.Any, kv_length: int | None, efficiency: float | None, zero: int, accumulation: int,
+            batch_axes: tuple[str, ...]) -> tp.Callable[[str], tp.Any]:
+    """remat policy -> :func:`predict_step` of one layout, each policy priced once."""
+
+    @functools.cache
+    def price(remat: str) -> tp.Any:
+        return predict_step(config, cluster, shape, batch=batch, task=task, remat=remat, pipeline=pipeline,
+                            kv_length=kv_length, efficiency=efficiency, zero_stage=zero,
+                            grad_accumulation=accumulation, batch_axes=batch_axes)
+
+    return price
+
+
 TIE = 0.01  # step times within 1 % are a tie: the ranking then prefers what a practitioner would
 
 
@@ -564,7 +590,8 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
                     if fitted_at is not None and (fitted_at[1] == "none" or k > 2 * fitted_at[0]):
                         break  # fits without recompute, or one doubling past the first fit: more only slows it
                     micro = (step_batch[0] // k, step_batch[1])
-                    no_remat = None
+                    price = _pricer(config, part, shape, step_batch, task, pipeline, kv_length, efficiency, zero, k,
+                                    batch_axes)
                     for r in remats:
                         considered += 1
                         led = ledger(padded_models[depth], layout, kind=task, batch=micro,
@@ -572,19 +599,9 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
                                      kv_length=kv_length, zero_stage=zero)
                         if k > 1:  # the running sum of the microbatches' gradients, beside each one's own
                             led = dataclasses.replace(led, temporaries=led.temporaries + led.grads)
-                        step = predict_step(config, part, shape, batch=step_batch, task=task, remat=r,
-                                            pipeline=pipeline, kv_length=kv_length, efficiency=efficiency,
-                                            zero_stage=zero, grad_accumulation=k, batch_axes=batch_axes)
                         fits = led.total <= usable
-                        c = Candidate(shape, r, pipeline, shape_pa, rules, led, step, fits, zero,
+                        c = Candidate(shape, r, pipeline, shape_pa, rules, led, price, fits, zero,
                                       grad_accumulation=k, cluster=part if idle else None, idle=idle)
-                        if r == "none" or task != "train":
-                            no_remat = step
-                        elif no_remat is None:
-                            no_remat = predict_step(config, part, shape, batch=step_batch, task=task, remat="none",
-                                                    pipeline=pipeline, kv_length=kv_length, efficiency=efficiency,
-                                                    zero_stage=zero, grad_accumulation=k, batch_axes=batch_axes)
-                        c.recompute_s = step.compute_s - no_remat.compute_s
                         (ranked if fits else rejected).append(c)
                         if led.params + led.grads + led.optimizer + led.kv_cache > usable:
                             fitted_at = (0, "none")  # the state alone overflows: no remat or microbatching helps

@@ -75,7 +75,10 @@ def state_sharding(sharding: tp.Any, shape: tp.Sequence[int], zero_stage: int) -
 
 def state_split(spec: PartitionSpec, shape: tp.Sequence[int], sizes: tp.Mapping[str, int], zero_stage: int) -> int:
     """How many more ways than its parameter an optimizer-state array is split (``dp`` or 1)."""
-    return int(sizes.get(ZERO_AXIS, 1)) if optimizer_spec(spec, shape, sizes, zero_stage) != spec else 1
+    dp = int(sizes.get(ZERO_AXIS, 1))
+    if dp == 1 or check_zero_stage(zero_stage) == 0:  # the common case of a layout search, without the spec work
+        return 1
+    return dp if optimizer_spec(spec, shape, sizes, zero_stage) != spec else 1
 
 
 __all__ = ["ZERO_AXIS", "ZERO_STAGES", "check_zero_stage", "optimizer_spec", "state_sharding", "state_split"]
