@@ -5,7 +5,7 @@ states the difference and checks the reason the step model gives for it."""
 
 from workbench.core.advisor import Constraints, advise
 from workbench.core.cluster import Cluster
-from workbench.core.models import ModelConfig
+from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import full_config, full_config_dict
 
 
@@ -39,6 +39,22 @@ def test_an_moe_decoding_on_a_v5e_8x16_shards_its_experts_not_its_weights_over_f
     advice = advise(moe, Cluster.tpu("v5e:8x16"), batch_tokens=128, seq_len=8192, task="decode")
     best = advice.best.mesh_shape
     assert best["ep"] == 16 and best["tp"] == 8 and best["fsdp"] == 1, advice.table(5)
+
+
+def test_experts_split_over_fsdp_or_whole_over_it_are_both_offered():
+    """inference.md, Question 6: FSDP's axis X shards the experts "only during training". With fsdp and ep both in
+    the mesh the advisor offers the experts split over fsdp too (gathered at every step) and whole over it (kept
+    split over ep and tp only): at decode, whole is faster (no per-token gathers) and takes more HBM."""
+    moe = _config("llama-3-8b", model_type="mixtral", architectures=["MixtralForCausalLM"], num_hidden_layers=64,
+                  hidden_size=4096, intermediate_size=16384, num_attention_heads=32, num_key_value_heads=8,
+                  head_dim=256, vocab_size=32128, num_local_experts=16, num_experts_per_tok=2)
+    advice = advise(moe, Cluster.tpu("v5e:8x16"), batch_tokens=128, seq_len=8192, task="decode",
+                    constraints=Constraints(fixed={"fsdp": 2, "ep": 8, "tp": 8}))
+    split, whole = (next(c for c in advice.ranked if c.experts_fsdp is v) for v in (True, False))
+    assert whole.time_s < split.time_s / 2 and whole.ledger.total > split.ledger.total
+    assert "experts whole over fsdp" in whole.label and "experts whole" not in split.label
+    expert_specs = [p.spec for p in whole.layout(CausalLM.lazy_init(moe)).params if p.path.endswith("mlp/up_proj")]
+    assert expert_specs and all("fsdp" not in str(spec) for spec in expert_specs)
 
 
 def test_llama_3_70b_on_a_whole_v5p_pod_uses_8192_of_its_8960_chips():

@@ -18,7 +18,8 @@ ring of 4 inside an axis of 16); part of a cluster whose device count nothing di
 the scaling book uses 8,192 of a v5p pod's 8,960 chips), saying how many chips stay idle; FSDP over the batch and
 the sequence together (``fsdp x sp``, both sharding the weights); gradient accumulation (microbatches per step,
 tried where a layout does not fit without remat); pipelines with uneven stages (Llama 3 405B's 126 layers on 16);
-expert parallelism whose ``ep`` groups are data parallel outside the experts (MaxText's and torchtitan's way).
+expert parallelism whose ``ep`` groups are data parallel outside the experts (MaxText's and torchtitan's way),
+with the experts split over ``fsdp`` too or kept whole over it (no gathers: what a decode step wants).
 Ties (step times within 1 %) go to what a practitioner prefers next: no pipeline, no accumulation, no idle chips,
 fewer split axes, more HBM left free; each reason says which decided.
 
@@ -33,10 +34,11 @@ import functools
 import html
 import itertools
 import math
+import re
 import time
 import typing as tp
 
-from workbench.core.axes import EP, MODE_DECODE, MODE_TRAIN, PartitionAxis
+from workbench.core.axes import EMPTY, EP, FSDP, MODE_DECODE, MODE_TRAIN, SP, DynamicShardingAxes, PartitionAxis
 from workbench.core.compile.steps import OPTIMIZERS
 from workbench.core.compile.virtual import cluster_mesh, compile_step
 from workbench.core.cost.ledger import REMATS, TASKS, ledger, libtpu_version, zero_parameter_copy_bytes
@@ -110,6 +112,7 @@ class Candidate:
     zero_stage: int = 0
     reason: str = ""
     grad_accumulation: int = 1  # microbatches per step, run one after another
+    experts_fsdp: bool = True  # with ep and fsdp: the experts split over fsdp too (False: whole over it)
     cluster: tp.Any = None  # the part of the cluster it runs on, when it leaves chips idle
     idle: int = 0  # devices of the cluster it leaves idle
     compiled: tp.Any = None  # virtual.CompiledAnalysis after confirm
@@ -132,7 +135,7 @@ class Candidate:
     @property
     def mesh_label(self) -> str:
         parts = [f"{a}={n}" for a, n in self.mesh_shape.items() if n > 1]
-        return " × ".join(parts) or "one device"
+        return (" × ".join(parts) or "one device") + ("" if self.experts_fsdp else " (experts whole over fsdp)")
 
     @property
     def label(self) -> str:
@@ -450,16 +453,37 @@ def _factorization(n: int) -> str:
     return " x ".join(f"{p}^{k}" if k > 1 else str(p) for p, k in counts.items())
 
 
+def _experts_whole_rules(model: tp.Any) -> tuple[tuple[str, tp.Any], ...]:
+    """Rules that keep each expert weight (a parameter split over ``EP``) whole over ``fsdp`` and ``sp``: its FSDP
+    entries dropped, its expert and tensor-parallel splits kept (MaxText's expert rules without ``fsdp``)."""
+    from flax import nnx
+
+    from workbench.core.models.sharding import path_str
+
+    def keep(entry: tp.Any) -> tp.Any:
+        kept = tuple(a for a in (entry if isinstance(entry, tuple) else (entry,)) if a not in (FSDP, SP))
+        return EMPTY if not kept else kept[0] if len(kept) == 1 else kept
+
+    out = []
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        axes = getattr(var, "semantic_axes", None)
+        entries = tuple(getattr(axes, "axes", ()) or ())
+        if EP in entries:
+            out.append((f"^{re.escape(path_str(path))}$",
+                        DynamicShardingAxes(tuple(keep(e) for e in entries), axes.mode)))
+    return tuple(out)
+
+
 def _pricer(config: tp.Any, cluster: tp.Any, shape: dict[str, int], batch: tuple[int, int], task: str,
             pipeline: tp.Any, kv_length: int | None, efficiency: float | None, zero: int, accumulation: int,
-            batch_axes: tuple[str, ...]) -> tp.Callable[[str], tp.Any]:
+            batch_axes: tuple[str, ...], experts_fsdp: bool = True) -> tp.Callable[[str], tp.Any]:
     """remat policy -> :func:`predict_step` of one layout, each policy priced once."""
 
     @functools.cache
     def price(remat: str) -> tp.Any:
         return predict_step(config, cluster, shape, batch=batch, task=task, remat=remat, pipeline=pipeline,
                             kv_length=kv_length, efficiency=efficiency, zero_stage=zero,
-                            grad_accumulation=accumulation, batch_axes=batch_axes)
+                            grad_accumulation=accumulation, batch_axes=batch_axes, experts_fsdp=experts_fsdp)
 
     return price
 
@@ -568,9 +592,12 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
             data = math.prod(shape[a] for a in batch_axes)
             pipelines = _pipeline_configs(shape["pp"], step_batch[0] // data, layers) if shape["pp"] > 1 else [None]
             shape_pa = _batch_partition_axis(pipeline_partition_axis(pa) if shape["pp"] > 1 else pa, shape)
-            layouts: dict[int, tp.Any] = {}  # stacked depth -> the layout to hold against HBM
+            layouts: dict[tuple, tp.Any] = {}  # (stacked depth, experts FSDP-sharded) -> the layout held to HBM
+            # with ep and fsdp, the experts either split over fsdp too (gathered like every weight) or stay whole
+            whole = _experts_whole_rules(model) if shape["ep"] > 1 and shape["fsdp"] * shape["sp"] > 1 else ()
+            expert_choices = ((True, rules), (False, rules + whole)) if whole else ((True, rules),)
             zeros = (0, 1) if constraints.zero and task == "train" and shape["dp"] > 1 else (0,)
-            for pipeline, zero in itertools.product(pipelines, zeros):
+            for pipeline, zero, (experts_fsdp, shape_rules) in itertools.product(pipelines, zeros, expert_choices):
                 # uneven stages are held against HBM as the deepest stage, times pp
                 depth = layers if pipeline is None or not pipeline.uneven else \
                     pipeline.stage_layers(layers) * pipeline.total_stages
@@ -580,9 +607,10 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
                     padded = config.replace(num_hidden_layers=total, layer_types=None if kinds is None else
                                             tuple(kinds[i % len(kinds)] for i in range(total)))
                     padded_models[depth] = _abstract_model(padded, getattr(model, "dtype", None) or jnp.bfloat16)
-                if depth not in layouts:
-                    layouts[depth] = Layout.of(padded_models[depth], _mesh(shape), shape_pa, rules, mode)
-                layout = layouts[depth]
+                if (depth, experts_fsdp) not in layouts:
+                    layouts[depth, experts_fsdp] = Layout.of(padded_models[depth], _mesh(shape), shape_pa,
+                                                             shape_rules, mode)
+                layout = layouts[depth, experts_fsdp]
                 accumulations = [k for k in constraints.grad_accumulation if (step_batch[0] // data) % k == 0] \
                     if task == "train" and pipeline is None else [1]
                 fitted_at = None  # the first accumulation at which a layout fits; one more is tried if only remat did
@@ -591,7 +619,7 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
                         break  # fits without recompute, or one doubling past the first fit: more only slows it
                     micro = (step_batch[0] // k, step_batch[1])
                     price = _pricer(config, part, shape, step_batch, task, pipeline, kv_length, efficiency, zero, k,
-                                    batch_axes)
+                                    batch_axes, experts_fsdp)
                     for r in remats:
                         considered += 1
                         led = ledger(padded_models[depth], layout, kind=task, batch=micro,
@@ -600,8 +628,9 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
                         if k > 1:  # the running sum of the microbatches' gradients, beside each one's own
                             led = dataclasses.replace(led, temporaries=led.temporaries + led.grads)
                         fits = led.total <= usable
-                        c = Candidate(shape, r, pipeline, shape_pa, rules, led, price, fits, zero,
-                                      grad_accumulation=k, cluster=part if idle else None, idle=idle)
+                        c = Candidate(shape, r, pipeline, shape_pa, shape_rules, led, price, fits, zero,
+                                      grad_accumulation=k, cluster=part if idle else None, idle=idle,
+                                      experts_fsdp=experts_fsdp)
                         (ranked if fits else rejected).append(c)
                         if led.params + led.grads + led.optimizer + led.kv_cache > usable:
                             fitted_at = (0, "none")  # the state alone overflows: no remat or microbatching helps

@@ -209,7 +209,7 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
                  kv_length: int | None = None, dtype: tp.Any = "bf16", efficiency: float | None = None,
                  overlap: bool = True, batch_axes: tp.Sequence[str] = BATCH_AXES, zero_stage: int = 0,
                  grad_accumulation: int = 1, recompute: float | None = None, capacity_factor: float | None = None,
-                 tp_overlap: bool | None = None, causal: bool = True) -> StepTime:
+                 tp_overlap: bool | None = None, causal: bool = True, experts_fsdp: bool = True) -> StepTime:
     """The predicted time of one ``task`` step of ``config`` on ``cluster`` with a mesh of ``mesh_shape`` (workbench
     axes, e.g. ``{"fsdp": 16, "tp": 4}``), derived from shapes alone (see the module doc for every term).
 
@@ -228,7 +228,9 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     each expert to ``factor x`` its balanced share of tokens (None: dropless, ragged GEMMs); ``tp_overlap`` hides
     the tensor-parallel collectives behind the matmuls (collective matmul, async TP; default: on TPU, where XLA
     decomposes them into windowed einsums unless told not to, off on GPU, where it takes async TP or Megatron's
-    ``--tp-comm-overlap``); ``causal`` lets the attention kernel skip masked tiles. ``efficiency`` (a float) prices
+    ``--tp-comm-overlap``); ``causal`` lets the attention kernel skip masked tiles; ``experts_fsdp=False`` keeps the
+    expert weights whole over ``fsdp`` (split over ``ep`` and ``tp`` only: no gathers, an all-reduce of their
+    gradients over the data axes instead). ``efficiency`` (a float) prices
     the old way instead: the roofline with matmuls at that fraction of peak, compute, memory and communication
     overlapped (1: the ideal, whose MFU and HFU are upper bounds). Raises ``ValueError`` for a batch or sequence
     the mesh does not divide, and for ``pp > 1`` without a matching ``pipeline``.
@@ -429,7 +431,7 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
         acc.flops["experts"] += layers_moe * moe_flops
         acc.recomputed += layers_moe * r * 2 * (copies * s.expert / tp_ + n * shared_recomputed / tp_ + n * s.router)
         acc.bytes["experts"] += layers_moe * moe_bytes
-        shard_bytes += weights("experts", w_exp, _EXPERT_W, layers_moe, "expert")
+        shard_bytes += weights("experts", w_exp, _EXPERT_W if experts_fsdp else ("ep", "tp"), layers_moe, "expert")
         if s.shared:
             shard_bytes += weights("experts", w_shared, _DENSE_W, layers_moe, "shared expert")
         shard_bytes += weights("experts", w_router, (), layers_moe, "router")
