@@ -45,6 +45,7 @@ from workbench.core.cost.ledger import REMATS, TASKS, ledger, libtpu_version, ze
 from workbench.core.cost.network import span
 from workbench.core.cost.predicted import predict_step
 from workbench.core.cost.published import accuracy_text
+from workbench.core.cost.reconcile import reconcile
 from workbench.core.cost.step_time import step_time
 from workbench.core.mesh import MESH_AXES, mesh_factorizations
 from workbench.core.models import CausalLM, ModelConfig
@@ -117,6 +118,7 @@ class Candidate:
     idle: int = 0  # devices of the cluster it leaves idle
     compiled: tp.Any = None  # virtual.CompiledAnalysis after confirm
     compiled_step: tp.Any = None  # cost.StepTime of the compiled program
+    reconciled: list = dataclasses.field(default_factory=list)  # cost.reconcile rows: predicted vs compiled, why
     confirm_note: str = ""
 
     @functools.cached_property
@@ -237,6 +239,7 @@ class Advice:
         # a decode step compiles as a one-token forward without a cache: not the predicted step's model FLOPs
         model_flops = None if self.task == "decode" else c.step.model_flops / c.grad_accumulation
         c.compiled_step = step_time(c.compiled, efficiency=c.step.efficiency, model_flops=model_flops)
+        c.reconciled = reconcile(c.step, c.compiled_step, c.ledger, c.compiled, seq_len=batch[1])
         total, hbm = c.compiled.memory.total, self.cluster.hbm_per_device
         here = self._ledger_total_compiled_here(c, model)
         c.confirm_note = (f"compiled: {_gib(total, decimals=2)} per device (ledger {here / total - 1:+.1%}"

@@ -39,12 +39,12 @@ Parts, per device (every device holds the same; specs divide their dimensions):
     expert row for a MoE, plus the experts' outputs; MLA its two latent norms, the key ``[c ; k_pe]``, the
     value ``c``, the query, ``q_nope``, ``PV`` and its output;
 
-- ``temporaries``: what lives only inside the step; the larger of two phases, since the loss's buffers are gone
+- ``temporaries``: what lives only inside the step; the largest of three phases, since the loss's buffers are gone
   before the layers' backward starts (a Llama with an 8192-word vocabulary peaks at the loss at every remat
   policy): the loss's logits (``LOGITS_COPIES`` float32 copies of ``b t V_l 4`` bytes: XLA:CPU two, the logits
   and their softmax, the cotangent taking the logits' buffer; XLA:TPU 1.6, the slope of its HBM peak over the
   vocabulary, 6.4 bytes a logit, measured on a two-layer bfloat16 Llama at 16k, 32k and 64k words on v5p
-  ``fsdp=8``), or one layer's backward. That
+  ``fsdp=8``), one layer's backward, or its attention's backward. One layer's backward
   holds one layer's weights all-gathered over the data axes and their unreduced gradient (twice the layer's
   bytes with the FSDP split undone), and a working set of cotangents and recomputed values that depends on the
   compiler: measured, not derived, in units of the layer's ``"dots_saveable"`` set (``WORKING_SET``; XLA's
@@ -57,9 +57,17 @@ Parts, per device (every device holds the same; specs divide their dimensions):
   keeps the other branches' buffers too: measured about one layer's ``"none"`` set per further kind (XLA:TPU at
   every policy, XLA:CPU without remat; XLA:CPU's full-remat backward holds about a third of it). Mixed
   precision (float32 parameters, a bfloat16 ``dtype``) on XLA:TPU adds the parameters' bfloat16 copy, alive
-  through both phases (:func:`cast_bytes`), and the layer's gathered weights and gradient are that copy's, in
+  through every phase (:func:`cast_bytes`), and the layer's gathered weights and gradient are that copy's, in
   bfloat16 (measured: a 4-layer Llama at every remat policy on dp, ZeRO-1 and fsdp within 7.4 % of the compiled
-  peak, from -11.9 % to +22.1 % when they were counted in float32 and the copy not at all);
+  peak, from -11.9 % to +22.1 % when they were counted in float32 and the copy not at all). The attention's
+  backward (:func:`attention_backward_bytes`) holds arrays the size of the layer's scores, ``H_l t_kv`` a row, one
+  of them being the peak with long sequences and many heads on a device: XLA:TPU makes two float32 ones (the
+  softmax's backward) and the causal mask as one byte a score (``pred``), 9 bytes a score, and with
+  ``remat="full"`` the recomputed float32 logits besides, 13 (:data:`SCORE_BYTES`; the scores ``"none"`` and
+  ``"dots_saveable"`` save are ``activations``), beside about one layer's gathered weights. Seen in the buffer
+  assignment (``--xla_dump_to``) of Llama-3-70B on v5p ``fsdp=1024``, 4096 positions, ``remat="full"``: three
+  ``f32[64, 4096, 4096]`` (4 GiB each) and a ``pred`` one live at its 19.55 GiB peak, where the two other phases
+  gave 15.77 GiB (-19.4 %). Short sequences (the families' tests, 256 positions) peak in the other phases;
 - with ZeRO-1 on XLA:TPU from libtpu 0.0.50 on, a train step's ``temporaries`` also hold a working copy of the
   parameters whose update is gathered back over ``dp`` (:func:`zero_parameter_copy_bytes`). The compiled step (the
   same HLO with libtpu 0.0.42 and 0.0.50) copies each such parameter on entry, the forward and backward read the
@@ -123,6 +131,10 @@ LOGITS_COPIES = {"tpu": 1.6, "cpu": 2.0}
 # and remat policy: measured (see the module doc), not derived.
 WORKING_SET = {"tpu": {"none": 0.5, "dots_saveable": 1.0, "full": 1.5},
                "cpu": {"none": 2.0, "dots_saveable": 2.0, "full": 2.75}}
+# Bytes a score (one query's logit for one key, per head) that a layer's attention backward holds beyond what the
+# forward kept, by compiler and remat policy: measured on XLA:TPU (see the module doc and attention_backward_bytes);
+# XLA:CPU is not measured and counts no such phase.
+SCORE_BYTES = {"tpu": {"none": 9, "dots_saveable": 9, "full": 13}, "cpu": {}}
 ADAFACTOR_MIN_DIM = 128  # optax.adafactor's min_dim_size_to_factor
 # The libtpu from which XLA:TPU keeps a donated parameter's buffer reserved while a ZeRO-1 step works on a copy of
 # the parameter: measured on 0.0.42.1 (lends it to other values) and 0.0.50.1 (see the module doc).
@@ -476,7 +488,39 @@ def activation_bytes(layout: Layout, batch: tuple[int, int], remat: str, dtype: 
     cast_dtype = dtype if compiler == "tpu" else None  # XLA:TPU gathers the compute-dtype copy (cast_bytes)
     gathered = max(_gathered_layer_bytes(layout, prefix, cast_dtype) for prefix, _, _ in stacks)
     working = 2 * gathered + WORKING_SET[compiler][remat] * recompute + switch
-    return int(kept), int(working)
+    attention = attention_backward_bytes(layout, batch, remat, dtype, compiler)
+    return int(kept), int(max(working, attention))
+
+
+def attention_scores(layout: Layout, batch: tuple[int, int], prefix: str = "layers/") -> float:
+    """Score elements (query x key x head) one layer's attention computes on a device: ``b t H_l t_kv``, the heads
+    the model-parallel axes leave on it, every key of the sequence (the scores are materialised in full)."""
+    b, t, _ = _tokens_per_device(layout, batch, layout.mode)
+    c = layout.config
+    q_path = prefix + ("self_attn/q_b_proj/kernel" if prefix + "self_attn/q_b_proj/kernel" in layout.paths
+                       else "self_attn/q_proj/kernel")
+    heads = c.num_attention_heads / _model_split(layout[q_path], 2, set(_data_axes(layout)), _axis_sizes(layout))
+    return b * t * heads * batch[1]
+
+
+def attention_backward_bytes(layout: Layout, batch: tuple[int, int], remat: str, dtype: tp.Any,
+                             compiler: str = "tpu") -> int:
+    """Bytes per device of a train step's attention-backward phase (see the module doc): :data:`SCORE_BYTES` a
+    score of one layer (:func:`attention_scores`) and one layer's gathered weights (in the compute ``dtype`` on
+    XLA:TPU); 0 where the compiler's are not measured (XLA:CPU).
+
+    Measured on XLA:TPU (libtpu 0.0.42), peak minus arguments, kept activations and gradients, against this: a
+    2-layer Llama (hidden 1024, 8 heads of 128, 4096 positions, v5p:2x2x1 ``fsdp=4``) none / dots_saveable / full
+    1.10 / 1.07 / 1.68 GiB against 1.15 / 1.15 / 1.65; Llama-3-70B's layers, ``remat="full"``, one sequence of
+    4096 a device, 14.59 against 15.28 on v5p:2x2x2 ``fsdp=8`` (2 layers), 13.78 on v5p:4x4x4 ``fsdp=64`` (8
+    layers), 14.03 on v5p:8x8x16 ``fsdp=1024`` (80 layers). The whole ledger: -1.6 to +3.4 %, -3.6 %, +5.3 %, +2.9 %
+    (-40.0 to -7.1 %, -26.6 %, -23.1 %, -19.4 % before this phase was counted)."""
+    per_score = SCORE_BYTES[compiler].get(remat, 0)
+    if not per_score:
+        return 0
+    cast_dtype = dtype if compiler == "tpu" else None
+    return int(max(per_score * attention_scores(layout, batch, prefix)
+                   + _gathered_layer_bytes(layout, prefix, cast_dtype) for prefix, _ in _stacks(layout)))
 
 
 def _data_axes(layout: Layout) -> tuple[str, ...]:

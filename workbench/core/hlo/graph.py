@@ -278,7 +278,17 @@ def _fusion_traffic(body: tp.Sequence[Instruction], nested: tp.Callable[[str], t
 
 def hbm_bytes(hlo_text: str) -> float:
     """Bytes moved between HBM and the chip by the module ``hlo_text`` (``compiled.as_text()``), each instruction
-    once per run of its computation (XLA's ``cost_analysis()`` counts a while loop's body once)."""
+    once per run of its computation (XLA's ``cost_analysis()`` counts a while loop's body once): the sum of
+    :func:`hbm_traffic`."""
+    return sum(row[3] for row in hbm_traffic(hlo_text))
+
+
+def hbm_traffic(hlo_text: str) -> list[tuple[str, str, str, float]]:
+    """Per instruction of the module that moves data between HBM and the chip: ``(name, kind, largest array,
+    bytes per execution)``. ``kind`` is its opcode, ``fusion (dot)`` for a fusion that multiplies (a convolution or
+    dot inside), ``fusion`` for the other fusions; ``largest array`` the shape text of the largest array it reads
+    or writes whole (what makes it big); bytes per execution are the instruction's own times the runs of its
+    computation; :func:`hbm_bytes` is their sum."""
     computations = parse(hlo_text).computations
     inlined = {c for computation in computations.values() for op in computation.instructions
                if op.opcode not in _CONTROL for c in op.called}
@@ -290,20 +300,38 @@ def hbm_bytes(hlo_text: str) -> float:
             fusions[name] = _fusion_traffic(computations[name].instructions if name in computations else (), traffic)
         return fusions[name]
 
-    total = 0.0
+    def multiplies(name: str) -> bool:
+        body = computations.get(name)
+        return body is not None and any(op.opcode in ("convolution", "dot") or (_fused(op) and multiplies(_fused(op)))
+                                        for op in body.instructions)
+
+    out = []
     for name, computation in computations.items():
         if name in inlined or not runs.get(name):
             continue
-        sizes = {op.name: _bytes(op.shape) for op in computation.instructions}
-        moved = 0.0
+        shapes = {op.name: op.shape for op in computation.instructions}
         for op in computation.instructions:
             if op.opcode in _NO_TRAFFIC or op.opcode.endswith("-done"):
                 continue
             fused = _fused(op)
-            partial, written = traffic(fused) if fused in computations else ({}, sizes[op.name])
-            moved += written + sum(partial.get(i, sizes.get(a, 0.0)) for i, a in enumerate(op.operands))
-        total += runs[name] * moved
-    return total
+            partial, written = traffic(fused) if fused in computations else ({}, _bytes(op.shape))
+            moved = written + sum(partial.get(i, _bytes(shapes.get(a, ""))) for i, a in enumerate(op.operands))
+            if moved:
+                kind = ("fusion (dot)" if multiplies(fused) else "fusion") if fused in computations else op.opcode
+                arrays = [op.shape] + [shapes.get(a, "") for i, a in enumerate(op.operands) if i not in partial]
+                largest = max(arrays, key=_bytes)
+                out.append((op.name, kind, _array_text(largest), runs[name] * moved))
+    return out
+
+
+def _array_text(shape: str) -> str:
+    """The largest array of a shape text, as ``f32[8,4096,4096]``."""
+    arrays = leaves(shape_tree(shape)) if shape else []
+    if not arrays:
+        return "-"
+    a = max(arrays, key=lambda a: math.prod(a.dims))
+    return f"{a.dtype}[{','.join(map(str, a.dims))}]"
+
 
 
 # -- Asynchronous collectives and what runs while they are in flight ----------------------------------------
