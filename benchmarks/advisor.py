@@ -4,9 +4,11 @@ to 16,384, before any compile), and the time to confirm the top layout with the 
     python benchmarks/advisor.py [--confirm]
 
 Llama-3-70B and DeepSeek-V3 (abstract, bfloat16) on TPU v5p slices of 64 and 1024 chips and a whole v5p pod
-(16x20x28: 8,960 chips, searched with its 8,192- and 6,144-chip parts), and on 8, 128 and 2,048 nodes of 8 H100, train (AdamW, 4M tokens of 4096) and decode (64 sequences at 4096 tokens of cache). With
-``--confirm``: the top layout of Llama-3-70B training on each 64-device cluster compiled (TPU: XLA's TPU
-compiler ahead of time; H100: a worker with 64 simulated CPU devices), its memory beside the ledger's.
+(16x20x28: 8,960 chips, searched with its 8,192- and 6,144-chip parts), and on 8, 128 and 2,048 nodes of 8
+H100, train (AdamW, 4M tokens of 4096) and decode (64 sequences at 4096 tokens of cache). With ``--confirm``: the
+top layout of Llama-3-70B training on each 64-device cluster compiled (TPU: XLA's TPU compiler ahead of time;
+H100: a worker with 64 simulated CPU devices), its memory beside the ledger's, and the step model's terms
+reconciled with the compiled program's (:func:`workbench.core.cost.reconcile.reconcile`).
 """
 
 import argparse
@@ -32,6 +34,7 @@ def main() -> None:
 
     from workbench.core.advisor import advise
     from workbench.core.cluster import Cluster
+    from workbench.core.cost.reconcile import table
     from workbench.core.models.presets import full_config
     from workbench.models import CausalLM
 
@@ -58,12 +61,13 @@ def main() -> None:
         print("\n(--confirm compiles the top layout of Llama-3-70B training on the 64-device clusters)")
         return
     model = CausalLM.lazy_init(full_config("llama-3-70b"), dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
-    confirmed = []
+    confirmed, reconciled = [], []
     for cluster in (Cluster.tpu("v5p:4x4x4"), Cluster.h100(nodes=8)):
         advice = advise(model, cluster, batch_tokens=16 * 2048, seq_len=2048)
         c = next(c for c in advice.ranked if c.pipeline is None)
         t0 = time.perf_counter()
         advice.confirm_one(c)
+        reconciled.append(c)
         seconds = time.perf_counter() - t0
         confirmed.append((cluster.name, c.label, f"{seconds:.1f} s", f"{c.ledger.total / 2**30:.2f} GiB",
                           f"{c.compiled.memory.total / 2**30:.2f} GiB",
@@ -73,6 +77,8 @@ def main() -> None:
     print_rows(["cluster", "top layout (batch 16 x 2048)", "confirm (compile + analysis)", "ledger", "compiled",
                 "ledger vs compiled", "predicted step", "step from the compiled HLO"], confirmed)
     print("\nOn the H100 cluster the compiled program is XLA:CPU's (bfloat16 widened to float32 in the worker).")
+    for (cluster_name, label, *_), c in zip(confirmed, reconciled, strict=True):
+        print(f"\n{cluster_name}, {label}: the step model beside the compiled program\n{table(c.reconciled)}")
 
 
 if __name__ == "__main__":

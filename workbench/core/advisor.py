@@ -38,6 +38,8 @@ import re
 import time
 import typing as tp
 
+from flax import nnx
+
 from workbench.core.axes import EMPTY, EP, FSDP, MODE_DECODE, MODE_TRAIN, SP, DynamicShardingAxes, PartitionAxis
 from workbench.core.compile.steps import OPTIMIZERS
 from workbench.core.compile.virtual import cluster_mesh, compile_step
@@ -49,6 +51,7 @@ from workbench.core.cost.reconcile import reconcile
 from workbench.core.cost.step_time import step_time
 from workbench.core.mesh import MESH_AXES, mesh_factorizations
 from workbench.core.models import CausalLM, ModelConfig
+from workbench.core.models.sharding import path_str
 from workbench.core.pipeline import pipeline_partition_axis
 from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.sharding.plan import Layout
@@ -459,10 +462,6 @@ def _factorization(n: int) -> str:
 def _experts_whole_rules(model: tp.Any) -> tuple[tuple[str, tp.Any], ...]:
     """Rules that keep each expert weight (a parameter split over ``EP``) whole over ``fsdp`` and ``sp``: its FSDP
     entries dropped, its expert and tensor-parallel splits kept (MaxText's expert rules without ``fsdp``)."""
-    from flax import nnx
-
-    from workbench.core.models.sharding import path_str
-
     def keep(entry: tp.Any) -> tp.Any:
         kept = tuple(a for a in (entry if isinstance(entry, tuple) else (entry,)) if a not in (FSDP, SP))
         return EMPTY if not kept else kept[0] if len(kept) == 1 else kept

@@ -24,7 +24,7 @@ import re
 import typing as tp
 
 from workbench.core.cost.network import transfer
-from workbench.core.hlo.graph import _NO_TRAFFIC, _bytes, _fused, hbm_traffic
+from workbench.core.hlo.graph import NO_TRAFFIC, fused_computation, hbm_traffic, shape_bytes
 from workbench.core.hlo.text import Instruction, leaves, parse, shape_tree
 from workbench.core.units import format_bytes, format_seconds
 
@@ -102,7 +102,7 @@ def _zero_filled(op: Instruction, module: tp.Any, defs: dict[str, Instruction]) 
     if op.opcode == "dynamic-update-slice":
         buffer = defs.get(op.operands[0]) if op.operands else None
         return buffer is not None and buffer.opcode == "broadcast"
-    fused = _fused(op)
+    fused = fused_computation(op)
     body = module.computations.get(fused) if fused else None
     if body is None or body.root is None:
         return False
@@ -173,11 +173,11 @@ def _largest_values(hlo: str, seq_len: int | None, top: int = 3) -> str:
     found: dict[str, tuple[int, float]] = {}
     for computation in parse(hlo).computations.values():
         for op in computation.instructions:
-            if op.opcode in _NO_TRAFFIC or op.opcode.endswith("-done") or op.opcode == "parameter":
+            if op.opcode in NO_TRAFFIC or op.opcode.endswith("-done") or op.opcode == "parameter":
                 continue
             for a in leaves(shape_tree(op.shape)):
                 text = f"{a.dtype}[{','.join(map(str, a.dims))}]"
-                n, size = found.get(text, (0, _bytes(text)))
+                n, size = found.get(text, (0, shape_bytes(text)))
                 found[text] = (n + 1, size)
     best = sorted(found.items(), key=lambda kv: -kv[1][1])[:top]
     return "; ".join(f"{text} ({n} instructions, {format_bytes(size)} each{_label(text, seq_len)})"

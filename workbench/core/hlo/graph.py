@@ -217,21 +217,21 @@ def op_kinds(hlo_text: str) -> dict[str, str]:
 # in on-chip memory (layout ``S(1)``: its memory-space assignment prefetches them into VMEM; the copy in
 # counts); the computations control flow calls (loop bodies, branches) count once per run, fusion bodies and
 # reducers through their caller.
-_NO_TRAFFIC = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while", "call", "conditional",
+NO_TRAFFIC = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while", "call", "conditional",
                "after-all", "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain"}
 _SLICES = ("dynamic-slice", "slice", "gather")
 _CONTROL = ("call", "while", "conditional")  # the computations they call run as computations of their own
 
 
 @functools.lru_cache(maxsize=4096)
-def _bytes(shape: str) -> float:
+def shape_bytes(shape: str) -> float:
     """Bytes of the arrays of an HLO shape in HBM: one whose layout puts it in another memory space (XLA:TPU's
     ``S(1)``, on-chip VMEM) is not HBM traffic."""
     return sum((math.prod(a.dims) * element_bits(a.dtype) / 8 for a in leaves(shape_tree(shape))
                 if not re.search(r"S\([1-9]\d*\)", a.layout)), 0.0)
 
 
-def _fused(op: Instruction) -> str | None:
+def fused_computation(op: Instruction) -> str | None:
     """The computation a fusion runs."""
     return op.called[0] if op.opcode == "fusion" and op.called else None
 
@@ -239,12 +239,12 @@ def _fused(op: Instruction) -> str | None:
 def _written(op: Instruction, by_name: dict[str, Instruction]) -> float:
     """Bytes a fusion body's result writes: an in-place dynamic-update-slice writes its update only."""
     if op.opcode == "dynamic-update-slice" and len(op.operands) > 1 and op.operands[1] in by_name:
-        return _bytes(by_name[op.operands[1]].shape)
+        return shape_bytes(by_name[op.operands[1]].shape)
     if op.opcode == "tuple":
         return sum(_written(by_name[a], by_name) for a in op.operands if a in by_name)
     if op.opcode == "bitcast" and op.operands and op.operands[0] in by_name:
         return _written(by_name[op.operands[0]], by_name)
-    return _bytes(op.shape)
+    return shape_bytes(op.shape)
 
 
 def _fusion_traffic(body: tp.Sequence[Instruction], nested: tp.Callable[[str], tuple[dict[int, float], float]]
@@ -260,13 +260,13 @@ def _fusion_traffic(body: tp.Sequence[Instruction], nested: tp.Callable[[str], t
     for op in body:
         if op.opcode != "parameter" or not op.operand_text.strip().isdigit():
             continue
-        read, whole = 0.0, _bytes(op.shape)
+        read, whole = 0.0, shape_bytes(op.shape)
         for use in users.get(op.name, []):
             if use.opcode in _SLICES and use.operands[0] == op.name:
-                read += _bytes(use.shape)
+                read += shape_bytes(use.shape)
             elif use.opcode == "dynamic-update-slice" and use.operands[0] == op.name:
                 pass  # the buffer updated in place: not read
-            elif (fused := _fused(use)) is not None:
+            elif (fused := fused_computation(use)) is not None:
                 inner = nested(fused)[0]
                 read += sum(inner.get(i, whole) for i, a in enumerate(use.operands) if a == op.name)
             else:
@@ -302,8 +302,9 @@ def hbm_traffic(hlo_text: str) -> list[tuple[str, str, str, float]]:
 
     def multiplies(name: str) -> bool:
         body = computations.get(name)
-        return body is not None and any(op.opcode in ("convolution", "dot") or (_fused(op) and multiplies(_fused(op)))
-                                        for op in body.instructions)
+        return body is not None and any(
+            op.opcode in ("convolution", "dot") or (fused_computation(op) and multiplies(fused_computation(op)))
+            for op in body.instructions)
 
     out = []
     for name, computation in computations.items():
@@ -311,15 +312,15 @@ def hbm_traffic(hlo_text: str) -> list[tuple[str, str, str, float]]:
             continue
         shapes = {op.name: op.shape for op in computation.instructions}
         for op in computation.instructions:
-            if op.opcode in _NO_TRAFFIC or op.opcode.endswith("-done"):
+            if op.opcode in NO_TRAFFIC or op.opcode.endswith("-done"):
                 continue
-            fused = _fused(op)
-            partial, written = traffic(fused) if fused in computations else ({}, _bytes(op.shape))
-            moved = written + sum(partial.get(i, _bytes(shapes.get(a, ""))) for i, a in enumerate(op.operands))
+            fused = fused_computation(op)
+            partial, written = traffic(fused) if fused in computations else ({}, shape_bytes(op.shape))
+            moved = written + sum(partial.get(i, shape_bytes(shapes.get(a, ""))) for i, a in enumerate(op.operands))
             if moved:
                 kind = ("fusion (dot)" if multiplies(fused) else "fusion") if fused in computations else op.opcode
                 arrays = [op.shape] + [shapes.get(a, "") for i, a in enumerate(op.operands) if i not in partial]
-                largest = max(arrays, key=_bytes)
+                largest = max(arrays, key=shape_bytes)
                 out.append((op.name, kind, _array_text(largest), runs[name] * moved))
     return out
 
@@ -376,6 +377,7 @@ def async_windows(hlo_text: str) -> list[AsyncWindow]:
             done = next((j for j in range(i + 1, len(body)) if body[j].opcode.endswith("-done") and op.name in
                          body[j].operands), len(body))
             middle = body[i + 1:done]
-            flops = sum(flops_of(fused) if (fused := _fused(o)) else dot_flops.get(o.name, 0.0) for o in middle)
+            flops = sum(flops_of(fused) if (fused := fused_computation(o)) else dot_flops.get(o.name, 0.0)
+                        for o in middle)
             windows.append(AsyncWindow(op.opcode[:-len("-start")], op.name, name, runs[name], len(middle), flops))
     return windows

@@ -18,10 +18,14 @@ import math
 import pathlib
 import typing as tp
 
-from workbench.core.axes import DP, EP, FSDP, MODE_TRAIN, SP, TP, PartitionAxis
+from workbench.core.axes import DP, EP, FSDP, MODE_TRAIN, SP, TP, PartitionAxis, semantic_names
+from workbench.core.cluster import cluster_mesh
 from workbench.core.cost.ledger import REMATS
+from workbench.core.cost.predicted import predict_step
 from workbench.core.mesh import MESH_AXES
+from workbench.core.pipeline import pipeline_partition_axis
 from workbench.core.pipeline_schedule import PipelineConfig
+from workbench.core.sharding.plan import Layout
 
 ZERO_STAGES = (0, 1, 2, 3)
 _PARTITION_FIELDS = tuple(f.name for f in dataclasses.fields(PartitionAxis))
@@ -133,8 +137,6 @@ class TrainingRecipe:
 
     def partition_axis(self) -> PartitionAxis:
         """``PartitionAxis()`` with :attr:`axis_rules` applied, its layers split over ``pp`` when pipelined."""
-        from workbench.core.pipeline import pipeline_partition_axis
-
         pa = PartitionAxis().replace(**dict(self.axis_rules))
         return pipeline_partition_axis(pa) if self.mesh_shape["pp"] > 1 else pa
 
@@ -202,15 +204,11 @@ class TrainingRecipe:
 
     def mesh(self, cluster: tp.Any) -> tp.Any:
         """The mesh of this recipe on ``cluster`` (:func:`~workbench.core.cluster.cluster_mesh`), checked first."""
-        from workbench.core.cluster import cluster_mesh
-
         self.check_cluster(cluster)
         return cluster_mesh(cluster, tuple(self.mesh_shape.values()), MESH_AXES)
 
     def layout(self, model: tp.Any, cluster: tp.Any) -> tp.Any:
         """This recipe resolved on ``model`` (a live or ``lazy_init`` model) on ``cluster``'s mesh."""
-        from workbench.core.sharding.plan import Layout
-
         return Layout.of(model, self.mesh(cluster), self.partition_axis(), None, MODE_TRAIN, remat=self.remat,
                          pipeline=self.pipeline, zero_stage=self.workbench_zero_stage)
 
@@ -223,8 +221,6 @@ class TrainingRecipe:
     def price(self, model_config: tp.Any, cluster: tp.Any, **kwargs: tp.Any) -> tp.Any:
         """The predicted train step (:func:`~workbench.core.cost.predicted.predict_step`) of ``model_config`` on
         ``cluster`` under this recipe; ``kwargs`` go to predict_step (``efficiency``, ``dtype`` ...)."""
-        from workbench.core.cost.predicted import predict_step
-
         self.check_cluster(cluster)
         if self.pipeline is not None and self.grad_accumulation > 1:
             raise ValueError(f"the recipe pipelines {self.pipeline.num_microbatches} microbatches and accumulates "
@@ -259,10 +255,11 @@ def _carried(obj: tp.Any) -> dict[str, tp.Any]:
 def _partition_overrides(pa: PartitionAxis) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """The semantic fields of ``pa`` that differ from ``PartitionAxis()`` (roles looked up), as mesh axes. The
     layer axis is left out: a recipe's ``pp`` sets it."""
-    from workbench.core.axes import _SEMANTIC_FIELDS
-
     default, out = PartitionAxis(), []
-    for semantic, (train_field, _) in _SEMANTIC_FIELDS.items():
+    for semantic in semantic_names():
+        if semantic in (DP, FSDP, EP, TP, SP):
+            continue  # the roles: a recipe's degrees set them
+        train_field = default.field_for(semantic)
         if train_field == "layer_axis":
             continue
         have, want = pa.mesh_axes_for(semantic), default.mesh_axes_for(semantic)
