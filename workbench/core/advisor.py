@@ -38,8 +38,6 @@ import re
 import time
 import typing as tp
 
-from flax import nnx
-
 from workbench.core.axes import EMPTY, EP, FSDP, MODE_DECODE, MODE_TRAIN, SP, DynamicShardingAxes, PartitionAxis
 from workbench.core.compile.steps import OPTIMIZERS
 from workbench.core.compile.virtual import cluster_mesh, compile_step
@@ -51,7 +49,7 @@ from workbench.core.cost.reconcile import reconcile
 from workbench.core.cost.step_time import step_time
 from workbench.core.mesh import MESH_AXES, mesh_factorizations
 from workbench.core.models import CausalLM, ModelConfig
-from workbench.core.models.sharding import path_str
+from workbench.core.models.sharding import flat_params, path_str, remembered_params
 from workbench.core.pipeline import pipeline_partition_axis
 from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.sharding.plan import Layout
@@ -467,13 +465,23 @@ def _experts_whole_rules(model: tp.Any) -> tuple[tuple[str, tp.Any], ...]:
         return EMPTY if not kept else kept[0] if len(kept) == 1 else kept
 
     out = []
-    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    for path, var in flat_params(model):
         axes = getattr(var, "semantic_axes", None)
         entries = tuple(getattr(axes, "axes", ()) or ())
         if EP in entries:
             out.append((f"^{re.escape(path_str(path))}$",
                         DynamicShardingAxes(tuple(keep(e) for e in entries), axes.mode)))
     return tuple(out)
+
+
+def _whole_experts_overflow(split: tp.Any, whole_rules: tp.Sequence[tuple[str, tp.Any]], shape: dict[str, int],
+                            usable: float) -> bool:
+    """Whether the parameters alone overflow ``usable`` bytes once the expert weights of the ``split`` layout (split
+    over fsdp and sp too) stay whole over fsdp and sp."""
+    patterns = [re.compile(pattern) for pattern, _ in whole_rules]
+    ways = shape["fsdp"] * shape["sp"]
+    grown = sum(p.bytes_per_device * (ways - 1) for p in split.params if any(r.search(p.path) for r in patterns))
+    return split.param_bytes + grown > usable
 
 
 def _pricer(config: tp.Any, cluster: tp.Any, shape: dict[str, int], batch: tuple[int, int], task: str,
@@ -581,67 +589,86 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
     usable = cluster.hbm_per_device * (1 - constraints.headroom)
     layers = config.num_hidden_layers - config.first_dense_layers
     padded_models: dict[int, tp.Any] = {layers: model}
-    for part in _cluster_parts(cluster, constraints):
-        idle = cluster.num_devices - part.num_devices
-        for sizes in _mesh_shapes(part, constraints.split_physical_axes, constraints.max_split_axes):
-            shape = dict(zip(MESH_AXES, sizes, strict=True))
-            why = _shape_filter(shape, config, part, task, step_batch, constraints)
-            if why is not None:
-                if why:
-                    pruned[why] = pruned.get(why, 0) + 1
-                continue
-            batch_axes = ("fsdp", "dp", "ep") if _tokens_over_ep(shape) else ("fsdp", "dp")
-            data = math.prod(shape[a] for a in batch_axes)
-            pipelines = _pipeline_configs(shape["pp"], step_batch[0] // data, layers) if shape["pp"] > 1 else [None]
-            shape_pa = _batch_partition_axis(pipeline_partition_axis(pa) if shape["pp"] > 1 else pa, shape)
-            layouts: dict[tuple, tp.Any] = {}  # (stacked depth, experts FSDP-sharded) -> the layout held to HBM
-            # with ep and fsdp, the experts either split over fsdp too (gathered like every weight) or stay whole
-            whole = _experts_whole_rules(model) if shape["ep"] > 1 and shape["fsdp"] * shape["sp"] > 1 else ()
-            expert_choices = ((True, rules), (False, rules + whole)) if whole else ((True, rules),)
-            zeros = (0, 1) if constraints.zero and task == "train" and shape["dp"] > 1 else (0,)
-            for pipeline, zero, (experts_fsdp, shape_rules) in itertools.product(pipelines, zeros, expert_choices):
-                # uneven stages are held against HBM as the deepest stage, times pp
-                depth = layers if pipeline is None or not pipeline.uneven else \
-                    pipeline.stage_layers(layers) * pipeline.total_stages
-                if depth not in padded_models:
-                    total = depth + config.first_dense_layers
-                    kinds = config.layer_types  # the layer pattern carried on over the padded layers
-                    padded = config.replace(num_hidden_layers=total, layer_types=None if kinds is None else
-                                            tuple(kinds[i % len(kinds)] for i in range(total)))
-                    padded_models[depth] = _abstract_model(padded, getattr(model, "dtype", None) or jnp.bfloat16)
-                if (depth, experts_fsdp) not in layouts:
-                    layouts[depth, experts_fsdp] = Layout.of(padded_models[depth], _mesh(shape), shape_pa,
-                                                             shape_rules, mode)
-                layout = layouts[depth, experts_fsdp]
-                accumulations = [k for k in constraints.grad_accumulation if (step_batch[0] // data) % k == 0] \
-                    if task == "train" and pipeline is None else [1]
-                fitted_at = None  # the first accumulation at which a layout fits; one more is tried if only remat did
-                for k in sorted(accumulations):
-                    if fitted_at is not None and (fitted_at[1] == "none" or k > 2 * fitted_at[0]):
-                        break  # fits without recompute, or one doubling past the first fit: more only slows it
-                    micro = (step_batch[0] // k, step_batch[1])
-                    price = _pricer(config, part, shape, step_batch, task, pipeline, kv_length, efficiency, zero, k,
-                                    batch_axes, experts_fsdp)
-                    for r in remats:
-                        considered += 1
-                        led = ledger(padded_models[depth], layout, kind=task, batch=micro,
-                                     optimizer=optimizer, remat=r, cluster=part, pipeline=pipeline,
-                                     kv_length=kv_length, zero_stage=zero)
-                        if k > 1:  # the running sum of the microbatches' gradients, beside each one's own
+    with remembered_params():  # the same abstract models resolved on every mesh: flattened once each
+        for part in _cluster_parts(cluster, constraints):
+            idle = cluster.num_devices - part.num_devices
+            for sizes in _mesh_shapes(part, constraints.split_physical_axes, constraints.max_split_axes):
+                shape = dict(zip(MESH_AXES, sizes, strict=True))
+                why = _shape_filter(shape, config, part, task, step_batch, constraints)
+                if why is not None:
+                    if why:
+                        pruned[why] = pruned.get(why, 0) + 1
+                    continue
+                batch_axes = ("fsdp", "dp", "ep") if _tokens_over_ep(shape) else ("fsdp", "dp")
+                data = math.prod(shape[a] for a in batch_axes)
+                pipelines = _pipeline_configs(shape["pp"], step_batch[0] // data, layers) if shape["pp"] > 1 else [None]
+                shape_pa = _batch_partition_axis(pipeline_partition_axis(pa) if shape["pp"] > 1 else pa, shape)
+                layouts: dict[tuple, tp.Any] = {}  # (stacked depth, experts FSDP-sharded) -> the layout held to HBM
+                # with ep and fsdp, the experts either split over fsdp too (gathered like every weight) or stay whole
+                whole = _experts_whole_rules(model) if shape["ep"] > 1 and shape["fsdp"] * shape["sp"] > 1 else ()
+                expert_choices = ((True, rules), (False, rules + whole)) if whole else ((True, rules),)
+                zeros = (0, 1) if constraints.zero and task == "train" and shape["dp"] > 1 else (0,)
+                for pipeline, zero, (experts_fsdp, shape_rules) in itertools.product(pipelines, zeros, expert_choices):
+                    # uneven stages are held against HBM as the deepest stage, times pp
+                    depth = layers if pipeline is None or not pipeline.uneven else \
+                        pipeline.stage_layers(layers) * pipeline.total_stages
+                    if depth not in padded_models:
+                        total = depth + config.first_dense_layers
+                        kinds = config.layer_types  # the layer pattern carried on over the padded layers
+                        padded = config.replace(num_hidden_layers=total, layer_types=None if kinds is None else
+                                                tuple(kinds[i % len(kinds)] for i in range(total)))
+                        padded_models[depth] = _abstract_model(padded, getattr(model, "dtype", None) or jnp.bfloat16)
+                    if not experts_fsdp and _whole_experts_overflow(layouts[depth, True], whole, shape, usable):
+                        continue  # the experts' weights alone, whole over fsdp, overflow HBM: no need to resolve it
+                    if (depth, experts_fsdp) not in layouts:
+                        layouts[depth, experts_fsdp] = Layout.of(padded_models[depth], _mesh(shape), shape_pa,
+                                                                 shape_rules, mode)
+                    layout = layouts[depth, experts_fsdp]
+                    accumulations = [k for k in constraints.grad_accumulation if (step_batch[0] // data) % k == 0] \
+                        if task == "train" and pipeline is None else [1]
+                    k_most, frugal = max(accumulations), remats[-1]  # the least memory this layout can take
+                    if k_most > 1 or len(remats) > 1:
+                        led = ledger(padded_models[depth], layout, kind=task, batch=(step_batch[0] // k_most,
+                                     step_batch[1]), optimizer=optimizer, remat=frugal, cluster=part,
+                                     pipeline=pipeline, kv_length=kv_length, zero_stage=zero)
+                        if k_most > 1:
                             led = dataclasses.replace(led, temporaries=led.temporaries + led.grads)
-                        fits = led.total <= usable
-                        c = Candidate(shape, r, pipeline, shape_pa, shape_rules, led, price, fits, zero,
-                                      grad_accumulation=k, cluster=part if idle else None, idle=idle,
-                                      experts_fsdp=experts_fsdp)
-                        (ranked if fits else rejected).append(c)
-                        if led.params + led.grads + led.optimizer + led.kv_cache > usable:
-                            fitted_at = (0, "none")  # the state alone overflows: no remat or microbatching helps
-                            break
-                        if fits:
-                            fitted_at = fitted_at or (k, r)
-                            if r == "none":
-                                fitted_at = (k, r)
-                            break  # more recompute only slows a layout that fits
+                        if led.total > usable:  # not even so: that one, rejected, says by how much
+                            considered += 1
+                            price = _pricer(config, part, shape, step_batch, task, pipeline, kv_length, efficiency,
+                                            zero, k_most, batch_axes, experts_fsdp)
+                            rejected.append(Candidate(shape, frugal, pipeline, shape_pa, shape_rules, led, price,
+                                                      False, zero, grad_accumulation=k_most,
+                                                      cluster=part if idle else None, idle=idle,
+                                                      experts_fsdp=experts_fsdp))
+                            continue
+                    fitted_at = None  # the first accumulation that fits; one more is tried if only remat did
+                    for k in sorted(accumulations):
+                        if fitted_at is not None and (fitted_at[1] == "none" or k > 2 * fitted_at[0]):
+                            break  # fits without recompute, or one doubling past the first fit: more only slows it
+                        micro = (step_batch[0] // k, step_batch[1])
+                        price = _pricer(config, part, shape, step_batch, task, pipeline, kv_length, efficiency, zero, k,
+                                        batch_axes, experts_fsdp)
+                        for r in remats:
+                            considered += 1
+                            led = ledger(padded_models[depth], layout, kind=task, batch=micro,
+                                         optimizer=optimizer, remat=r, cluster=part, pipeline=pipeline,
+                                         kv_length=kv_length, zero_stage=zero)
+                            if k > 1:  # the running sum of the microbatches' gradients, beside each one's own
+                                led = dataclasses.replace(led, temporaries=led.temporaries + led.grads)
+                            fits = led.total <= usable
+                            c = Candidate(shape, r, pipeline, shape_pa, shape_rules, led, price, fits, zero,
+                                          grad_accumulation=k, cluster=part if idle else None, idle=idle,
+                                          experts_fsdp=experts_fsdp)
+                            (ranked if fits else rejected).append(c)
+                            if led.params + led.grads + led.optimizer + led.kv_cache > usable:
+                                fitted_at = (0, "none")  # the state alone overflows: no remat or microbatching helps
+                                break
+                            if fits:
+                                fitted_at = fitted_at or (k, r)
+                                if r == "none":
+                                    fitted_at = (k, r)
+                                break  # more recompute only slows a layout that fits
     ranked.sort(key=_preference)
     rejected.sort(key=lambda c: c.ledger.total)
     advice = Advice(model, cluster, task, batch if task != "decode" else (batch[0], seq_len), optimizer, ranked,

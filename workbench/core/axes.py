@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import typing as tp
@@ -106,6 +107,12 @@ _LABELS = {
     and value not in RUNTIME_MODES
 }
 _LABELS.update({DP: "DP", FSDP: "FSDP", EP: "EP", TP: "TP", SP: "SP"})
+
+
+@functools.lru_cache(maxsize=65536)  # a layout search resolves the same dimensions on the same mesh many times
+def _explained(pa: PartitionAxis, entries: tuple, runtime_mode: str, mesh_items: tuple | None,
+               shape: tuple[int, ...] | None, strict: bool) -> tuple[DimDecision, ...]:
+    return pa._explain(entries, runtime_mode, mesh_items, shape, strict)
 
 
 def label(name: AxisEntry) -> str:
@@ -320,13 +327,19 @@ class PartitionAxis:
                 raise ValueError(f"axes {label(tuple(entries))} name {len(entries)} dimensions but shape "
                                  f"{shape} has {len(shape)}; give one semantic name (or EMPTY) per dimension")
         runtime_mode = _runtime_mode(mode, shape)
-        mesh_sizes = None if mesh is None else dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+        mesh_items = None if mesh is None else tuple(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+        frozen = tuple(tuple(e) if isinstance(e, list) else e for e in entries)
+        return list(_explained(self, frozen, runtime_mode, mesh_items, shape, strict))
+
+    def _explain(self, entries: tuple, runtime_mode: str, mesh_items: tuple | None, shape: tuple[int, ...] | None,
+                 strict: bool) -> tuple[DimDecision, ...]:
+        mesh_sizes = None if mesh_items is None else dict(mesh_items)
         used: dict[str, int] = {}
         decisions = []
         for dim, entry in enumerate(entries):
             size = None if shape is None else shape[dim]
             decisions.append(self._decide(dim, entry, size, runtime_mode, mesh_sizes, used, strict))
-        return decisions
+        return tuple(decisions)
 
     def _decide(self, dim: int, entry: AxisEntry, size: int | None, mode: str,
                 mesh_sizes: dict[str, int] | None, used: dict[str, int], strict: bool) -> DimDecision:

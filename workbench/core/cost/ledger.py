@@ -279,7 +279,7 @@ def _axis_sizes(layout: Layout) -> dict[str, int]:
 def _tokens_per_device(layout: Layout, batch: tuple[int, int], mode: str) -> tuple[int, int, int]:
     """``(b, t, data shards)``: rows and positions of the batch one device holds, and the batch's data split."""
     sizes = _axis_sizes(layout)
-    decisions = layout.partition_axis.explain((BATCH, LENGTH), mode, shape=batch, mesh=layout.mesh)
+    decisions = layout.token_decisions(tuple(batch), mode)
     split = [math.prod(sizes[a] for a in d.chosen) for d in decisions]
     return batch[0] // split[0], batch[1] // split[1], split[0]
 
@@ -525,7 +525,7 @@ def attention_backward_bytes(layout: Layout, batch: tuple[int, int], remat: str,
 
 def _data_axes(layout: Layout) -> tuple[str, ...]:
     """The mesh axes the batch dimension of a step's tokens is split over."""
-    (batch_dim, _) = layout.partition_axis.explain((BATCH, LENGTH), layout.mode, mesh=layout.mesh)
+    (batch_dim, _) = layout.token_decisions()
     return tuple(batch_dim.chosen)
 
 

@@ -10,6 +10,8 @@ parameters are stacked (``layers/self_attn/q_proj/kernel`` is ``(L, D, H*Dh)``, 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import re
 import typing as tp
 
@@ -52,6 +54,32 @@ def _per_layer_rule(rule_axes: tp.Any, own_axes: tp.Any, ndim: int) -> tp.Any:
     return rule_axes
 
 
+_REMEMBERED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("remembered_params", default=None)
+
+
+@contextlib.contextmanager
+def remembered_params() -> tp.Iterator[None]:
+    """Inside it, :func:`flat_params` flattens each model once: a layout search resolves the same (abstract,
+    unchanging) model on thousands of meshes. Only for models nothing mutates while it is open."""
+    token = _REMEMBERED.set({})
+    try:
+        yield
+    finally:
+        _REMEMBERED.reset(token)
+
+
+def flat_params(model: nnx.Module) -> list[tuple[tp.Any, tp.Any]]:
+    """``model``'s parameters as ``(path, variable)`` in tree order (``nnx.to_flat_state``), remembered inside
+    :func:`remembered_params`."""
+    memo = _REMEMBERED.get()
+    if memo is None:
+        return list(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    key = id(model)
+    if key not in memo:
+        memo[key] = (model, list(nnx.to_flat_state(nnx.state(model, nnx.Param))))  # the model kept: ids stay unique
+    return memo[key][1]
+
+
 def explain_params(model: nnx.Module, mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None = None,
                    partition_axis: PartitionAxis | None = None, mode: str = MODE_TRAIN,
                    rules: Rules | None = None) -> dict[str, list[DimDecision]]:
@@ -59,7 +87,7 @@ def explain_params(model: nnx.Module, mesh: jax.sharding.Mesh | jax.sharding.Abs
     pa = partition_axis or PartitionAxis()
     compiled = _check_rules(rules)
     out = {}
-    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    for path, var in flat_params(model):
         name = path_str(path)
         axes, why = getattr(var, "semantic_axes", None), ""
         for pattern, rule_axes in compiled:

@@ -33,7 +33,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from workbench.core import axes as ax
 from workbench.core.axes import MODE_TRAIN, DimDecision, PartitionAxis
-from workbench.core.models.sharding import Rules, explain_params, path_str
+from workbench.core.models.sharding import Rules, explain_params, flat_params, path_str
 from workbench.core.sharding.blocks import typed_notation
 
 __all__ = ["ParamPlacement", "freeze_rules", "reason_text", "resolve_params", "shard_shape"]
@@ -144,7 +144,7 @@ def resolve_params(model: nnx.Module, mesh: Mesh | AbstractMesh | None = None,
     explained = explain_params(model, mesh, partition_axis, mode, rules) if mesh is not None else {}
     sizes = dict(mesh.shape) if mesh is not None else {}
     out = []
-    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    for path, var in flat_params(model):
         name = path_str(path)
         shape, dtype = tuple(var.shape), np.dtype(var.dtype)
         if name in explained:

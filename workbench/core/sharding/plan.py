@@ -129,12 +129,25 @@ class Layout:
     def _index(self) -> dict[str, ParamPlacement]:
         return {p.path: p for p in self.params}
 
+    @functools.cached_property
+    def _token_decisions(self) -> dict[tuple, list[DimDecision]]:
+        return {}
+
+    def token_decisions(self, batch: tuple[int, int] | None = None, mode: str | None = None) -> list[DimDecision]:
+        """How a token batch ``(rows, positions)`` resolves on this layout's mesh in ``mode`` (default the
+        layout's; ``batch=None``: without its sizes), remembered: a layout search asks for each one many times."""
+        key = (batch, mode or self.mode)
+        if key not in self._token_decisions:
+            self._token_decisions[key] = self.partition_axis.explain((BATCH, LENGTH), key[1], shape=batch,
+                                                                     mesh=self.mesh)
+        return self._token_decisions[key]
+
     def __getitem__(self, path: str) -> ParamPlacement:
         if path not in self._index:
             raise KeyError(f"no parameter {path!r}; paths look like {self.paths[:2]}")
         return self._index[path]
 
-    @property
+    @functools.cached_property
     def paths(self) -> tuple[str, ...]:
         return tuple(p.path for p in self.params)
 

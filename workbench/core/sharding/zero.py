@@ -20,6 +20,7 @@ move the same bytes: a reduce-scatter and an all-gather make an all-reduce).
 
 from __future__ import annotations
 
+import functools
 import math
 import typing as tp
 
@@ -49,6 +50,13 @@ def optimizer_spec(spec: PartitionSpec, shape: tp.Sequence[int], sizes: tp.Mappi
     """The PartitionSpec of an optimizer-state array shaped like a parameter placed by ``spec`` on a mesh of
     ``sizes``: ``spec`` itself at stage 0, or when ``dp`` is 1, already used, or divides no dimension; at stage 1
     ``dp`` added (innermost) to the largest dimension whose size its split leaves divisible by ``dp``."""
+    return _optimizer_spec(spec, tuple(shape), tuple((a, int(n)) for a, n in sizes.items()), zero_stage)
+
+
+@functools.lru_cache(maxsize=65536)  # a layout search asks the same few hundred thousand times
+def _optimizer_spec(spec: PartitionSpec, shape: tuple[int, ...], sizes_items: tuple[tuple[str, int], ...],
+                    zero_stage: int) -> PartitionSpec:
+    sizes = dict(sizes_items)
     dp = int(sizes.get(ZERO_AXIS, 1))
     entries = list(spec) + [None] * (len(shape) - len(spec))
     if check_zero_stage(zero_stage) == 0 or dp == 1 or any(ZERO_AXIS in _entry_axes(e) for e in entries):
