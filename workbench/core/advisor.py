@@ -39,6 +39,7 @@ import time
 import typing as tp
 
 from workbench.core.axes import EMPTY, EP, FSDP, MODE_DECODE, MODE_TRAIN, SP, DynamicShardingAxes, PartitionAxis
+from workbench.core.cluster import prime_factors
 from workbench.core.compile.steps import OPTIMIZERS
 from workbench.core.compile.virtual import cluster_mesh, compile_step
 from workbench.core.cost.ledger import REMATS, TASKS, ledger, libtpu_version, zero_parameter_copy_bytes
@@ -431,7 +432,7 @@ def _cluster_parts(cluster: tp.Any, constraints: Constraints) -> list[tp.Any]:
     """The cluster, and where its device count has a prime factor of 5 or more, the parts of it of the largest
     ``2^a`` and ``3 x 2^a`` devices (:meth:`Cluster.part`), biggest first."""
     n = cluster.num_devices
-    if not constraints.idle_chips or not any(p >= 5 for p in _prime_factors(n)):
+    if not constraints.idle_chips or not any(p >= 5 for p in prime_factors(n)):
         return [cluster]
     unit = cluster.gpus_per_node if cluster.platform == "gpu" else cluster.slices * cluster.devices_per_chip
     counts = {1 << (n.bit_length() - 1), 3 << max(0, (n // 3).bit_length() - 1)}
@@ -440,19 +441,9 @@ def _cluster_parts(cluster: tp.Any, constraints: Constraints) -> list[tp.Any]:
     return parts
 
 
-def _prime_factors(n: int) -> list[int]:
-    out, p = [], 2
-    while p * p <= n:
-        while n % p == 0:
-            out.append(p)
-            n //= p
-        p += 1
-    return out + ([n] if n > 1 else [])
-
-
 def _factorization(n: int) -> str:
     counts: dict[int, int] = {}
-    for p in _prime_factors(n):
+    for p in prime_factors(n):
         counts[p] = counts.get(p, 0) + 1
     return " x ".join(f"{p}^{k}" if k > 1 else str(p) for p, k in counts.items())
 
@@ -758,7 +749,7 @@ def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, resc
                      f"{' x '.join(f'{a}={c.mesh_shape[a]}' for a in axes)}")
     if c.idle:
         n = cluster.num_devices
-        odd = sorted({p for p in _prime_factors(n) if p >= 5})
+        odd = sorted({p for p in prime_factors(n) if p >= 5})
         words.append(f"runs on {n - c.idle:,} of the {n:,} devices ({c.idle:,} idle): {n:,} = {_factorization(n)}, "
                      f"and {' and '.join(map(str, odd))} divide{'s' if len(odd) == 1 else ''} none of the batch's "
                      f"sequences, the heads or the layers")

@@ -348,13 +348,14 @@ class Cluster:
                              f"multiple of {unit} devices; got {num_devices}")
         chips = num_devices // unit
         dims = tuple(a.size for a in self.torus)
-        boxes = [box for box in _boxes(chips, len(dims)) if all(b <= d for b, d in zip(box, dims, strict=True))]
+        every = [tuple(f.values()) for f in mesh_factorizations(chips, [f"d{i}" for i in range(len(dims))])]
+        boxes = [box for box in every if all(b <= d for b, d in zip(box, dims, strict=True))]
         if boxes:
             box = max(boxes, key=lambda b: (sum(x == d for x, d in zip(b, dims, strict=True)), -max(b)))
             torus = tuple(TorusAxis(b, a.wraparound and b == a.size) for b, a in zip(box, self.torus, strict=True))
             how = "a box of its torus"
         else:
-            box = min(_boxes(chips, len(dims)), key=lambda b: (max(b), -min(b), b))
+            box = min(every, key=lambda b: (max(b), -min(b), b))
             torus = tuple(TorusAxis(b, False) for b in box)
             how = "not a box of its torus: priced on these lines, no wraparound"
         generation = self.topology.split(":")[0]
@@ -382,13 +383,6 @@ class Cluster:
 def _valid_mesh_shapes(cluster: Cluster, ndim: int) -> frozenset[tuple[int, ...]]:
     """:meth:`Cluster.valid_mesh_shapes` as a set, remembered (a layout search checks many shapes)."""
     return frozenset(cluster.valid_mesh_shapes(ndim))
-
-
-def _boxes(n: int, ndim: int) -> list[tuple[int, ...]]:
-    """Every ``ndim``-tuple of positive ints whose product is ``n``."""
-    if ndim == 1:
-        return [(n,)]
-    return [(d, *rest) for d in range(1, n + 1) if n % d == 0 for rest in _boxes(n // d, ndim - 1)]
 
 
 def _positive(name: str, value: tp.Any) -> None:
@@ -470,7 +464,8 @@ def _whole_axes(shape: tuple[int, ...], torus: tuple[int, ...]) -> list[tuple[in
     return out
 
 
-def _prime_factors(n: int) -> list[int]:
+def prime_factors(n: int) -> list[int]:
+    """``n``'s prime factors, smallest first, with repeats (``prime_factors(12) == [2, 2, 3]``)."""
     factors, p = [], 2
     while p * p <= n:
         while n % p == 0:
@@ -485,9 +480,9 @@ def _feasible_parts(free: np.ndarray, size: int) -> tp.Iterator[tuple[int, ...]]
     to physical axes whose free part has them (a factor ``p`` of multiplicity ``m`` to ``m`` of the free
     factors ``p``), as each physical axis's part."""
     wanted: dict[int, int] = {}
-    for f in _prime_factors(size):
+    for f in prime_factors(size):
         wanted[f] = wanted.get(f, 0) + 1
-    holders = {f: [p for p, n in enumerate(free) for g in _prime_factors(int(n)) if g == f] for f in wanted}
+    holders = {f: [p for p, n in enumerate(free) for g in prime_factors(int(n)) if g == f] for f in wanted}
     choices = [set(itertools.combinations(holders[f], m)) for f, m in wanted.items()]
     for pick in itertools.product(*choices):
         part = [1] * len(free)
