@@ -492,24 +492,30 @@ def _pricer(config: tp.Any, cluster: tp.Any, shape: dict[str, int], batch: tuple
 TIE = 0.01  # step times within 1 % are a tie: the ranking then prefers what a practitioner would
 
 
+# What a practitioner prefers between layouts whose step times tie, in order: (the criterion, lower first; why a
+# layout ranks after another that beats it on it)
+_TIE_BREAKS: tuple[tuple[tp.Callable[[Candidate], float], str], ...] = (
+    (lambda c: c.pipeline is not None, "a pipeline that buys nothing"),
+    (lambda c: c.grad_accumulation, "gradient accumulation"),
+    (lambda c: c.idle, "idle chips"),
+    (lambda c: c.split_axes, "more split axes"),
+    (lambda c: c.ledger.total, "less HBM left free"),
+)
+
+
 def _preference(c: Candidate) -> tuple:
-    """Rank by step time; within :data:`TIE` of each other: no pipeline, no accumulation, no idle chips, fewer
-    split axes, then more HBM left free (:func:`tie_break` says which decided)."""
-    return (round(math.log(c.time_s) / math.log1p(TIE)), c.pipeline is not None, c.grad_accumulation, c.idle,
-            c.split_axes, c.ledger.total)
+    """Rank by step time; within :data:`TIE` of each other by :data:`_TIE_BREAKS` (:func:`tie_break` says which
+    decided)."""
+    return (round(math.log(c.time_s) / math.log1p(TIE)), *(key(c) for key, _ in _TIE_BREAKS))
 
 
 def tie_break(c: Candidate, other: Candidate) -> str:
     """Why ``c`` ranks after ``other`` when their step times tie (within :data:`TIE`), in words; "" otherwise."""
     if abs(c.time_s / other.time_s - 1) > TIE:
         return ""
-    for mine, theirs, words in ((c.pipeline is not None, other.pipeline is not None, "a pipeline that buys nothing"),
-                                (c.grad_accumulation, other.grad_accumulation, "gradient accumulation"),
-                                (c.idle, other.idle, "idle chips"),
-                                (c.split_axes, other.split_axes, "more split axes"),
-                                (c.ledger.total, other.ledger.total, "less HBM left free")):
-        if mine > theirs:
-            return words
+    for key, words in _TIE_BREAKS:
+        if key(c) != key(other):
+            return words if key(c) > key(other) else ""  # else the time decided, not this
     return ""
 
 
