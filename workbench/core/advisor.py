@@ -694,7 +694,8 @@ def _explain(advice: Advice, constraints: Constraints) -> None:
     best = advice.ranked[0] if advice.ranked else None
     for i, c in enumerate(advice.ranked):
         c.reason = reason(c, advice.cluster, best=best, batch=advice.batch, task=advice.task,
-                          previous=advice.ranked[i - 1] if i else None)
+                          previous=advice.ranked[i - 1] if i else None,
+                          config=getattr(advice.model, "config", None))
     for c in advice.rejected:
         # the fastest fitting layout of the same mesh, with this schedule if one fits, else this remat policy
         rescued = sorted(fits_by_shape.get(tuple(c.mesh_shape.values()), []),
@@ -707,12 +708,13 @@ def _explain(advice: Advice, constraints: Constraints) -> None:
 
 def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, rescued_by: Candidate | None = None,
            batch: tuple[int, int] | None = None, task: str = "train", headroom: float = 0.0,
-           previous: Candidate | None = None) -> str:
+           previous: Candidate | None = None, config: tp.Any = None) -> str:
     """Why ``c`` ranks where it does, in words, each with the number that decides it: what it does not fit by (and
     which remat would fit), or what bounds its step (the largest collective on its network level, a
     tensor-parallel group across nodes, too few tokens per chip to hide FSDP's gathers, a pipeline bubble), the
-    chips it leaves idle and why, how far it is from the best, and what broke a tie with the layout ranked
-    before it (``previous``)."""
+    chips it leaves idle and why (with ``config``: which of the sequences, heads and layers the idle-making
+    factors do not divide), how far it is from the best, and what broke a tie with the layout ranked before it
+    (``previous``)."""
     hbm = cluster.hbm_per_device
     if not c.fits:
         parts = c.ledger.parts()
@@ -756,9 +758,16 @@ def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, resc
     if c.idle:
         n = cluster.num_devices
         odd = sorted({p for p in prime_factors(n) if p >= 5})
-        words.append(f"runs on {n - c.idle:,} of the {n:,} devices ({c.idle:,} idle): {n:,} = {_factorization(n)}, "
-                     f"and {' and '.join(map(str, odd))} divide{'s' if len(odd) == 1 else ''} none of the batch's "
-                     f"sequences, the heads or the layers")
+        text = f"runs on {n - c.idle:,} of the {n:,} devices ({c.idle:,} idle): {n:,} = {_factorization(n)}"
+        counts = [(f"{batch[0]:,} sequences", batch[0])] if batch is not None else []
+        if config is not None:
+            counts += [(f"{config.num_attention_heads} heads", config.num_attention_heads),
+                       (f"{config.num_hidden_layers} layers", config.num_hidden_layers)]
+        undivided = [name for name, count in counts if all(count % p for p in odd)]
+        if undivided:
+            text += (f", and {' and '.join(map(str, odd))} divide{'s' if len(odd) == 1 else ''} neither "
+                     + " nor ".join(undivided))
+        words.append(text)
     if c.grad_accumulation > 1:
         rows = f" of {batch[0] // c.grad_accumulation} sequences" if batch else ""
         words.append(f"{c.grad_accumulation} microbatches{rows} one after another, their gradients summed")
