@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.xla_flags import child_xla_flags
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -21,7 +23,7 @@ def test_readme_runnable_blocks_run():
     blocks = runnable_blocks(README.read_text())
     script = "\n\n".join(f"# --- README block {i}\n{block}" for i, block in enumerate(blocks))
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)  # the README's own simulate_devices(8) sets it
+    env["XLA_FLAGS"] = child_xla_flags()  # the README's own simulate_devices(8) sets the device count
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env,
                          cwd=README.parent)
     assert out.returncode == 0, f"a README block failed:\n{out.stderr[-4000:]}"

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.xla_flags import child_xla_flags
+
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -115,7 +117,7 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> tp.Iterator[LabServe
         target.write_text(json.dumps(values))
     dirs["JUPYTERLAB_SETTINGS_DIR"] = settings
     env = {**os.environ, **{k: str(v) for k, v in dirs.items()},
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": child_xla_flags(8), "JAX_PLATFORMS": "cpu",
            "PYTHONUNBUFFERED": "1"}
     port, token = _free_port(), secrets.token_hex(24)
     server = LabServer(url=f"http://127.0.0.1:{port}", token=token, root_dir=REPO_ROOT,

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+from tests.xla_flags import child_xla_flags
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -39,7 +41,7 @@ def free_port() -> int:
 def child_env(local_devices: int) -> dict[str, str]:
     """This environment, with CPU JAX, ``local_devices`` simulated devices and the repository importable."""
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local_devices}"
+    env["XLA_FLAGS"] = child_xla_flags(local_devices)
     env["JAX_PLATFORMS"] = "cpu"
     env.pop("JAX_NUM_CPU_DEVICES", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))

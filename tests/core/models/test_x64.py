@@ -9,13 +9,15 @@ import sys
 
 import pytest
 
+from tests.xla_flags import child_xla_flags
+
 pytest.importorskip("torch")
 
 
 @pytest.fixture(scope="module")
 def results():
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env |= {"JAX_ENABLE_X64": "1", "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env |= {"JAX_ENABLE_X64": "1", "JAX_PLATFORMS": "cpu", "XLA_FLAGS": child_xla_flags(8)}
     proc = subprocess.run([sys.executable, "-m", "tests.core.models.x64_worker"], capture_output=True, text=True,
                           env=env, timeout=600, cwd=os.getcwd())
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -1,0 +1,15 @@
+"""The XLA flags a test's fresh process (a subprocess, a JupyterLab kernel) starts with: an instruction-set cap the
+run was given (``XLA_FLAGS=--xla_cpu_max_isa=AVX2 make test`` codegens as an AVX2-only CPU does, in every process),
+and ``devices`` simulated CPU devices when given."""
+
+import os
+
+# flags that hold for every process of a run (not the device count, which each child sets)
+SUITE_FLAGS = ("--xla_cpu_max_isa",)
+
+
+def child_xla_flags(devices: int | None = None) -> str:
+    kept = [flag for flag in os.environ.get("XLA_FLAGS", "").split() if flag.startswith(SUITE_FLAGS)]
+    if devices is not None:
+        kept.append(f"--xla_force_host_platform_device_count={devices}")
+    return " ".join(kept)
