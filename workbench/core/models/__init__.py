@@ -17,6 +17,7 @@ _LAZY = {
     "SequenceClassifier": "workbench.core.models.causal_lm",
     "KVCache": "workbench.core.models.cache",
     "PagedKVCache": "workbench.core.models.cache",
+    "StreamingKVCache": "workbench.core.models.cache",
     "BaseModuleProtocol": "workbench.core.models.protocol",
     "hf_state_dict": "workbench.core.models.hf_convert",
     "GenerationConfig": "workbench.core.models.generation_config",

@@ -139,8 +139,10 @@ class Attention(AttentionContext, nnx.Module):
         v_BTKD = self.v_proj(x_BTD).reshape(b, t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q_BTHD, k_BTKD = self.q_norm(q_BTHD), self.k_norm(k_BTKD)
-        if self.rotary:
-            q_BTHD, k_BTKD = apply_rope(q_BTHD, cos_BTD, sin_BTD), apply_rope(k_BTKD, cos_BTD, sin_BTD)
+        if self.rotary:  # a step that re-positions keys (StreamingKVCache's: rotates_keys) takes them un-rotated
+            q_BTHD = apply_rope(q_BTHD, cos_BTD, sin_BTD)
+            if cache is None or not getattr(cache.step, "rotates_keys", False):
+                k_BTKD = apply_rope(k_BTKD, cos_BTD, sin_BTD)
         options = self.op_options()
         if cache is None:
             op = OperationRegistry.create(self.attn_mechanism, self.operation_metadata())

@@ -26,7 +26,14 @@ from workbench.core.axes import (
 from workbench.core.linear import ColumnParallelLinear
 from workbench.core.mesh import as_auto, call_on_auto_axes, explicit_mesh_of
 from workbench.core.models.block import ACTIVATION_AXES, Attention, make_norm
-from workbench.core.models.cache import KVCache, PagedKVCache, cache_decisions, kv_layout
+from workbench.core.models.cache import (
+    KVCache,
+    PagedKVCache,
+    StreamingKVCache,
+    cache_decisions,
+    check_streaming_attention,
+    kv_layout,
+)
 from workbench.core.models.config import ModelConfig
 from workbench.core.models.decoder import DecoderBlock
 from workbench.core.models.generation_config import GenerationConfig
@@ -76,7 +83,7 @@ class CausalLMOutput:
     ``(layers, B*T, E)`` for a mixture of experts."""
 
     logits: Array
-    cache: KVCache | PagedKVCache | None = None
+    cache: KVCache | PagedKVCache | StreamingKVCache | None = None
     router_logits: Array | None = None
 
 
@@ -219,6 +226,33 @@ class CausalLM(ModelMethods, nnx.Module):
         return jax.tree.map(lambda x, spec: jnp.zeros(x.shape, x.dtype, device=NamedSharding(mesh, spec)),
                             abstract, specs)
 
+    def init_streaming_cache(self, batch_size: int, *, sinks: int = 4, window: int, dtype=None) -> StreamingKVCache:
+        """An empty StreamingLLM cache (:class:`~workbench.core.models.cache.StreamingKVCache`): the first ``sinks``
+        tokens plus the ``window`` most recent, ``(L, B, sinks + window, KV, D)`` whatever the length generated;
+        keys cached before rotary embedding and rotated with their positions within the cache.
+
+        Rotary families only: learned absolute positions (GPT-2) are added to the embeddings, so every layer's
+        cached keys and values carry the position they were written at and cannot be re-positioned after an
+        eviction; multi-head latent attention (DeepSeek-V3) rotates its keys itself. The model's attention
+        implementation must take an explicit mask (the cache's visibility)."""
+        c = self.config
+        if c.mla:
+            raise ValueError("the streaming cache re-rotates cached keys at their positions within the cache, and "
+                             "multi-head latent attention (MLA, DeepSeek-V3) caches them rotated in its latent; use "
+                             "init_cache() or init_ragged_pages()")
+        if self.embed_positions is not None or c.position_embedding != "rope":
+            raise ValueError(f"the streaming cache needs rotary positions (keys re-rotated at their positions within "
+                             f"the cache after evictions); {c.model_type}'s {c.position_embedding} absolute positions "
+                             f"are added to the embeddings, so cached keys and values keep the position they were "
+                             f"written at: use init_cache() or init_ragged_pages()")
+        cache = StreamingKVCache.create(c.num_hidden_layers, batch_size, c.num_key_value_heads, c.head_dim,
+                                        sinks=sinks, window=window, dtype=dtype or self.dtype)
+        if cache.capacity > c.max_position_embeddings:
+            raise ValueError(f"sinks + window = {cache.capacity} positions exceed the model's max_position_embeddings="
+                             f"{c.max_position_embeddings}; the cache's positions must stay within it: lower window")
+        check_streaming_attention(self.attn_mechanism)
+        return self._typed(cache)
+
     def _typed(self, cache: tp.Any) -> tp.Any:
         """``cache`` replicated on the model's mesh when its parameters carry Explicit axes, else as it is.
 
@@ -343,15 +377,17 @@ class CausalLM(ModelMethods, nnx.Module):
             if attention_mask.shape != (b, t):
                 raise ValueError(f"attention_mask has shape {attention_mask.shape}; it must be (B, T) = {(b, t)} "
                                  f"like input_ids")
+        c = self.config
+        kinds_L = [c.layer_kind(i) for i in range(c.num_hidden_layers)]
         step, mask_B1TS = None, None
         if cache is not None:
             step = cache.begin(jnp.ones((b, t), bool) if attention_mask is None else attention_mask)
+            if getattr(step, "rotates_keys", False):  # the cache rotates keys at their positions within it
+                step = step.with_key_rope(self.rope_tables, [kind[1] for kind in kinds_L])
             positions_BT = step.positions_BT
         else:
             positions_BT, mask_B1TS = self.positions(input_ids, attention_mask)
-        c = self.config
         x_BTD = self.embed(input_ids, positions_BT)
-        kinds_L = [c.layer_kind(i) for i in range(c.num_hidden_layers)]
         ropes = self.rope_tables(positions_BT)
         kv = None if step is None else step.arrays()
         constrain = self._activation_constraint()

@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec as P
 from workbench.core.compile.cache import PROGRAMS, signature
 from workbench.core.mesh import call_on_auto_axes, explicit_mesh_of
 from workbench.core.models.beam_search import beam_programs, best_sequences
-from workbench.core.models.cache import KVCache, PagedKVCache
+from workbench.core.models.cache import KVCache, PagedKVCache, StreamingKVCache
 from workbench.core.models.generation_config import GenerationConfig
 from workbench.core.models.sampling import sample_programs
 
@@ -113,14 +113,12 @@ def _check_inputs(model, input_ids, attention_mask, config: GenerationConfig, ca
     needed = p + config.max_new_tokens
     if cache is None:
         cache = model.init_cache(rows, needed)
-    max_length = getattr(cache, "max_length", None)
-    if not _is_int(max_length):
-        raise TypeError(f"cache must have an int max_length (the contract of model.init_cache); got "
-                        f"{type(cache).__name__}")
-    if needed > max_length:
-        raise ValueError(f"the cache holds {max_length} positions but the prompt ({p}) plus max_new_tokens "
-                         f"({config.max_new_tokens}) needs {needed}: lower max_new_tokens or pass a cache made with "
-                         f"model.init_cache({rows}, {needed})")
+    if isinstance(cache, StreamingKVCache):  # bounded memory, unbounded length: old tokens are evicted
+        if cache.batch_size != rows:
+            raise ValueError(f"the streaming cache holds {cache.batch_size} rows but this call needs {rows} (batch "
+                             f"{b} x num_beams {config.num_beams}): init_streaming_cache({rows}, ...)")
+    else:
+        _check_length(cache, p, config, rows)
     if isinstance(cache, PagedKVCache):
         _check_page_budget(cache, attention_mask, config)
     if config.num_beams > 1:
@@ -132,6 +130,19 @@ def _check_inputs(model, input_ids, attention_mask, config: GenerationConfig, ca
     if streamer is not None and not (hasattr(streamer, "put") or callable(streamer)):
         raise TypeError(f"streamer must have put(tokens)/end() or be a callable; got {type(streamer).__name__}")
     return input_ids.astype(jnp.int32), attention_mask, _distinct_buffers(cache)
+
+
+def _check_length(cache, prompt_len: int, config: GenerationConfig, rows: int) -> None:
+    """A cache with a ``max_length`` must hold the prompt plus ``max_new_tokens``."""
+    needed = prompt_len + config.max_new_tokens
+    max_length = getattr(cache, "max_length", None)
+    if not _is_int(max_length):
+        raise TypeError(f"cache must have an int max_length (the contract of model.init_cache); got "
+                        f"{type(cache).__name__}")
+    if needed > max_length:
+        raise ValueError(f"the cache holds {max_length} positions but the prompt ({prompt_len}) plus max_new_tokens "
+                         f"({config.max_new_tokens}) needs {needed}: lower max_new_tokens or pass a cache made with "
+                         f"model.init_cache({rows}, {needed})")
 
 
 def _check_page_budget(cache: PagedKVCache, attention_mask, config: GenerationConfig) -> None:
@@ -246,7 +257,7 @@ def _plan(model, input_ids, config, attention_mask, prng_key, streamer, cache):
 
 
 def _is_cache(x: tp.Any) -> bool:
-    return isinstance(x, KVCache | PagedKVCache)
+    return isinstance(x, KVCache | PagedKVCache | StreamingKVCache)
 
 
 def _out_specs(out: tp.Any, args: tuple) -> tp.Any:
