@@ -5,6 +5,7 @@ import json
 import re
 import types
 
+import jax
 import numpy as np
 import pytest
 from IPython.core.events import EventManager, available_events
@@ -135,7 +136,8 @@ def test_an_unsupported_option_is_a_row_not_an_error():
     lab._soft_cap.value = 5.0
     assert lab.error == "" and lab.comparison.impl.unsupported.startswith("unsupported: logits_soft_cap")
     assert re.search(r"unsupported: logits_soft_cap; supported by: [^<]*\bflash\b", lab._results.value)
-    assert lab.difference_figure.layout.title.text.startswith("no difference: unsupported")
+    assert lab.difference_figure is None  # no heatmap of nothing: the reason instead
+    assert lab._diff_out.outputs[0]["data"]["text/plain"].startswith("no difference to draw: unsupported")
     assert lab.comparison.reference.ok  # vanilla has the soft cap
 
 
@@ -304,4 +306,20 @@ def test_a_flex_variant_defined_in_two_lines_appears_with_its_block_mask():
             wb.flex_variant("flash", mask_mod=mods.causal)
     finally:
         OperationRegistry.unregister("window_32")
+        lab.close()
+
+
+def test_recorded_one_device_inputs_run_on_the_simulated_mesh_or_say_why_not():
+    """The tour's case: inputs recorded from a model live on one device; a sequence-parallel implementation runs
+    on the lab's sp mesh when the length splits over it, and otherwise says why, with no heatmap."""
+    for t, runs in ((16, True), (17, False)):
+        q, k, v = (jax.device_put(x, jax.devices()[0]) for x in make_inputs(t, 8, 2, 16))
+        lab = AttentionLab(query=q, key=k, value=v, impl="ring")
+        assert lab.error == ""
+        if runs:
+            assert lab.comparison.impl.ok and lab.comparison.max_abs_diff < 1e-5
+            assert any("over sp" in c for c in lab.comparison.impl.collectives)
+        else:
+            assert "divide over no group of more than one of the 8 devices" in lab.comparison.impl.unsupported
+            assert lab.difference_figure is None
         lab.close()

@@ -476,15 +476,18 @@ class AttentionLab(InlineError, widgets.VBox):
                                               zmax)
                 _show(self._weights_out, self.weights_figure)
                 self._weights_key = key
-            zmax = None
-            if c.max_abs_diff is None:
-                z, title = [[0.0]], f"no difference: {(c.impl.note or c.reference.note)[:60]}"
-            else:
-                z = np.asarray(c.output_difference(head))
-                most = float(z.max())
-                shown = "identical" if most == 0 else f"max {most:.2e}"
-                title = f"|{c.impl.name} − {c.reference.name}|, head {head}: {shown}"
-                zmax = None if most > 0 else 1.0  # all zero: the scale still runs from 0, the map stays white
+            if c.max_abs_diff is None:  # one side did not run: say why, never a heatmap of nothing
+                self.difference_figure = None
+                note = f"no difference to draw: {c.impl.note or c.reference.note}"
+                self._diff_out.outputs = ({"output_type": "display_data", "metadata": {}, "data": {
+                    "text/html": f'<div class="wb-attention-no-difference" style="{_NOTE}">{escape(note)}</div>',
+                    "text/plain": note}},)
+                return not failed
+            z = np.asarray(c.output_difference(head))
+            most = float(z.max())
+            shown = "identical" if most == 0 else f"max {most:.2e}"
+            title = f"|{c.impl.name} − {c.reference.name}|, head {head}: {shown}"
+            zmax = None if most > 0 else 1.0  # all zero: the scale still runs from 0, the map stays white
             self.difference_figure = heatmap(z, title, "Reds", "head_dim", zmax)
             _show(self._diff_out, self.difference_figure)
         return not failed

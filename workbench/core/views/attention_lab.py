@@ -33,6 +33,7 @@ import typing as tp
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from workbench.core.compile.cache import PROGRAMS
 from workbench.core.hlo.collectives import collectives_in
@@ -289,21 +290,38 @@ class Comparison:
 
 def _prepare(name: str, options: LabOptions, args: tuple[Array, ...], metadata: OperationMetadata | None,
              return_weights: bool = False) -> tuple[Run, tp.Any]:
-    """A Run holding the compiled call's costs (or why there is none) and the executable."""
+    """A Run holding the compiled call's costs (or why there is none), and the call with its inputs bound.
+
+    An implementation that needs mesh axes runs on its mesh's devices: the inputs are copied there, replicated
+    (recorded inputs usually live on one device), and the axes it splits over must hold more than one device."""
     canonical = OperationRegistry.canonical_name(name)
     reason = unsupported_reason(canonical, options, args[0], args[1], return_weights=return_weights, value=args[2])
     if reason:
         return Run(canonical, unsupported=reason), None
     try:
         md = metadata if metadata is not None else default_metadata(canonical, args[1].shape[1])
+    except ValueError as e:
+        return Run(canonical, error=f"ValueError: {e}"), None
+    axes = OperationRegistry.capabilities(canonical).mesh_axes
+    if axes and all(md.mesh is None or md.mesh.shape.get(a, 1) == 1 for a in axes):
+        t, n = args[1].shape[1], jax.device_count()
+        return Run(canonical, unsupported=(
+            f"unsupported: {canonical} splits the sequence over {' x '.join(axes)}, and these {t} positions divide "
+            f"over no group of more than one of the {n} devices; choose a sequence length that a device count "
+            f"divides")), None
+    if md.mesh is not None:
+        replicated = NamedSharding(md.mesh, PartitionSpec())
+        args = tuple(jax.device_put(x, replicated) for x in args)
+    try:
         executable, compile_ms, temp, cached = compiled_call(canonical, md, options, args,
                                                              return_weights=return_weights)
-        out = jax.block_until_ready(executable(*args))  # warm-up
+        call = functools.partial(executable, *args)
+        out = jax.block_until_ready(call())  # warm-up
     except Exception as e:  # an implementation's own refusal (shapes, mesh, ...) is a result, not a crash
         return Run(canonical, error=f"{type(e).__name__}: {e}"), None
     return Run(canonical, kernel_path=getattr(out, "kernel_path", None), output=out.attention_outputs,
                compile_ms=compile_ms, temp_bytes=temp, cached=cached,
-               collectives=collectives_summary(executable, md.mesh)), executable
+               collectives=collectives_summary(executable, md.mesh)), call
 
 
 def collectives_summary(executable: tp.Any, mesh: tp.Any) -> tuple[str, ...]:
@@ -316,12 +334,12 @@ def collectives_summary(executable: tp.Any, mesh: tp.Any) -> tuple[str, ...]:
     return tuple(f"{k} × {n}" for k, n in sorted(runs.items()))
 
 
-def _time_round_robin(executables: dict[str, tp.Any], args: tuple, runs: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {n: [] for n in executables}
+def _time_round_robin(calls: dict[str, tp.Any], runs: int) -> dict[str, float]:
+    times: dict[str, list[float]] = {n: [] for n in calls}
     for _ in range(runs):
-        for name, executable in executables.items():
+        for name, call in calls.items():
             start = time.perf_counter()
-            jax.block_until_ready(executable(*args))
+            jax.block_until_ready(call())
             times[name].append(time.perf_counter() - start)
     return {n: statistics.median(t) * 1e3 for n, t in times.items()}
 
@@ -344,15 +362,16 @@ def compare(impl: str, query: Array, key: Array, value: Array, *, reference: str
             raise ValueError(f"query, key and value must be 4-D BTHD arrays; got shape {getattr(x, 'shape', x)}")
     ref_run, ref_exe = _prepare(reference, options, args, reference_metadata)
     impl_run, impl_exe = _prepare(impl, options, args, metadata)
-    executables = {n: e for n, e in (("impl", impl_exe), ("reference", ref_exe)) if e is not None}
-    medians = _time_round_robin(executables, args, runs)
+    calls = {n: e for n, e in (("impl", impl_exe), ("reference", ref_exe)) if e is not None}
+    medians = _time_round_robin(calls, runs)
     if "impl" in medians:
         impl_run = dataclasses.replace(impl_run, median_ms=medians["impl"])
     if "reference" in medians:
         ref_run = dataclasses.replace(ref_run, median_ms=medians["reference"])
     diff = None
     if impl_run.ok and ref_run.ok:
-        diff = float(jnp.max(jnp.abs(impl_run.output.astype(jnp.float32) - ref_run.output.astype(jnp.float32))))
+        # on the host: an implementation run on a mesh leaves its output on other devices than the reference's
+        diff = float(np.max(np.abs(np.asarray(impl_run.output, np.float32) - np.asarray(ref_run.output, np.float32))))
     return Comparison(impl_run, ref_run, options, diff)
 
 
@@ -366,10 +385,10 @@ def attention_weights(query: Array, key: Array, *, head: int = 0, batch: int = 0
         raise ValueError(f"head must be an int in [0, {h}); got {head!r}")
     if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or not 0 <= batch < query.shape[0]:
         raise ValueError(f"batch must be an int in [0, {query.shape[0]}); got {batch!r}")
-    run, executable = _prepare(impl, options, (query, key, key), metadata, return_weights=True)
-    if executable is None:
+    run, call = _prepare(impl, options, (query, key, key), metadata, return_weights=True)
+    if call is None:
         raise ValueError(f"{run.name}: no attention weights: {run.note}")
-    weights = executable(query, key, key).attention_weights
+    weights = call().attention_weights
     return np.asarray(weights[batch, head], np.float32)
 
 
