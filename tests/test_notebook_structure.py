@@ -77,6 +77,27 @@ def test_it_asks_at_least_two_predict_then_check_questions(notebook):
     assert asked >= 2, f"{asked} predict-then-check question(s); name the guesses my_guess_..."
 
 
+def _empty(node: ast.expr) -> bool:
+    """None, a zero, an empty string or ``P()``, or a tuple / dict of those: a blank for the learner to fill."""
+    if isinstance(node, ast.Constant):
+        return node.value is None or node.value in (0, "")
+    if isinstance(node, ast.Tuple):
+        return all(_empty(e) for e in node.elts)
+    if isinstance(node, ast.Dict):
+        return all(_empty(v) for v in node.values)
+    return isinstance(node, ast.Call) and not node.args and not node.keywords
+
+
+def test_a_guess_starts_empty(notebook):
+    """A guess cell holds no answer, not even a near one: the learner writes the guess (issue 34's predict-then-check
+    cells pre-filled at or near the answer); the cell that prints it says so while it is None."""
+    for cell in _code(notebook):
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.Assign) and any(
+                    GUESS.match(n.id) for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)):
+                assert _empty(node.value), f"start the guess empty (None): {ast.unparse(node)}"
+
+
 def test_asserts_live_in_hidden_check_cells(notebook):
     for cell in _code(notebook):
         has_assert = any(isinstance(n, ast.Assert) for n in ast.walk(ast.parse(cell.source)))
@@ -87,9 +108,12 @@ def test_asserts_live_in_hidden_check_cells(notebook):
 
 
 def test_the_prose_says_nothing_of_the_test_harness(notebook):
+    """Neither the prose nor the code a reader sees speaks of the harness (nbval's markers go in cell tags, such as
+    ``nbval-ignore-output``), nor does the prose point at tests or hidden checks."""
     for cell in notebook.cells:
+        assert "nbval" not in cell.source.lower(), cell.source[:300]
         if cell.cell_type == "markdown":
-            assert "nbval" not in cell.source.lower(), cell.source[:300]
+            assert not re.search(r"\b(the tests|hidden cell|check cell)\b", cell.source, re.I), cell.source[:300]
 
 
 def _png_size(data: bytes) -> tuple[int, int]:

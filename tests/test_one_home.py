@@ -11,6 +11,7 @@ ROOT = pathlib.Path(workbench.__file__).parent
 # name -> the one module (relative to workbench/) that defines it
 HOMES = {
     "format_bytes": "core/units.py", "format_seconds": "core/units.py", "format_count": "core/units.py",
+    "format_guess": "core/units.py",
     "html_table": "core/tables.py",
     "collective_time": "core/cost/network.py", "transfer": "core/cost/network.py",
     "array_bytes": "core/cost/network.py",

@@ -1,8 +1,8 @@
-"""units: bytes (binary), seconds and counts as text."""
+"""units: bytes (binary), seconds, counts and a reader's guess as text."""
 
 import pytest
 
-from workbench.core.units import format_bytes, format_count, format_seconds
+from workbench.core.units import NO_GUESS, format_bytes, format_count, format_guess, format_seconds
 
 
 def test_bytes_in_binary_units():
@@ -20,3 +20,9 @@ def test_seconds_to_three_significant_digits(seconds, text):
 def test_counts():
     assert [format_count(n) for n in (999, 1000, 91392, 7_241_732_096, 1.5e12)] == [
         "999", "1K", "91.4K", "7.24B", "1.5T"]
+
+
+def test_a_guess_not_yet_written_says_so_instead_of_a_number():
+    assert format_guess(None, ".0%") == NO_GUESS and "write it" in NO_GUESS
+    assert (format_guess(0.5, ".0%"), format_guess(12), format_guess("tp=16")) == ("50%", "12", "tp=16")
+    assert format_guess(9.0, ".1f", "x") == "9.0x" and format_guess(None, ".1f", "x") == NO_GUESS  # no stray unit

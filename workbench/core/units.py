@@ -1,4 +1,4 @@
-"""Numbers as people read them: bytes (binary units), seconds, counts. The one formatter of each."""
+"""Numbers as people read them: bytes (binary units), seconds, counts, a reader's guess. The one formatter of each."""
 
 from __future__ import annotations
 
@@ -49,3 +49,17 @@ def format_count(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.3g}{unit}"
     return str(n)
+
+
+NO_GUESS = "none yet (write it in the cell above, run that cell, then this one)"
+
+
+def format_guess(guess: object, spec: str = "", unit: str = "") -> str:
+    """A reader's guess as a predict-then-check cell prints it: ``format(guess, spec)`` and its ``unit``, or
+    :data:`NO_GUESS` while it is still ``None`` (every guess cell starts empty, so the answer is never printed
+    before the guess).
+
+    >>> format_guess(0.25, ".0%"), format_guess(8960, ",", " chips"), format_guess(None, ",", " chips") == NO_GUESS
+    ('25%', '8,960 chips', True)
+    """
+    return NO_GUESS if guess is None else format(guess, spec) + unit
