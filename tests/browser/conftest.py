@@ -183,14 +183,22 @@ def lab_page(chromium_path: str, sync_playwright: tp.Callable[[], tp.Any],
     """A Playwright page in headless Debian Chromium that can only reach loopback."""
     user_data_dir = tmp_path / "chromium-profile"
     user_data_dir.mkdir()
+    with chromium_page(sync_playwright, chromium_path, user_data_dir) as page:
+        yield page
+
+
+@contextlib.contextmanager
+def chromium_page(sync_playwright: tp.Callable[[], tp.Any], chromium_path: str, user_data_dir: Path,
+                  viewport: tp.Mapping[str, int] | None = None) -> tp.Iterator[tp.Any]:
+    """A page in headless Chromium with a fresh profile in ``user_data_dir``, able to reach loopback only (what
+    ``lab_page`` yields; a module-scoped fixture opens one with this to share it between tests)."""
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
             str(user_data_dir), executable_path=chromium_path, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1440, "height": 900})
+            viewport=dict(viewport or {"width": 1440, "height": 900}))
         try:
             context.route("**/*", _loopback_only)
-            page = context.pages[0] if context.pages else context.new_page()
-            yield page
+            yield context.pages[0] if context.pages else context.new_page()
         finally:
             context.close()
 

@@ -14,8 +14,8 @@ from workbench.core.mesh import MESH_AXES
 from workbench.core.units import format_bytes, format_seconds
 from workbench.widgets._html import escape
 
-__all__ = ["LEDGER_PARTS", "collective_seconds", "ledger_html", "mesh_label", "mesh_options", "parse_mesh_label",
-           "step_time_html"]
+__all__ = ["LEDGER_PARTS", "STEP_ROW_PX", "collective_seconds", "ledger_html", "mesh_label", "mesh_options",
+           "parse_mesh_label", "step_time_html"]
 
 LEDGER_PARTS = (("params", "parameters", "#4c78a8"), ("grads", "gradients", "#9ecae9"),
                 ("optimizer", "optimizer state", "#f58518"), ("activations", "activations kept for the backward",
@@ -24,6 +24,10 @@ LEDGER_PARTS = (("params", "parameters", "#4c78a8"), ("grads", "gradients", "#9e
                 ("inputs", "token ids", "#9d755d"))
 _PHASES = (("compute", "#4c78a8"), ("memory", "#72b7b2"))
 _LEVEL_COLORS = ("#f58518", "#e45756", "#b279a2", "#9d755d")
+_BAR_PX, _STEP_LABEL_PX = 520, 150
+# the width step_time_html's bar rows need (label, bar, gaps, the time beside it): a column narrower than this cuts
+# their text off
+STEP_ROW_PX = _STEP_LABEL_PX + _BAR_PX + 2 * 6 + 70
 
 
 # -- mesh shapes ---------------------------------------------------------------------------------------------
@@ -70,7 +74,7 @@ def _bar(segments: tp.Sequence[tuple[str, str, float, str]], scale: float, width
 
 
 def ledger_html(ledger: tp.Any, *, n_devices: int, compiled_total: int | None = None, compiled_note: str = "",
-                tokens: str = "", width_px: int = 520) -> str:
+                tokens: str = "", width_px: int = _BAR_PX) -> str:
     """The ledger's parts per device as one stacked bar against the device's HBM (a red line), the verdict
     (fits, or by how much it does not), ``tokens`` (how the batch splits: a line of text), and, once a step is
     compiled, XLA's total beside the prediction."""
@@ -118,7 +122,7 @@ def ledger_html(ledger: tp.Any, *, n_devices: int, compiled_total: int | None = 
 
 
 # -- the step time -----------------------------------------------------------------------------------------
-def step_time_html(st: tp.Any, *, width_px: int = 520, top: int = 8) -> str:
+def step_time_html(st: tp.Any, *, width_px: int = _BAR_PX, top: int = 8) -> str:
     """A :class:`~workbench.core.cost.step_time.StepTime` as bars: compute, HBM traffic and communication per network
     level (each on the same scale; with overlap the step takes the longest), the bounding resource, MFU and HFU, XLA's
     own estimate where there is one, and the longest collective groups."""
@@ -128,7 +132,7 @@ def step_time_html(st: tp.Any, *, width_px: int = 520, top: int = 8) -> str:
                for i, (level, s) in enumerate(levels)]
     scale = max([st.time_s, *(s for _, _, s in phases), 1e-12]) * 1.05
     rows = "".join(f'<div class="wb-step-phase" data-phase="{escape(name)}" style="display:flex;align-items:center;'
-                   f'gap:6px"><div style="width:150px">{escape(name)}</div>'
+                   f'gap:6px"><div style="width:{_STEP_LABEL_PX}px">{escape(name)}</div>'
                    f'<div style="display:flex;width:{width_px}px">'
                    f'{_bar([("wb-step-bar", color, s, f"{name}: {format_seconds(s)}")], scale, width_px, 12)}</div>'
                    f"<div>{escape(format_seconds(s))}</div></div>" for name, color, s in phases)

@@ -35,6 +35,7 @@ from workbench.core.units import format_bytes, format_seconds
 from workbench.core.views import explore
 from workbench.core.views.expert_dispatch import expert_parallel_summary
 from workbench.widgets._cluster_html import (
+    STEP_ROW_PX,
     collective_seconds,
     ledger_html,
     mesh_label,
@@ -51,6 +52,12 @@ __all__ = ["ShardingExplorer", "collectives_html", "diff_html", "export_html", "
            "memory_html"]
 
 _CELL = "padding:2px 6px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top"
+# the widget's parameter table: a row, then its reason on a line of its own (the rule under both)
+_ROW_CELL = "padding:2px 4px 0;text-align:left;vertical-align:top"
+_WHY_CELL = "padding:0 4px 3px 16px;border-bottom:1px solid #ddd;text-align:left;color:#555;font-size:11px"
+_HEAD_CELL = "padding:2px 4px;border-bottom:1px solid #ddd;text-align:left;vertical-align:bottom;font-weight:600"
+_WRAPS = (0, 3, 4)  # path (after a /), semantic axes, PartitionSpec: the columns that may wrap
+_CHART_PX = 560  # the memory chart's width (memory_figure)
 _PARTS = (("params", "parameters", "#4c78a8"), ("optimizer", "optimizer state (AdamW)", "#f58518"),
           ("kv_cache", "KV cache", "#54a24b"))
 
@@ -64,10 +71,16 @@ def _names(entry: tp.Any) -> tuple[str, ...]:
     return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def layout_html(layout: explore.Layout, *, pattern: str = "", changed: tp.Collection[str] = ()) -> str:
-    """The parameter table; rows whose path matches ``pattern`` (regex search), ``changed`` ones marked."""
+def layout_html(layout: explore.Layout, *, pattern: str = "", changed: tp.Collection[str] = (),
+                why_below: bool = False) -> str:
+    """The parameter table; rows whose path matches ``pattern`` (regex search), ``changed`` ones marked.
+
+    ``why_below`` (the widget's table): each parameter's reason on a line of its own under its row, paths that may
+    wrap after a ``/`` and axes and specs after a space, and a taller scroll box, so that the table reads at any
+    width JupyterLab gives it; else the reason is the last column (the static table saved in notebooks)."""
     regex = re.compile(pattern) if pattern else None
-    head = ("path", "shape", "dtype", "semantic axes", "PartitionSpec", "type", "shard", "bytes/device", "why")
+    head = ("path", "shape", "dtype", "semantic axes", "PartitionSpec", "type", "shard", "bytes/device")
+    head += () if why_below else ("why",)
     explicit = set(layout.mesh.explicit_axes)
     rows = []
     for p in layout.params:
@@ -77,22 +90,32 @@ def layout_html(layout: explore.Layout, *, pattern: str = "", changed: tp.Collec
         cells = (p.path, "×".join(map(str, p.shape)), p.dtype.name, ", ".join(p.axes), _spec_text(p.spec), p.typed,
                  "×".join(map(str, p.shard_shape)), f"{p.bytes_per_device:,}", p.reason)
         classes = ("wb-path", "", "", "", "wb-spec", "wb-type", "wb-shard", "wb-bytes", "wb-reason")
+        if not why_below:
+            rows.append(f'<tr class="wb-param-row" data-path="{escape(p.path)}" style="{mark}">'
+                        + "".join(f'<td class="{c}" style="{_CELL}{"" if c == "wb-reason" else ";white-space:nowrap"}">'
+                                  f"{escape(v)}</td>" for c, v in zip(classes, cells, strict=True))
+                        + "</tr>")
+            continue
+        texts = ["/<wbr>".join(map(escape, p.path.split("/"))), *map(escape, cells[1:-1])]
         rows.append(f'<tr class="wb-param-row" data-path="{escape(p.path)}" style="{mark}">'
-                    + "".join(f'<td class="{c}" style="{_CELL}{"" if c == "wb-reason" else ";white-space:nowrap"}">'
-                              f"{escape(v)}</td>" for c, v in zip(classes, cells, strict=True))
-                    + "</tr>")
+                    + "".join(f'<td class="{c}" style="{_ROW_CELL}{"" if i in _WRAPS else ";white-space:nowrap"}">'
+                              f"{v}</td>" for i, (c, v) in enumerate(zip(classes[:-1], texts, strict=True)))
+                    + f'</tr><tr class="wb-param-why" style="{mark}"><td class="wb-reason" colspan="{len(head)}" '
+                      f'style="{_WHY_CELL}">{escape(p.reason)}</td></tr>')
     on_auto = any(a not in explicit for p in layout.params for entry in p.spec for a in _names(entry))
-    typed_head = (f'<th style="{_CELL};font-weight:600" title="str(jax.typeof(x)) on this mesh">type</th>'
-                  if not on_auto else
-                  f'<th style="{_CELL};font-weight:600" title="the type on Explicit axes; jax.typeof leaves '
-                  f'Auto axes out of types">type if Explicit</th>')
-    header = "".join(typed_head if h == "type" else f'<th style="{_CELL};font-weight:600">{h}</th>' for h in head)
+    th = _HEAD_CELL if why_below else f"{_CELL};font-weight:600"
+    typed_head = (f'<th style="{th}" title="str(jax.typeof(x)) on this mesh">type</th>' if not on_auto else
+                  f'<th style="{th}" title="the type on Explicit axes; jax.typeof leaves Auto axes out of types">'
+                  "type if Explicit</th>")
+    header = "".join(typed_head if h == "type" else f'<th style="{th}">{h}</th>' for h in head)
     shown = f"{len(rows)} of {len(layout.params)}" if regex is not None else str(len(rows))
     total = (f"{shown} parameters · {format_bytes(layout.param_bytes)} of parameters per device, "
-             f"{format_bytes(sum(p.nbytes for p in layout.params))} unsharded · {label(layout.mode)}")
-    return (f'<div class="wb-explorer-table-wrap" style="max-height:420px;overflow:auto">'
+             f"{format_bytes(sum(p.nbytes for p in layout.params))} unsharded · {label(layout.mode)}"
+             + (" · under each row: why" if why_below else ""))
+    return (f'<div class="wb-explorer-table-wrap" style="max-height:{720 if why_below else 420}px;overflow:auto">'
             f'<div style="font-size:12px;color:#555;margin:2px 0">{escape(total)}</div>'
-            f'<table class="wb-explorer-table" style="border-collapse:collapse;font-size:12px">'
+            f'<table class="wb-explorer-table" style="border-collapse:collapse;font-size:12px'
+            f'{";line-height:1.4" if why_below else ""}">'
             f"<thead><tr>{header}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
 
 
@@ -449,7 +472,7 @@ class ShardingExplorer(InlineError):
         self._title = w.HTML()
         self._error_area()
         self.editor = RulesEditor(self.layout, self._on_edit)
-        self._optimizer = w.Checkbox(optimizer, description="AdamW state", indent=False)
+        self._optimizer = w.Checkbox(optimizer, description="AdamW state", indent=False, layout=w.Layout(width="115px"))
         self._kv_on = w.Checkbox(kv_on, description="KV cache", indent=False, layout=w.Layout(width="90px"))
         self._kv_b = w.BoundedIntText(kv_b, min=1, max=1 << 20, description="batch", layout=w.Layout(width="130px"),
                                       style={"description_width": "40px"})
@@ -478,7 +501,7 @@ class ShardingExplorer(InlineError):
                                            style={"description_width": "38px"})
             self._mesh_choice.add_class("wb-mesh-choice")
             self._mesh_choice.observe(self._on_mesh_choice, names="value")
-        self._chart = w.Output(layout=w.Layout(width="560px", min_height="300px"))
+        self._chart = w.Output(layout=w.Layout(width=f"{_CHART_PX}px", min_height="300px"))
         self._chart.add_class("wb-memory-chart")
         self._diff = w.HTML()
         self._filter = w.Text(placeholder="filter paths (regex)", layout=w.Layout(width="300px"))
@@ -525,7 +548,7 @@ class ShardingExplorer(InlineError):
         experts = [section("expert parallelism (MoE layers)"), self._experts.widget] if moe else []
         if self.cluster is None:
             memory = w.VBox([w.HBox([self._optimizer, self._kv_on, self._kv_b, self._kv_s]), self._chart],
-                            layout=w.Layout(flex="1 1 auto", min_width="0"))
+                            layout=w.Layout(flex=f"1 1 {_CHART_PX}px"))
             # the batch sizes the default pipeline of a pp mesh: a shown export follows it
             self._batch_b.observe(lambda _: self._export_shown and self.show_export(), names="value")
             step_controls = [self._kind, self._batch_b, self._batch_t, self._attention, go]
@@ -538,12 +561,14 @@ class ShardingExplorer(InlineError):
                              w.HBox([self._optimizer_name, self._remat]), self._ledger_out,
                              w.HTML('<div style="font-weight:600;margin-top:6px">predicted step from the shapes '
                                     "(no compile)</div>"), self._predicted_out],
-                            layout=w.Layout(width="600px"))
+                            layout=w.Layout(flex=f"1 1 {STEP_ROW_PX}px"))
             step_controls = [self._kind, self._attention, go]
             step_outputs = [self._collectives_out, section("predicted step time on the cluster"), self._step_out]
         self.widget = w.VBox([
             self._title, self._error,
-            w.HBox([self.editor.widget, memory]),
+            # the memory column beside the rules, or under them where the two do not fit side by side; it is
+            # never narrower than its chart or its bars (a squeezed column cut its text off at the explorer's edge)
+            w.HBox([self.editor.widget, memory], layout=w.Layout(flex_flow="row wrap")),
             section("change from the previous layout"), self._diff,
             section("parameters"), self._filter, self._table,
             section("collectives of one step"), w.HBox(step_controls),
@@ -581,7 +606,7 @@ class ShardingExplorer(InlineError):
         pattern = self._filter.value
         with self._guard("filter", catch=ValueError, clear="own") as failed:
             try:
-                html = layout_html(self.layout, pattern=pattern, changed=self._changed)
+                html = layout_html(self.layout, pattern=pattern, changed=self._changed, why_below=True)
             except re.error as e:
                 raise ValueError(f"{pattern!r} is not a regex: {e}") from None
         if not failed:  # else the last table stays
@@ -730,7 +755,7 @@ def memory_figure(memory: ledgers.Ledger, mesh: tp.Any) -> dict[str, tp.Any]:
                                                           "</extra>"}
             for name, title, color in _PARTS]
     axis = {"gridcolor": "#e5e5e5", "zerolinecolor": "#cccccc"}
-    layout = {"barmode": "stack", "height": 300, "width": 560, "margin": {"l": 55, "r": 10, "t": 40, "b": 40},
+    layout = {"barmode": "stack", "height": 300, "width": _CHART_PX, "margin": {"l": 55, "r": 10, "t": 40, "b": 40},
               "title": {"text": f"memory per device: {format_bytes(memory.total)}", "font": {"size": 13}, "x": 0.02},
               "xaxis": {"title": {"text": "device"}, "type": "category", **axis},
               "yaxis": {"title": {"text": unit}, "rangemode": "tozero", **axis},
