@@ -58,6 +58,7 @@ from workbench.core.tables import html_table
 from workbench.core.units import format_bytes, format_seconds
 
 _gib = functools.partial(format_bytes, unit="GiB")  # figures to compare, all in GiB
+_ROW_HEADER = ("#", "layout", "memory/device", "of HBM", "step", "tokens/s", "MFU", "bound by", "why")  # Advice.rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,14 +286,13 @@ class Advice:
         out = []
         for i, c in enumerate(self.ranked[:top], 1):
             use = "-" if hbm is None else f"{c.ledger.total / hbm:.0%}"
-            out.append((str(i), c.label, f"{_gib(c.ledger.total)}", use, _ms(c.time_s),
+            out.append((str(i), c.label, f"{_gib(c.ledger.total)}", use, format_seconds(c.time_s),
                         f"{tokens / c.time_s:,.0f}", c.step.mfu_text(), c.step.bound, c.reason))
         return out
 
     def table(self, top: int = 10) -> str:
-        head = ("#", "layout", "memory/device", "of HBM", "step", "tokens/s", "MFU", "bound by", "why")
-        rows = [head, *self.rows(top)]
-        widths = [max(len(r[i]) for r in rows) for i in range(len(head) - 1)]
+        rows = [_ROW_HEADER, *self.rows(top)]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(_ROW_HEADER) - 1)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
         return "\n".join([self.summary(), *lines])
 
@@ -321,9 +321,8 @@ class Advice:
 
     def html(self, top: int = 10) -> str:
         """:meth:`table` as an HTML table: the summary line, then the top ``top`` layouts."""
-        head = ("#", "layout", "memory/device", "of HBM", "step", "tokens/s", "MFU", "bound by", "why")
         return (f'<div class="wb-advice" style="font-size:12px"><div>{html.escape(self.summary())}</div>'
-                f"{html_table(self.rows(top), header=head)}</div>")
+                f"{html_table(self.rows(top), header=_ROW_HEADER)}</div>")
 
 
 # -- enumeration ------------------------------------------------------------------------------------------------
@@ -682,10 +681,6 @@ _PART_NAMES = {"params": "parameters", "grads": "gradients", "optimizer": "optim
                "activations": "activations", "kv_cache": "KV cache", "temporaries": "temporaries"}
 
 
-def _ms(seconds: float) -> str:
-    return format_seconds(seconds)
-
-
 def _explain(advice: Advice, constraints: Constraints) -> None:
     """Fill in each candidate's reason (see :func:`reason`)."""
     fits_by_shape: dict[tuple, list[Candidate]] = {}
@@ -737,15 +732,17 @@ def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, resc
     groups = st.rows()
     if st.bound == "communication" and groups:
         kind, axes, level, _, _, _, seconds = groups[0]
-        words.append(f"{kind}s over {','.join(axes)} on {level}: {_ms(seconds)} of {_ms(st.time_s)}")
+        words.append(f"{kind}s over {','.join(axes)} on {level}: {format_seconds(seconds)} of "
+                     f"{format_seconds(st.time_s)}")
     else:
-        words.append(f"{st.bound}-bound ({_ms(max(st.compute_s, st.memory_s))} of {_ms(st.time_s)})")
+        words.append(f"{st.bound}-bound ({format_seconds(max(st.compute_s, st.memory_s))} of "
+                     f"{format_seconds(st.time_s)})")
 
     tp_size = c.mesh_shape.get("tp", 1)
     if tp_size > 1 and cluster.platform == "gpu" and span(("tp",), c.mesh_shape, cluster).units > 1:
         tp_comm = sum(x.total_s for x in st.collectives if "tp" in x.axes)
         words.append(f"tp={tp_size} crosses nodes: its collectives run on the inter-node network, "
-                     f"{_ms(tp_comm)} of {_ms(st.time_s)}")
+                     f"{format_seconds(tp_comm)} of {format_seconds(st.time_s)}")
     fsdp = c.mesh_shape.get("fsdp", 1)
     fsdp_comm = sum(x.total_s for x in st.collectives if "fsdp" in x.axes)
     if fsdp > 1 and batch is not None and task == "train" and st.compute_s and fsdp_comm > st.compute_s:
@@ -772,7 +769,7 @@ def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, resc
         rows = f" of {batch[0] // c.grad_accumulation} sequences" if batch else ""
         words.append(f"{c.grad_accumulation} microbatches{rows} one after another, their gradients summed")
     if c.recompute_s > 0.01 * st.compute_s:
-        words.append(f"remat {c.remat} recomputes the forward: {_ms(c.recompute_s)} of compute more")
+        words.append(f"remat {c.remat} recomputes the forward: {format_seconds(c.recompute_s)} of compute more")
     bubble = getattr(st, "bubble_fraction", 0.0) or 0.0
     if c.pipeline is not None and bubble:
         words.append(f"pipeline bubble {bubble:.0%} (p={c.pipeline.num_stages}, m={c.pipeline.num_microbatches})")

@@ -291,11 +291,7 @@ class PartitionAxis:
 
     @classmethod
     def from_dict(cls, data: tp.Mapping[str, tp.Any]) -> PartitionAxis:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"PartitionAxis has no field {unknown}; fields are {sorted(known)}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+        return cls().replace(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
     def to_json(self, **kwargs: tp.Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)

@@ -2,7 +2,6 @@
 and HBM traffic, and a profile of where its time went.
 
 - :mod:`.text`: the one parser: computations, instructions, shapes, element types, collective kinds;
-- :mod:`.text`: the one parser: computations, instructions, shapes, element types;
 - :mod:`.collectives`: each collective of a compiled program, its bytes, replica groups and mesh axes;
 - :mod:`.graph`: the call graph with loop trip counts, matmul FLOPs, HBM bytes, async windows;
 - :mod:`.op_profile`: a ``jax.profiler`` trace's XLA operations, counted and timed.

@@ -429,10 +429,11 @@ class PagedKVCache:
     def nbytes(self) -> int:
         return _nbytes(self.key_pages) + _nbytes(self.value_pages)
 
-    def pages_needed(self, new_tokens_B: np.ndarray) -> int:
-        """Pages the rows need in all after adding ``new_tokens_B`` tokens each (host-side check)."""
-        total = np.asarray(self.lengths) + np.asarray(new_tokens_B)
-        return int(np.sum(-(-total // self.page_size)))
+    def pages_to_take(self, new_tokens_B: np.ndarray) -> int:
+        """Pages the rows take from the free list to add ``new_tokens_B`` tokens each (host-side check)."""
+        pages = lambda tokens_B: -(-tokens_B // self.page_size)
+        lengths_B = np.asarray(self.lengths)
+        return int(np.sum(pages(lengths_B + np.asarray(new_tokens_B)) - pages(lengths_B)))
 
     def reorder(self, index_B: Array) -> PagedKVCache:
         raise ValueError("a paged cache cannot reorder rows (rows would share pages); beam search needs the "
@@ -463,9 +464,8 @@ class PagedKVCache:
         longest = int((np.asarray(self.lengths) + new_B).max())
         if longest > self.max_length:
             raise ValueError(f"a row would hold {longest} tokens; max_model_length allows {self.max_length}")
-        held = int(np.sum(-(-np.asarray(self.lengths) // self.page_size)))
-        if self.pages_needed(new_B) - held > int(self.num_free):
-            raise ValueError(f"out of pages: {self.pages_needed(new_B) - held} more needed, "
+        if self.pages_to_take(new_B) > int(self.num_free):
+            raise ValueError(f"out of pages: {self.pages_to_take(new_B)} more needed, "
                              f"{int(self.num_free)} free; pass a larger num_pages or release() finished rows")
 
     def begin(self, mask_BT: Array) -> _PagedStep:

@@ -32,14 +32,10 @@ from workbench.core.compile.cache import PROGRAMS, signature
 from workbench.core.mesh import call_on_auto_axes, explicit_mesh_of
 from workbench.core.models.beam_search import beam_programs, best_sequences
 from workbench.core.models.cache import KVCache, PagedKVCache, StreamingKVCache
-from workbench.core.models.generation_config import GenerationConfig
+from workbench.core.models.generation_config import GenerationConfig, is_int
 from workbench.core.models.sampling import sample_programs
 
 Array = jax.Array
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 @dataclasses.dataclass
@@ -136,7 +132,7 @@ def _check_length(cache, prompt_len: int, config: GenerationConfig, rows: int) -
     """A cache with a ``max_length`` must hold the prompt plus ``max_new_tokens``."""
     needed = prompt_len + config.max_new_tokens
     max_length = getattr(cache, "max_length", None)
-    if not _is_int(max_length):
+    if not is_int(max_length):
         raise TypeError(f"cache must have an int max_length (the contract of model.init_cache); got "
                         f"{type(cache).__name__}")
     if needed > max_length:
@@ -148,8 +144,7 @@ def _check_length(cache, prompt_len: int, config: GenerationConfig, rows: int) -
 def _check_page_budget(cache: PagedKVCache, attention_mask, config: GenerationConfig) -> None:
     """Inside the compiled loop a page shortage cannot raise, so check the whole call's need up front."""
     final_B = np.asarray(attention_mask).sum(1) + config.max_new_tokens - 1  # the last token is never fed back
-    held = int(np.sum(-(-np.asarray(cache.lengths) // cache.page_size)))
-    need = cache.pages_needed(final_B) - held
+    need = cache.pages_to_take(final_B)
     if need > int(cache.num_free):
         raise ValueError(f"the paged cache has {int(cache.num_free)} free pages but this call needs up to {need} "
                          f"(prompt + max_new_tokens per row, {cache.page_size} tokens a page); pass a larger "

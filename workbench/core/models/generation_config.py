@@ -29,7 +29,8 @@ HF_DEFAULTS: dict[str, tp.Any] = {"max_length": 20, "do_sample": False, "tempera
                                   "early_stopping": False}
 
 
-def _is_int(x) -> bool:
+def is_int(x) -> bool:
+    """An int (NumPy's too), not a bool."""
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
@@ -66,7 +67,7 @@ class GenerationConfig:
             set_("do_sample", bool(self.do_sample))
         for name in ("max_new_tokens", "max_length", "num_beams"):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
+            if value is not None and (not is_int(value) or value < 1):
                 raise ValueError(f"{name} must be an int >= 1; got {value!r}")
             if value is not None:
                 set_(name, int(value))
@@ -82,7 +83,7 @@ class GenerationConfig:
         if self.do_sample and self.temperature is not None and not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 when sampling; got {self.temperature}. For greedy decoding set "
                              "do_sample=False")
-        if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 0):
+        if self.top_k is not None and (not is_int(self.top_k) or self.top_k < 0):
             raise ValueError(f"top_k must be None or an int >= 0 (0 = off); got {self.top_k!r}")
         for name in ("top_p", "min_p"):
             value = getattr(self, name)
@@ -102,13 +103,13 @@ class GenerationConfig:
                 set_("early_stopping", bool(self.early_stopping))
         eos = self.eos_token_id
         if eos is not None:
-            eos = (eos,) if _is_int(eos) else tuple(eos)
-            if not eos or not all(_is_int(e) and e >= 0 for e in eos):
+            eos = (eos,) if is_int(eos) else tuple(eos)
+            if not eos or not all(is_int(e) and e >= 0 for e in eos):
                 raise ValueError(f"eos_token_id must be None, an int >= 0 or a non-empty sequence of them; got "
                                  f"{self.eos_token_id!r}")
             set_("eos_token_id", tuple(int(e) for e in eos))
         for name in ("pad_token_id", "bos_token_id"):
-            if getattr(self, name) is not None and not _is_int(getattr(self, name)):
+            if getattr(self, name) is not None and not is_int(getattr(self, name)):
                 raise ValueError(f"{name} must be None or an int; got {getattr(self, name)!r}")
 
     def replace(self, **changes) -> GenerationConfig:

@@ -29,7 +29,6 @@ from workbench.core.operations.attention.ring import (
     SequenceParallelAttention,
     broadcast_spec,
     data_axes,
-    load_balance_option,
     optional_inputs,
 )
 from workbench.core.operations.attention.ring_kernel import CONTIGUOUS, ZIGZAG, chunk_offsets
@@ -92,6 +91,7 @@ class AllGatherKVAttention(SequenceParallelAttention):
     """Context-parallel attention (Llama 3): keys and values all-gathered over ``sp``, local queries attend."""
 
     kernel = staticmethod(allgather_kv_attention)
+    load_balanced = True
     capabilities = Capabilities(features=SEQUENCE_PARALLEL_FEATURES, mesh_axes=("sp",),
                                 description="shard_map over sp; all_gather of keys and values, local queries "
                                             "attend to the whole sequence (flash tiles, causal offset by the "
@@ -101,6 +101,3 @@ class AllGatherKVAttention(SequenceParallelAttention):
     @classmethod
     def get_impl_name(cls):
         return "allgather_kv"
-
-    def kernel_options(self, t: int, s: int, sp: int, axis: str) -> tuple[tuple[str, object], ...]:
-        return (("load_balance", load_balance_option(self.metadata, "allgather_kv", (t, s, sp))),)

@@ -51,18 +51,23 @@ class FlashAttention(AttentionImplMixin, OperationImpl):
 
     def block_sizes(self, t: int, s: int) -> tuple[int, int]:
         """``(block_q, block_k)`` from the options, clipped to ``(T, S)``."""
-        opts = self.metadata.options
-        sizes = {"block_q": opts.get("block_q", DEFAULT_BLOCK_Q), "block_k": opts.get("block_k", DEFAULT_BLOCK_K)}
-        for name, size in sizes.items():
-            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-                raise ValueError(f"flash: option {name} must be a positive int; got {size!r}")
-        return min(sizes["block_q"], t), min(sizes["block_k"], s)
+        return option_block_sizes("flash", self.metadata.options, t, s)
 
     def forward_native(self, query, key, value, **kwargs) -> AttentionOutput:
         call = self.prepare(query, key, value, **kwargs)
         _, t, s, *_ = call.shape
         out = flash_attention(call, *self.block_sizes(t, s))
         return AttentionOutput(out, None, kernel_path="flash/native")
+
+
+def option_block_sizes(impl: str, options: tp.Mapping[str, tp.Any], t: int, s: int, default_q: int = DEFAULT_BLOCK_Q,
+                       default_k: int = DEFAULT_BLOCK_K) -> tuple[int, int]:
+    """``(block_q, block_k)`` from an implementation's ``options`` (or the defaults), clipped to ``(T, S)``."""
+    sizes = {"block_q": options.get("block_q", default_q), "block_k": options.get("block_k", default_k)}
+    for name, size in sizes.items():
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"{impl}: option {name} must be a positive int; got {size!r}")
+    return min(sizes["block_q"], t), min(sizes["block_k"], s)
 
 
 def flash_attention(call: AttentionCall, block_q: int, block_k: int) -> Array:

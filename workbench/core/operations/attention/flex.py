@@ -55,7 +55,7 @@ from workbench.core.operations.attention.common import (
     queries_to_tiles,
     tile_finish,
 )
-from workbench.core.operations.attention.flash import all_varying, pad_call, split_blocks
+from workbench.core.operations.attention.flash import all_varying, option_block_sizes, pad_call, split_blocks
 from workbench.core.operations.attention.flex_splash import flex_attention_splash, splash_mask, splash_serves
 from workbench.core.operations.attention.sdpa import jax_nn_arguments
 from workbench.core.operations.base import AttentionOutput, Capabilities, OperationImpl, OperationRegistry
@@ -82,12 +82,7 @@ class FlexAttention(AttentionImplMixin, OperationImpl):
 
     def block_sizes(self, t: int, s: int) -> tuple[int, int]:
         """``(block_q, block_k)`` from the options, clipped to ``(T, S)``."""
-        opts = self.options
-        sizes = {"block_q": opts.get("block_q", DEFAULT_BLOCK_Q), "block_k": opts.get("block_k", DEFAULT_BLOCK_K)}
-        for name, size in sizes.items():
-            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-                raise ValueError(f"flex: option {name} must be a positive int; got {size!r}")
-        return min(sizes["block_q"], t), min(sizes["block_k"], s)
+        return option_block_sizes("flex", self.options, t, s, DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K)
 
     def kernel(self) -> str:
         """The ``kernel`` option: ``"auto"`` (default), ``"native"``, ``"pallas"``, ``"cudnn"`` or ``"splash"``."""

@@ -184,10 +184,13 @@ class SequenceParallelAttention(AttentionImplMixin, OperationImpl):
     ``jit``."""
 
     kernel: tp.ClassVar[Kernel]
+    load_balanced: tp.ClassVar[bool] = False  # the kernel takes the option load_balance
 
     def kernel_options(self, t: int, s: int, sp: int, axis: str) -> tuple[tuple[str, tp.Any], ...]:
         """The kernel's static keyword arguments, checked against the call's lengths (none by default)."""
-        return ()
+        if not self.load_balanced:
+            return ()
+        return (("load_balance", load_balance_option(self.metadata, self.get_impl_name(), (t, s, sp))),)
 
     def forward_native(self, query, key, value, **kwargs) -> AttentionOutput:
         name = self.get_impl_name()
@@ -219,6 +222,7 @@ class RingAttention(SequenceParallelAttention):
     """Sequence-parallel attention: query blocks stay, key/value blocks rotate over ``sp`` (ppermute)."""
 
     kernel = staticmethod(ring_attention)
+    load_balanced = True
     capabilities = Capabilities(features=SEQUENCE_PARALLEL_FEATURES, mesh_axes=("sp",),
                                 description="shard_map over sp; key/value blocks rotate with ppermute, sent "
                                             "one step ahead of the fold (double buffering), online softmax "
@@ -228,9 +232,6 @@ class RingAttention(SequenceParallelAttention):
     @classmethod
     def get_impl_name(cls):
         return "ring"
-
-    def kernel_options(self, t: int, s: int, sp: int, axis: str) -> tuple[tuple[str, tp.Any], ...]:
-        return (("load_balance", load_balance_option(self.metadata, "ring", (t, s, sp))),)
 
 
 # -- work per device --------------------------------------------------------------------------
