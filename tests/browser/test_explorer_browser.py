@@ -200,11 +200,11 @@ def test_on_a_virtual_cluster_the_ledger_answers_the_browsers_mesh_and_remat(lab
     remat = page.locator(".wb-sharding-explorer .widget-dropdown", has_text="remat").locator("select")
     remat.select_option("full")
     page.wait_for_function(f"() => ({_VERDICT_JS})().startsWith('fits')", timeout=30_000)
+    page.set_viewport_size({"width": 1440, "height": 1200})
+    lab_screenshot(page, CLUSTER_SCREENSHOT, scroll_to=1)  # the README's picture: the layout that fits
     box = page.locator(".wb-mesh-choice input")
     box.fill("fsdp=64")
     box.press("Tab")  # the box sends its value when it loses focus
     # 16 rows cannot split over 64 devices: every device computes the whole batch's logits, it no longer fits
     page.wait_for_function(f"() => ({_VERDICT_JS})().startsWith('does not fit')", timeout=30_000)
     assert "fsdp=64, ep=1, tp=1" in page.locator(".wb-sharding-explorer").inner_text()  # the title's mesh
-    page.set_viewport_size({"width": 1440, "height": 1200})
-    lab_screenshot(page, CLUSTER_SCREENSHOT, scroll_to=1)
