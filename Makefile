@@ -65,6 +65,10 @@ lint: $(VENV)/.test-installed
 
 # Two pytest workers (one per core here); a test file stays on one worker.
 JOBS ?= 2
+export JOBS
+# A leg: the tests on $(JOBS) workers, then the notebooks one at a time with every core (tools/pytest_leg.sh says
+# why); its junit reports are <prefix>.xml and <prefix>-notebooks.xml.
+LEG := bash tools/pytest_leg.sh
 # Each leg's install and pytest time, and its junit report, land here; tools/test_report.py prints them.
 LEGS := build/legs
 TIMED := bash tools/timed.sh
@@ -77,8 +81,7 @@ test:
 	@$(TIMED) $(LEGS)/default-install $(MAKE) --no-print-directory $(VENV)/.test-installed chromium lint
 	@status=0; \
 	WORKBENCH_FILE_SECONDS=$(CURDIR)/$(LEGS)/default-file-seconds.json \
-	  $(TIMED) $(LEGS)/default-pytest $(BIN)/pytest -n $(JOBS) --dist loadfile --junitxml=$(LEGS)/default.xml \
-	  || status=1; \
+	  $(TIMED) $(LEGS)/default-pytest $(LEG) $(BIN)/pytest $(LEGS)/default || status=1; \
 	if [ "$(NEWEST_IN_TEST)" = 1 ]; then $(MAKE) --no-print-directory test-newest || status=1; \
 	else echo "not part of make test until both legs fit its 30 minutes (make test NEWEST_IN_TEST=1 runs it)" \
 	  > $(LEGS)/newest-skipped; fi; \
@@ -87,7 +90,8 @@ test:
 
 # The default leg alone (what `make test` ran before it had two legs).
 test-default: $(VENV)/.test-installed chromium lint
-	$(BIN)/pytest -n $(JOBS) --dist loadfile
+	@mkdir -p $(LEGS)
+	$(LEG) $(BIN)/pytest $(LEGS)/default
 
 # No notebooks, no browser, no TPU ahead-of-time compiles (conftest.py skips each test that asks libtpu for a
 # topology, saying so): the unit tests of the default leg, for the edit-test loop.
@@ -131,8 +135,8 @@ else
 	@$(NEWEST_BIN)/python -c 'import sys, jax, flax; print(f"test-newest: Python {sys.version.split()[0]}, jax {jax.__version__}, flax {flax.__version__}")'
 	@mkdir -p build && cat notebooks/nbval_sanitize.cfg tests/nbval_sanitize_newest.cfg > build/nbval_sanitize_newest.cfg
 	WORKBENCH_FILE_SECONDS=$(CURDIR)/$(LEGS)/newest-file-seconds.json \
-	  $(TIMED) $(LEGS)/newest-pytest $(NEWEST_BIN)/pytest -n $(JOBS) --dist loadfile \
-	  --nbval-sanitize-with build/nbval_sanitize_newest.cfg --junitxml=$(LEGS)/newest.xml
+	  $(TIMED) $(LEGS)/newest-pytest $(LEG) $(NEWEST_BIN)/pytest $(LEGS)/newest \
+	  --nbval-sanitize-with build/nbval_sanitize_newest.cfg
 endif
 
 # Refresh the committed screenshots (README) from the browser tests.

@@ -65,8 +65,9 @@ def _notebook_imports_torch(path: str) -> bool:
                for line in "".join(cell["source"]).splitlines())
 
 
-# Seconds each test file took in a recent run: a run with WORKBENCH_FILE_SECONDS=path writes them there (make
-# test does, into build/legs/); copy the default leg's over tests/file_seconds.json to refresh it.
+# Seconds each test file took in a recent run: a run with WORKBENCH_FILE_SECONDS=path adds them there (make
+# test does, into build/legs/, after removing the last run's); copy the default leg's over tests/file_seconds.json
+# to refresh it.
 # pytest-xdist's --dist loadfile hands whole files to the workers in collection order, so the files run
 # longest first (longest-processing-time-first scheduling): a long notebook dealt out last would leave one
 # core idle for minutes at the end. Files it does not list run after, in their usual order.
@@ -114,6 +115,10 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session):
     out = os.environ.get("WORKBENCH_FILE_SECONDS")
     if out and not hasattr(session.config, "workerinput") and _seconds_by_file:
+        totals = {}  # a leg runs pytest twice (tools/pytest_leg.sh): the second run adds its files to the first's
+        if os.path.exists(out):
+            with open(out, encoding="utf-8") as f:
+                totals = json.load(f)
+        totals |= {k: round(v, 1) for k, v in _seconds_by_file.items()}
         with open(out, "w", encoding="utf-8") as f:
-            json.dump({k: round(v, 1) for k, v in sorted(_seconds_by_file.items(), key=lambda kv: -kv[1])}, f,
-                      indent=0)
+            json.dump(dict(sorted(totals.items(), key=lambda kv: -kv[1])), f, indent=0)

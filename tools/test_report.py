@@ -4,9 +4,10 @@ one closing line with the counts of both legs.
     python tools/test_report.py build/legs
 
 The legs leave ``<leg>-install.time`` / ``<leg>-pytest.time`` ("<exit status> <seconds>", tools/timed.sh),
-``<leg>.xml`` (pytest's junit report) and ``newest-skipped`` (why the newest leg did not run). The machine's
-speed is numpy's float32 2048^3 matmul, best of five, so a run's time can be scaled to another machine (CI
-machines of this kind differ by 2.5x). Exits 1 when a leg failed or left no report.
+``<leg>.xml`` and ``<leg>-notebooks.xml`` (pytest's junit reports of the leg's two phases, tools/pytest_leg.sh)
+and ``newest-skipped`` (why the newest leg did not run). The machine's speed is numpy's float32 2048^3 matmul,
+best of five, so a run's time can be scaled to another machine (CI machines of this kind differ by 2.5x). Exits 1
+when a leg failed or left no report.
 """
 
 from __future__ import annotations
@@ -39,15 +40,32 @@ def read_time(path: str) -> tuple[int, float] | None:
     return int(status), float(seconds)
 
 
-def counts(path: str) -> dict[str, int] | None:
-    """passed / failed / skipped / errors of a junit report (pytest writes one <testsuite> per run)."""
-    if not os.path.exists(path):
+def _suites(path: str) -> list[ET.Element]:
+    root = ET.parse(path).getroot()
+    return [root] if root.tag == "testsuite" else list(root)
+
+
+def counts(*paths: str) -> dict[str, int] | None:
+    """passed / failed / skipped / errors of junit reports, added up (pytest writes one <testsuite> per run);
+    None when the first is missing. A leg writes two: its tests' and its notebooks' (tools/pytest_leg.sh)."""
+    if not os.path.exists(paths[0]):
         return None
-    suites = ET.parse(path).getroot()
-    suites = [suites] if suites.tag == "testsuite" else list(suites)
+    suites = [s for path in paths if os.path.exists(path) for s in _suites(path)]
     total = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
     passed = total["tests"] - total["failures"] - total["errors"] - total["skipped"]
     return dict(passed=passed, failed=total["failures"], errors=total["errors"], skipped=total["skipped"])
+
+
+def seconds_per_file(path: str) -> dict[str, float]:
+    """Seconds per test file (per notebook: its cells added up) in a junit report; {} when it is missing."""
+    if not os.path.exists(path):
+        return {}
+    out: dict[str, float] = {}
+    for suite in _suites(path):
+        for case in suite.iter("testcase"):
+            name = case.get("classname") or case.get("file") or "?"
+            out[name] = out.get(name, 0.0) + float(case.get("time", 0))
+    return out
 
 
 def minutes(seconds: float | None) -> str:
@@ -55,10 +73,10 @@ def minutes(seconds: float | None) -> str:
 
 
 def main(folder: str) -> int:
-    ok, rows, total = True, [], dict(passed=0, failed=0, errors=0, skipped=0)
+    ok, rows, notes, total = True, [], [], dict(passed=0, failed=0, errors=0, skipped=0)
     for leg in LEGS:
         install, pytest_run = read_time(f"{folder}/{leg}-install.time"), read_time(f"{folder}/{leg}-pytest.time")
-        found = counts(f"{folder}/{leg}.xml")
+        found = counts(f"{folder}/{leg}.xml", f"{folder}/{leg}-notebooks.xml")
         skipped_why = f"{folder}/{leg}-skipped"
         if os.path.exists(skipped_why):
             rows.append((leg, "-", "-", "skipped: " + open(skipped_why).read().strip()))
@@ -75,6 +93,10 @@ def main(folder: str) -> int:
         if found["errors"]:
             result += f", {found['errors']} errors"
         rows.append((leg, minutes(install and install[1]), minutes(pytest_run and pytest_run[1]), result))
+        if notebooks := seconds_per_file(f"{folder}/{leg}-notebooks.xml"):
+            name, slowest = max(notebooks.items(), key=lambda kv: kv[1])
+            notes.append(f"  {leg} leg: {len(notebooks)} notebooks run one at a time, the slowest "
+                         f"{name.removeprefix('notebooks.')} in {slowest:.0f} s")
     seconds = sum(t[1] for leg in LEGS for part in ("install", "pytest")
                   if (t := read_time(f"{folder}/{leg}-{part}.time")) is not None)
     print()
@@ -82,6 +104,8 @@ def main(folder: str) -> int:
     widths = [max(len(r[i]) for r in [("leg", "install", "pytest", "result"), *rows]) for i in range(4)]
     for row in [("leg", "install", "pytest", "result"), *rows]:
         print(("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))).rstrip())
+    for note in notes:
+        print(note)
     print(f"  the legs that ran, installs included: {minutes(seconds)}")
     print(f"  this machine: {os.cpu_count()} cores, numpy float32 2048^3 matmul {matmul_gflops():.0f} GFLOP/s "
           f"({platform.machine()}); scale the times by it for another machine")

@@ -1,0 +1,66 @@
+"""make test's last lines (tools/test_report.py) and its two-phase leg (tools/pytest_leg.sh), on hand-written
+junit reports and a stand-in for pytest."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+import test_report  # noqa: E402
+
+TESTS_XML = """<testsuites><testsuite tests="5" failures="1" errors="0" skipped="1">
+<testcase classname="tests.test_a" name="t1" time="1.5"/><testcase classname="tests.test_a" name="t2" time="2"/>
+</testsuite></testsuites>"""
+NOTEBOOKS_XML = """<testsuites><testsuite tests="4" failures="0" errors="1" skipped="0">
+<testcase classname="notebooks.00_tour.ipynb" name="Cell 0" time="3"/>
+<testcase classname="notebooks.11_layout_advisor.ipynb" name="Cell 1" time="40"/>
+<testcase classname="notebooks.11_layout_advisor.ipynb" name="Cell 2" time="25.5"/>
+</testsuite></testsuites>"""
+
+
+def legs(tmp_path):
+    (tmp_path / "default.xml").write_text(TESTS_XML)
+    (tmp_path / "default-notebooks.xml").write_text(NOTEBOOKS_XML)
+    (tmp_path / "default-install.time").write_text("0 60.0\n")
+    (tmp_path / "default-pytest.time").write_text("0 600.0\n")
+    (tmp_path / "newest-skipped").write_text("no newer Python\n")
+    return tmp_path
+
+
+def test_counts_add_up_the_tests_and_the_notebooks(tmp_path):
+    folder = legs(tmp_path)
+    assert test_report.counts(f"{folder}/default.xml", f"{folder}/default-notebooks.xml") == dict(
+        passed=6, failed=1, errors=1, skipped=1)
+    assert test_report.counts(f"{folder}/newest.xml") is None
+
+
+def test_a_missing_report_has_no_seconds(tmp_path):
+    assert test_report.seconds_per_file(str(tmp_path / "newest-notebooks.xml")) == {}
+
+
+def test_the_report_names_the_slowest_notebook_and_fails_on_a_failure(tmp_path, capsys):
+    folder = legs(tmp_path)
+    assert test_report.seconds_per_file(f"{folder}/default-notebooks.xml") == {
+        "notebooks.00_tour.ipynb": 3.0, "notebooks.11_layout_advisor.ipynb": 65.5}
+    assert test_report.main(str(folder)) == 1  # one failure, one error
+    out = capsys.readouterr().out
+    assert "2 notebooks run one at a time, the slowest 11_layout_advisor.ipynb in 66 s" in out
+    assert "make-test: 6 passed, 2 failed, 1 skipped" in out
+
+
+def test_a_leg_runs_its_notebooks_even_when_its_tests_fail(tmp_path):
+    calls = tmp_path / "calls"
+    fake = tmp_path / "pytest"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {calls}\ncase "$*" in *no:xdist*) exit 0;; *) exit 1;; esac\n')
+    fake.chmod(0o755)
+    seconds = tmp_path / "seconds.json"
+    seconds.write_text("{}")  # a last run's: removed before the leg starts
+    env = dict(os.environ, JOBS="2", WORKBENCH_FILE_SECONDS=str(seconds))
+    run = subprocess.run(["bash", os.path.join(ROOT, "tools", "pytest_leg.sh"), str(fake), str(tmp_path / "leg"),
+                          "--extra"], env=env)
+    assert run.returncode == 1 and not seconds.exists()
+    first, second = calls.read_text().splitlines()
+    assert first == f"-n 2 --dist loadfile --junitxml={tmp_path}/leg.xml --extra tests workbench"
+    assert second == f"-p no:xdist --junitxml={tmp_path}/leg-notebooks.xml --extra notebooks"

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# pytest_leg.sh PYTEST PREFIX [PYTEST ARGS...]: one leg of make test, in two phases.
+#   1. tests/ and the doctests of workbench/, two workers (pytest-xdist, a file stays on one worker);
+#   2. the notebooks, one at a time with every core: a notebook's time is then what a reader running it waits
+#      (what issue 34 holds under 90 s), and the leg takes as long as when two notebooks shared the two cores.
+# Junit reports go to PREFIX.xml and PREFIX-notebooks.xml (tools/test_report.py adds them up); the seconds per
+# file to $WORKBENCH_FILE_SECONDS when it is set (conftest.py adds both phases' into it). Both phases run; the
+# exit status is 1 when either failed.
+pytest=$1
+prefix=$2
+shift 2
+[ -n "${WORKBENCH_FILE_SECONDS:-}" ] && rm -f "$WORKBENCH_FILE_SECONDS"
+status=0
+"$pytest" -n "${JOBS:-2}" --dist loadfile --junitxml="$prefix.xml" "$@" tests workbench || status=1
+"$pytest" -p no:xdist --junitxml="$prefix-notebooks.xml" "$@" notebooks || status=1
+exit $status
