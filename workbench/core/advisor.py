@@ -41,7 +41,7 @@ import typing as tp
 from workbench.core.axes import EMPTY, EP, FSDP, MODE_DECODE, MODE_TRAIN, SP, DynamicShardingAxes, PartitionAxis
 from workbench.core.cluster import prime_factors
 from workbench.core.compile.steps import OPTIMIZERS
-from workbench.core.compile.virtual import TPU_HBM_ONLY, cluster_mesh, compile_step
+from workbench.core.compile.virtual import cluster_mesh, compile_step
 from workbench.core.cost.ledger import REMATS, TASKS, ledger, libtpu_version, zero_parameter_copy_bytes
 from workbench.core.cost.network import span
 from workbench.core.cost.predicted import predict_step
@@ -215,9 +215,9 @@ class Advice:
 
     def confirm_one(self, c: Candidate, *, progress: tp.Callable[[str], None] | None = None) -> Candidate:
         """Compile ``c`` on the virtual cluster: the compiled memory and step time go beside the prediction; on a
-        TPU slice (XLA's TPU compiler, HBM only: ``TPU_HBM_ONLY``), if its compiled memory exceeds the HBM it moves
-        from ``ranked`` to ``rejected`` with that reason. A GPU cluster's program is XLA:CPU's (in the worker),
-        whose memory is not a GPU's: it is shown, not held against the HBM."""
+        TPU slice (XLA's TPU compiler), if its compiled memory exceeds the HBM it moves from ``ranked`` to
+        ``rejected`` with that reason. A GPU cluster's program is XLA:CPU's (in the worker), whose memory is not
+        a GPU's: it is shown, not held against the HBM."""
         cluster = c.cluster or self.cluster  # the part of the cluster it plans on, when it leaves chips idle
         if progress is not None:
             progress(f"compiling {c.label} for {cluster.name}")
@@ -236,12 +236,9 @@ class Advice:
         kind = "train" if self.task == "train" else "forward"
         batch = self.batch if self.task != "decode" else (self.batch[0], 1)
         batch = (batch[0] // c.grad_accumulation, batch[1])  # one microbatch of an accumulation: its memory
-        # on a TPU slice, HBM only (no buffers placed in VMEM), as the ledger's terms were measured; a fifth less
-        # compile time too
         c.compiled = compile_step(model, cluster, c.mesh_shape, kind=kind, batch=batch,
                                   optimizer=self.optimizer, partition_axis=c.partition_axis, rules=c.rules or None,
-                                  pipeline=c.pipeline, zero_stage=c.zero_stage,
-                                  compiler_options=TPU_HBM_ONLY if cluster.platform == "tpu" else None)
+                                  pipeline=c.pipeline, zero_stage=c.zero_stage)
         # a decode step compiles as a one-token forward without a cache: not the predicted step's model FLOPs
         model_flops = None if self.task == "decode" else c.step.model_flops / c.grad_accumulation
         c.compiled_step = step_time(c.compiled, efficiency=c.step.efficiency, model_flops=model_flops)
