@@ -2,7 +2,8 @@
 # pytest_leg.sh PYTEST PREFIX [PYTEST ARGS...]: one leg of make test, in two phases.
 #   1. tests/ and the doctests of workbench/, two workers (pytest-xdist, a file stays on one worker);
 #   2. the notebooks, one at a time with every core: a notebook's time is then what a reader running it waits
-#      (what issue 34 holds under 90 s), and the leg takes as long as when two notebooks shared the two cores.
+#      (what issue 34 holds under 90 s). Their CPU time is what it was when two shared the cores, but a kernel
+#      leaves part of the second core idle: up to about 3 minutes more a leg, by the runs here.
 # Junit reports go to PREFIX.xml and PREFIX-notebooks.xml (tools/test_report.py adds them up); the seconds per
 # file to $WORKBENCH_FILE_SECONDS when it is set (conftest.py adds both phases' into it). Both phases run; the
 # exit status is 1 when either failed.
