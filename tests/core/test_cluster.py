@@ -98,6 +98,11 @@ def test_a_mesh_of_another_device_count_is_refused_with_the_valid_shapes():
     with pytest.raises(ValueError, match="has 32 devices"):
         Cluster.h100(nodes=8).check_mesh_shape((4, 8))
     assert (8, 8) in Cluster.h100(nodes=8).valid_mesh_shapes(2)  # NVSwitch: any factorisation
+    # the axis sizes of a workbench mesh: each axis named or 1, and all of them the cluster's devices
+    assert Cluster.h100(nodes=8).axis_sizes({"fsdp": 8, "tp": 8}) == {"pp": 1, "dp": 1, "fsdp": 8, "ep": 1, "tp": 8,
+                                                                      "sp": 1}
+    with pytest.raises(ValueError, match=r"mesh \{'fsdp': 4\} has 4 devices; 8 x 8 H100 SXM has 64"):
+        Cluster.h100(nodes=8).axis_sizes({"fsdp": 4})
 
 
 def test_slices_go_to_the_outermost_mesh_axes_that_can_hold_them():

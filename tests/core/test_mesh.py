@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from workbench.core.mesh import MESH_AXES, describe_mesh, make_mesh, mesh_factorizations, simulate_devices
+from workbench.core.mesh import MESH_AXES, axis_sizes, describe_mesh, make_mesh, mesh_factorizations, simulate_devices
 
 
 def test_default_mesh_puts_every_device_on_fsdp():
@@ -103,3 +103,12 @@ def test_factorizations_are_every_shape():
     assert mesh_factorizations(1, ()) == [{}]
     with pytest.raises(ValueError):
         mesh_factorizations(0)
+
+
+def test_axis_sizes_fill_every_workbench_axis_and_say_what_is_wrong():
+    assert axis_sizes({"tp": 4, "fsdp": np.int64(16)}) == {"pp": 1, "dp": 1, "fsdp": 16, "ep": 1, "tp": 4, "sp": 1}
+    assert list(axis_sizes(None)) == list(MESH_AXES)
+    with pytest.raises(ValueError, match=r"dcn_shape names axes \['model'\]; the workbench's mesh axes are"):
+        axis_sizes({"model": 4}, "dcn_shape")
+    with pytest.raises(ValueError, match=r"mesh sizes are positive ints; got \{'tp': 0\}"):
+        axis_sizes({"tp": 0, "dp": 2})

@@ -39,6 +39,7 @@ import time
 import typing as tp
 
 from workbench.core.axes import EMPTY, EP, FSDP, MODE_DECODE, MODE_TRAIN, SP, DynamicShardingAxes, PartitionAxis
+from workbench.core.checks import is_int, is_positive_int, positive_int
 from workbench.core.cluster import prime_factors
 from workbench.core.compile.steps import OPTIMIZERS
 from workbench.core.compile.virtual import cluster_mesh, compile_step
@@ -88,14 +89,12 @@ class Constraints:
         unknown = sorted(set(self.fixed) - set(MESH_AXES))
         if unknown:
             raise ValueError(f"Constraints.fixed names {unknown}; the mesh axes are {MESH_AXES}")
-        if not self.grad_accumulation or any(isinstance(k, bool) or not isinstance(k, int) or k < 1
-                                             for k in self.grad_accumulation):
+        if not self.grad_accumulation or not all(is_positive_int(k) for k in self.grad_accumulation):
             raise ValueError(f"Constraints.grad_accumulation is a tuple of positive ints (microbatches per step, 1 "
                              f"for none); got {self.grad_accumulation!r}")
         if not 0 <= self.headroom < 1:
             raise ValueError(f"Constraints.headroom is a fraction of HBM in [0, 1); got {self.headroom!r}")
-        if isinstance(self.max_split_axes, bool) or not isinstance(self.max_split_axes, int) \
-                or not 1 <= self.max_split_axes <= len(MESH_AXES):
+        if not is_int(self.max_split_axes) or not 1 <= self.max_split_axes <= len(MESH_AXES):
             raise ValueError(f"Constraints.max_split_axes must be an int in 1..{len(MESH_AXES)}; "
                              f"got {self.max_split_axes!r}")
 
@@ -488,6 +487,13 @@ def _pricer(config: tp.Any, cluster: tp.Any, shape: dict[str, int], batch: tuple
     return price
 
 
+def _microbatch_ledger(model: tp.Any, layout: Layout, task: str, batch: tuple[int, int], k: int, remat: str,
+                       **options: tp.Any) -> tp.Any:
+    """The ledger of one of ``k`` microbatches of ``batch``, with the running sum of their gradients beside its own."""
+    led = ledger(model, layout, kind=task, batch=(batch[0] // k, batch[1]), remat=remat, **options)
+    return dataclasses.replace(led, temporaries=led.temporaries + led.grads) if k > 1 else led
+
+
 TIE = 0.01  # step times within 1 % are a tie: the ranking then prefers what a practitioner would
 
 
@@ -554,9 +560,7 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
     if cluster.chip is None:
         raise ValueError(f"{cluster.name} has no chip numbers (simulated CPU devices): advise on Cluster.tpu(...), "
                          f"Cluster.h100(...) or Cluster.h200(...)")
-    for name, value in (("batch_tokens", batch_tokens), ("seq_len", seq_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int; got {value!r}")
+    positive_int("batch_tokens", batch_tokens), positive_int("seq_len", seq_len)
     if task == "decode":
         batch = (batch_tokens, 1)
     elif batch_tokens % seq_len:
@@ -622,41 +626,33 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
                     layout = layouts[depth, experts_fsdp]
                     accumulations = [k for k in constraints.grad_accumulation if (step_batch[0] // data) % k == 0] \
                         if task == "train" and pipeline is None else [1]
+                    held = functools.partial(_microbatch_ledger, padded_models[depth], layout, task, step_batch,
+                                             optimizer=optimizer, cluster=part, pipeline=pipeline,
+                                             kv_length=kv_length, zero_stage=zero)
+                    candidate = functools.partial(Candidate, shape, pipeline=pipeline, partition_axis=shape_pa,
+                                                  rules=shape_rules, zero_stage=zero, cluster=part if idle else None,
+                                                  idle=idle, experts_fsdp=experts_fsdp)
+                    price_at = functools.partial(_pricer, config, part, shape, step_batch, task, pipeline, kv_length,
+                                                 efficiency, zero, batch_axes=batch_axes, experts_fsdp=experts_fsdp)
                     k_most, frugal = max(accumulations), remats[-1]  # the least memory this layout can take
                     if k_most > 1 or len(remats) > 1:
-                        led = ledger(padded_models[depth], layout, kind=task, batch=(step_batch[0] // k_most,
-                                     step_batch[1]), optimizer=optimizer, remat=frugal, cluster=part,
-                                     pipeline=pipeline, kv_length=kv_length, zero_stage=zero)
-                        if k_most > 1:
-                            led = dataclasses.replace(led, temporaries=led.temporaries + led.grads)
+                        led = held(k_most, frugal)
                         if led.total > usable:  # not even so: that one, rejected, says by how much
                             considered += 1
-                            price = _pricer(config, part, shape, step_batch, task, pipeline, kv_length, efficiency,
-                                            zero, k_most, batch_axes, experts_fsdp)
-                            rejected.append(Candidate(shape, frugal, pipeline, shape_pa, shape_rules, led, price,
-                                                      False, zero, grad_accumulation=k_most,
-                                                      cluster=part if idle else None, idle=idle,
-                                                      experts_fsdp=experts_fsdp))
+                            rejected.append(candidate(remat=frugal, ledger=led, price=price_at(k_most), fits=False,
+                                                      grad_accumulation=k_most))
                             continue
                     fitted_at = None  # the first accumulation that fits; one more is tried if only remat did
                     for k in sorted(accumulations):
                         if fitted_at is not None and (fitted_at[1] == "none" or k > 2 * fitted_at[0]):
                             break  # fits without recompute, or one doubling past the first fit: more only slows it
-                        micro = (step_batch[0] // k, step_batch[1])
-                        price = _pricer(config, part, shape, step_batch, task, pipeline, kv_length, efficiency, zero, k,
-                                        batch_axes, experts_fsdp)
+                        price = price_at(k)
                         for r in remats:
                             considered += 1
-                            led = ledger(padded_models[depth], layout, kind=task, batch=micro,
-                                         optimizer=optimizer, remat=r, cluster=part, pipeline=pipeline,
-                                         kv_length=kv_length, zero_stage=zero)
-                            if k > 1:  # the running sum of the microbatches' gradients, beside each one's own
-                                led = dataclasses.replace(led, temporaries=led.temporaries + led.grads)
+                            led = held(k, r)
                             fits = led.total <= usable
-                            c = Candidate(shape, r, pipeline, shape_pa, shape_rules, led, price, fits, zero,
-                                          grad_accumulation=k, cluster=part if idle else None, idle=idle,
-                                          experts_fsdp=experts_fsdp)
-                            (ranked if fits else rejected).append(c)
+                            (ranked if fits else rejected).append(candidate(remat=r, ledger=led, price=price, fits=fits,
+                                                                             grad_accumulation=k))
                             if led.params + led.grads + led.optimizer + led.kv_cache > usable:
                                 fitted_at = (0, "none")  # the state alone overflows: no remat or microbatching helps
                                 break

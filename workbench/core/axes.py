@@ -407,7 +407,7 @@ def fit_spec(spec: PartitionSpec, shape: tp.Sequence[int], mesh: tp.Any) -> Part
     >>> fit_spec(PartitionSpec(("dp", "tp"), "tp"), (6, 8), mesh)  # 6 % (2*4) != 0: tp dropped
     P('dp', 'tp')
     """
-    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+    sizes = dict(mesh.shape)
     used: dict[str, int] = {}
     out = []
     for dim, entry in enumerate(tuple(spec) + (None,) * (len(shape) - len(spec))):

@@ -34,9 +34,10 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
+from workbench.core.checks import is_positive_int, positive_int
 from workbench.core.compile.xla_log import xla_log_lines
 from workbench.core.cost.chips import H100, H200, RING, SWITCH, TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, Hardware
-from workbench.core.mesh import mesh_factorizations
+from workbench.core.mesh import axis_sizes, mesh_factorizations
 from workbench.core.units import format_bytes
 
 TPU_AOT_HINT = 'pip install "jax-workbench[tpu-aot]"'
@@ -179,7 +180,7 @@ class Cluster:
         ``"v4:2x2x2"``), or ``slices`` of them joined by the data-center network; ``libtpu``: its compiler's
         release (see the class doc)."""
         generation, dims = parse_topology(topology)
-        _positive("slices", slices)
+        positive_int("slices", slices)
         if libtpu is not None and not (isinstance(libtpu, tuple) and libtpu and all(
                 isinstance(n, int) and n >= 0 for n in libtpu)):
             raise ValueError(f"libtpu is a release as a tuple of integers, such as (0, 0, 50); got {libtpu!r}")
@@ -198,8 +199,8 @@ class Cluster:
             inter_node_bandwidth: float = INTER_NODE_PER_NODE) -> Cluster:
         """``nodes`` x ``gpus_per_node`` GPUs of ``chip``: NVLink inside a node, ``inter_node_bandwidth``
         (bytes/s per node, one way) between nodes."""
-        _positive("nodes", nodes)
-        _positive("gpus_per_node", gpus_per_node)
+        positive_int("nodes", nodes)
+        positive_int("gpus_per_node", gpus_per_node)
         if chip.topology != SWITCH:
             raise ValueError(f"{chip.name} is not a GPU (its links form a {chip.topology}); use Cluster.tpu")
         levels = [NetworkLevel("nvlink", "switch", chip.link_bandwidth, "chip", NVLINK_HOP_S)]
@@ -221,7 +222,7 @@ class Cluster:
     @classmethod
     def cpu(cls, num_devices: int) -> Cluster:
         """``num_devices`` simulated CPU devices (what a laptop can show; no peak numbers)."""
-        _positive("num_devices", num_devices)
+        positive_int("num_devices", num_devices)
         return cls(f"{num_devices} simulated CPU devices", "cpu", None, num_devices)
 
     # -- what a cluster offers -------------------------------------------------------------------------
@@ -276,7 +277,7 @@ class Cluster:
         ``slices`` > 1, any axes may span the slices as :meth:`dcn_split` gives them out. GPU, CPU: any
         factorisation.
         """
-        _positive("ndim", ndim)
+        positive_int("ndim", ndim)
         if self.platform != "tpu":
             names = tuple(f"a{i}" for i in range(ndim))
             return tuple(tuple(s.values()) for s in mesh_factorizations(self.num_devices, names))
@@ -293,6 +294,15 @@ class Cluster:
                     shapes.add(shape)
         return tuple(sorted(shapes))
 
+    def axis_sizes(self, mesh_shape: tp.Mapping[str, int]) -> dict[str, int]:
+        """Each workbench mesh axis's size (:func:`~workbench.core.mesh.axis_sizes`); they must multiply to this
+        cluster's devices."""
+        sizes = axis_sizes(mesh_shape)
+        if math.prod(sizes.values()) != self.num_devices:
+            raise ValueError(f"mesh {dict(mesh_shape)} has {math.prod(sizes.values())} devices; {self.name} has "
+                             f"{self.num_devices}")
+        return sizes
+
     def check_mesh_shape(self, mesh_shape: tp.Sequence[int]) -> tuple[int, ...]:
         """``mesh_shape`` as a tuple if it maps onto this cluster, else a ValueError listing those that do.
 
@@ -300,7 +310,7 @@ class Cluster:
         :meth:`dcn_split`, and the part inside a slice on its torus, along whole physical axes or splitting
         some (:func:`torus_layout`)."""
         shape = tuple(mesh_shape)
-        if not shape or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape):
+        if not shape or not all(is_positive_int(s) for s in shape):
             raise ValueError(f"a mesh shape is a tuple of positive ints; got {mesh_shape!r}")
         if math.prod(shape) == self.num_devices:
             if self.platform != "tpu":
@@ -326,7 +336,7 @@ class Cluster:
         length keeps its wraparound); else on the most balanced box of that many chips, with no wraparound: the
         part is not a box of the torus, so no axis of it closes a ring, and its collectives are priced as on that
         box's lines (the name says which)."""
-        _positive("num_devices", num_devices)
+        positive_int("num_devices", num_devices)
         if num_devices == self.num_devices:
             return self
         if num_devices > self.num_devices:
@@ -383,11 +393,6 @@ class Cluster:
 def _valid_mesh_shapes(cluster: Cluster, ndim: int) -> frozenset[tuple[int, ...]]:
     """:meth:`Cluster.valid_mesh_shapes` as a set, remembered (a layout search checks many shapes)."""
     return frozenset(cluster.valid_mesh_shapes(ndim))
-
-
-def _positive(name: str, value: tp.Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int; got {value!r}")
 
 
 # -- how JAX lays a mesh on one slice's torus ---------------------------------------------------------------

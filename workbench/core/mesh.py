@@ -26,6 +26,8 @@ import typing as tp
 import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
+from workbench.core.checks import is_positive_int, positive_int
+
 MESH_AXES = ("pp", "dp", "fsdp", "ep", "tp", "sp")
 
 
@@ -42,8 +44,7 @@ def simulate_devices(n: int) -> None:
     host's cores). If the backend already started with another count, raises
     ``RuntimeError``: restart the kernel and call this first.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"simulate_devices(n) needs a positive int; got {n!r}")
+    positive_int("simulate_devices(n)", n)
     if _backends_started():
         have = len(jax.devices("cpu"))
         if have == n:
@@ -61,7 +62,7 @@ def simulate_devices(n: int) -> None:
 def _sizes(pp: int, dp: int, fsdp: int, ep: int, tp: int, sp: int, n: int) -> tuple[int, ...]:
     sizes = dict(pp=pp, dp=dp, fsdp=fsdp, ep=ep, tp=tp, sp=sp)
     for name, size in sizes.items():
-        if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
+        if not (is_positive_int(size) or size == -1):
             raise ValueError(f"make_mesh: {name}={size!r}; each axis size is a positive int, or -1 for "
                              f"'the rest of the devices' on one axis")
     inferred = [name for name, size in sizes.items() if size == -1]
@@ -194,14 +195,26 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def axis_sizes(mesh_shape: tp.Mapping[str, int] | None, what: str = "mesh") -> dict[str, int]:
+    """``{"fsdp": 16, "tp": 4}`` -> the size of each of :data:`MESH_AXES` (1 where not named), or a ValueError
+    naming an unknown axis or a size that is no positive int."""
+    mesh_shape = dict(mesh_shape or {})
+    unknown = sorted(set(mesh_shape) - set(MESH_AXES))
+    if unknown:
+        raise ValueError(f"{what} names axes {unknown}; the workbench's mesh axes are {MESH_AXES}")
+    bad = {a: n for a, n in mesh_shape.items() if not is_positive_int(n)}
+    if bad:
+        raise ValueError(f"{what} sizes are positive ints; got {bad}")
+    return {a: int(mesh_shape.get(a, 1)) for a in MESH_AXES}
+
+
 def mesh_factorizations(n_devices: int, axis_names: tp.Sequence[str] = MESH_AXES) -> list[dict[str, int]]:
     """Every mesh shape over ``axis_names`` whose sizes multiply to ``n_devices``, in lexicographic order.
 
     >>> len(mesh_factorizations(8)), mesh_factorizations(4, ("dp", "tp"))
     (56, [{'dp': 1, 'tp': 4}, {'dp': 2, 'tp': 2}, {'dp': 4, 'tp': 1}])
     """
-    if isinstance(n_devices, bool) or not isinstance(n_devices, int) or n_devices < 1:
-        raise ValueError(f"n_devices must be a positive int; got {n_devices!r}")
+    positive_int("n_devices", n_devices)
     names = tuple(axis_names)
 
     def rec(n: int, k: int) -> list[tuple[int, ...]]:

@@ -455,7 +455,7 @@ def pipeline_logits(graphdef: nnx.GraphDef, params: nnx.State, other: nnx.State,
 
 def default_config(mesh: tp.Any, batch_size: int, schedule: str = "1f1b") -> PipelineConfig:
     """A pipeline over the mesh's pp axis with as many microbatches as divide the batch, up to ``2 p``."""
-    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+    sizes = dict(mesh.shape)
     p, data_ways = sizes.get(PP, 1), sizes.get(DP_AXIS, 1) * sizes.get("fsdp", 1)
     m = max((k for k in range(1, 2 * p + 1) if batch_size % (k * data_ways) == 0), default=1)
     return PipelineConfig(p, m, schedule)

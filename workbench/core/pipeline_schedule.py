@@ -28,6 +28,8 @@ import typing as tp
 
 import numpy as np
 
+from workbench.core.checks import positive_int
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 _ALIASES = {"circular": "interleaved", "gpipe": "gpipe", "1f1b": "1f1b", "interleaved": "interleaved",
             "afab": "gpipe", "all-forward-all-backward": "gpipe"}
@@ -51,9 +53,7 @@ class PipelineConfig:
 
     def __post_init__(self):
         for name in ("num_stages", "num_microbatches"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"PipelineConfig.{name} must be a positive int; got {value!r}")
+            positive_int(f"PipelineConfig.{name}", getattr(self, name))
         schedule = _ALIASES.get(str(self.schedule).lower())
         if schedule is None:
             raise ValueError(f"unknown pipeline schedule {self.schedule!r}; use one of {SCHEDULES} "
@@ -62,8 +62,7 @@ class PipelineConfig:
         v = self.virtual_stages
         if v is None:
             v = 2 if schedule == "interleaved" else 1
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"PipelineConfig.virtual_stages must be a positive int; got {v!r}")
+        positive_int("PipelineConfig.virtual_stages", v)
         if schedule == "interleaved" and v < 2:
             raise ValueError("the interleaved schedule holds several stages per device: virtual_stages >= 2 "
                              "(with one stage per device use schedule='1f1b')")

@@ -798,7 +798,7 @@ def _cluster_mesh(mesh: tp.Any, cluster: tp.Any) -> tp.Any:
 def _pipelined(partition_axis: PartitionAxis | None, mesh: tp.Any) -> PartitionAxis | None:
     """On a mesh with pp > 1 the stacked layers are the pipeline's stages: LAYERS over pp unless a rule says
     otherwise (each device then holds its stages' parameters and optimizer state)."""
-    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+    sizes = dict(mesh.shape)
     pa = partition_axis or PartitionAxis()
     if sizes.get("pp", 1) > 1 and pa.layer_axis is None:
         return pa.replace(layer_axis="pp")

@@ -21,6 +21,8 @@ import typing as tp
 
 import jax
 
+from workbench.core.checks import positive_int
+
 
 class Lookup(tp.NamedTuple):
     """What :meth:`CompileCache.get` found: the ``value``, whether this call built it (``compiled``), and the
@@ -39,9 +41,7 @@ class CompileCache:
     """
 
     def __init__(self, maxsize: int):
-        if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 1:
-            raise ValueError(f"maxsize must be a positive int; got {maxsize!r}")
-        self.maxsize = maxsize
+        self.maxsize = positive_int("maxsize", maxsize)
         self._entries: collections.OrderedDict[tp.Hashable, tp.Any] = collections.OrderedDict()
         self._building: dict[tp.Hashable, threading.Event] = {}
         self._lock = threading.Lock()

@@ -16,7 +16,6 @@ as ``(BATCH, LENGTH)`` resolves in the layout's mode.
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing as tp
 
 import jax
@@ -28,7 +27,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 from workbench.core import pipeline as pipelines
 from workbench.core.axes import PartitionAxis
 from workbench.core.cluster import Cluster
-from workbench.core.mesh import MESH_AXES
 from workbench.core.models.loss import causal_lm_loss, labels_from
 from workbench.core.models.sharding import path_str, with_mesh
 from workbench.core.sharding.plan import INPUT_AXES, Layout
@@ -53,14 +51,7 @@ def optimizer(name: str, learning_rate: float = 1e-3) -> optax.GradientTransform
 
 def full_mesh_shape(mesh_shape: tp.Mapping[str, int], cluster: Cluster) -> tuple[int, ...]:
     """``{"fsdp": 16, "tp": 4}`` -> the sizes of the workbench's mesh axes ``(pp, dp, fsdp, ep, tp, sp)``."""
-    unknown = sorted(set(mesh_shape) - set(MESH_AXES))
-    if unknown:
-        raise ValueError(f"mesh axes {unknown} are not the workbench's {MESH_AXES}")
-    shape = tuple(int(mesh_shape.get(name, 1)) for name in MESH_AXES)
-    if math.prod(shape) != cluster.num_devices:
-        raise ValueError(f"mesh {dict(mesh_shape)} has {math.prod(shape)} devices; {cluster.name} has "
-                         f"{cluster.num_devices}")
-    return shape
+    return tuple(cluster.axis_sizes(mesh_shape).values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +95,7 @@ def layout_step(model: nnx.Module, layout: Layout, *, kind: str = "train", batch
     b, t = batch
     spec = pa.resolve(INPUT_AXES, layout.mode, shape=(b, t), mesh=mesh)
     ids = jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=NamedSharding(mesh, spec))
-    pp = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True)).get("pp", 1)
+    pp = dict(mesh.shape).get("pp", 1)
     pipeline = (layout.pipeline or pipelines.default_config(mesh, b)) if pp > 1 else None
 
     def logits(params, other, ids):
@@ -145,7 +136,7 @@ def abstract_step(model: nnx.Module, mesh: tp.Any, *, kind: str = "train", batch
     and the step runs as ``pipeline`` (a ``PipelineConfig``; default :func:`workbench.core.pipeline.default_config`).
     ``zero_stage=1`` splits the optimizer state over ``dp`` as well (:mod:`workbench.core.sharding.zero`)."""
     pa = partition_axis or PartitionAxis()
-    if dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True)).get("pp", 1) > 1 and pa.layer_axis is None:
+    if dict(mesh.shape).get("pp", 1) > 1 and pa.layer_axis is None:
         pa = pipelines.pipeline_partition_axis(pa)
     layout = Layout.of(model, mesh, pa, rules, pipeline=pipeline, zero_stage=zero_stage)
     return layout_step(model, layout, kind=kind, batch=batch, optimizer_name=optimizer_name)

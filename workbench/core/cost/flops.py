@@ -38,6 +38,7 @@ import dataclasses
 import functools
 import typing as tp
 
+from workbench.core.checks import batch_shape
 from workbench.core.cost.ledger import REMATS, TASKS
 
 
@@ -219,9 +220,7 @@ def model_flops(config: tp.Any, batch: tuple[int, int], *, task: str = "train", 
 
 
 def _config(config: tp.Any, batch: tp.Any) -> tp.Any:
-    if (not isinstance(batch, tuple | list) or len(batch) != 2
-            or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch)):
-        raise ValueError(f"batch is (sequences, length), two positive ints; got {batch!r}")
+    batch_shape(batch)
     return getattr(config, "config", config)
 
 

@@ -198,7 +198,7 @@ def _state_block_bytes(layout: Layout, zero_stage: int | None) -> tp.Callable[[t
     """Bytes per device of an array shaped like a parameter and split like its optimizer state (the parameter's
     block, over ``dp`` too at ZeRO-1)."""
     zero = layout.zero_stage if zero_stage is None else zero_stage
-    sizes = _axis_sizes(layout)
+    sizes = dict(layout.mesh.shape)
     if not zero or sizes.get("dp", 1) == 1:
         return lambda p: p.bytes_per_device
     return lambda p: p.bytes_per_device // state_split(p.spec, p.shape, sizes, zero)
@@ -267,18 +267,14 @@ def kv_cache_bytes(layout: Layout, batch: int, max_length: int, dtype: tp.Any) -
     ``layers x (B, S, 1, C + R)``, values inside the keys), split as
     :func:`~workbench.core.sharding.plan.kv_cache_spec` says."""
     _, decisions = kv_cache_decisions(layout, batch, max_length)
-    block = shard_shape(decisions, _axis_sizes(layout))
+    block = shard_shape(decisions, dict(layout.mesh.shape))
     arrays = 1 if layout.config.mla else 2  # MLA's values are the first channels of its keys
     return arrays * layout.config.num_hidden_layers * math.prod(block) * np.dtype(dtype).itemsize
 
 
-def _axis_sizes(layout: Layout) -> dict[str, int]:
-    return dict(zip(layout.mesh.axis_names, layout.mesh.axis_sizes, strict=True))
-
-
 def _tokens_per_device(layout: Layout, batch: tuple[int, int], mode: str) -> tuple[int, int, int]:
     """``(b, t, data shards)``: rows and positions of the batch one device holds, and the batch's data split."""
-    sizes = _axis_sizes(layout)
+    sizes = dict(layout.mesh.shape)
     decisions = layout.token_decisions(tuple(batch), mode)
     split = [math.prod(sizes[a] for a in d.chosen) for d in decisions]
     return batch[0] // split[0], batch[1] // split[1], split[0]
@@ -357,7 +353,7 @@ def layer_set(layout: Layout, prefix: str = "layers/", *, t_kv: int, moe_strateg
               tokens: int = 1, capacity_factor: float | None = None) -> LayerSet:
     """Per token row, what one layer of the stack under ``prefix`` keeps for its backward (see the module
     doc for the three policies); ``t_kv`` keys per query, ``tokens`` the device's tokens (a MoE's capacity)."""
-    sizes = _axis_sizes(layout)
+    sizes = dict(layout.mesh.shape)
     data_axes = set(_data_axes(layout))
     c = layout.config
     width = lambda name: _width(layout, prefix + name, data_axes, sizes)
@@ -426,7 +422,7 @@ def moe_strategy_of(model: tp.Any, layout: Layout) -> tuple[str, float | None]:
     mlp = getattr(getattr(model, "layers", None), "mlp", None)
     strategy = getattr(mlp, "strategy", "auto")
     if strategy == "auto":
-        ep = _axis_sizes(layout).get(layout.partition_axis.expert_parallel_axis, 1)
+        ep = dict(layout.mesh.shape).get(layout.partition_axis.expert_parallel_axis, 1)
         strategy = "alltoall" if ep > 1 else "dense"
     return strategy, getattr(mlp, "capacity_factor", None)
 
@@ -436,7 +432,7 @@ def _gathered_layer_bytes(layout: Layout, prefix: str, dtype: tp.Any = None) -> 
     data axes (FSDP): the layer's block with the data splits undone, the model-parallel ones kept; in ``dtype``
     where given (XLA:TPU casts each device's block to the compute dtype, then gathers the cast: a bfloat16
     all-gather of float32 master weights, see :func:`cast_bytes`), else in the parameters' own."""
-    sizes = _axis_sizes(layout)
+    sizes = dict(layout.mesh.shape)
     data_axes = set(_data_axes(layout))
     total = 0.0
     for p in layout.params:
@@ -499,7 +495,7 @@ def attention_scores(layout: Layout, batch: tuple[int, int], prefix: str = "laye
     c = layout.config
     q_path = prefix + ("self_attn/q_b_proj/kernel" if prefix + "self_attn/q_b_proj/kernel" in layout.paths
                        else "self_attn/q_proj/kernel")
-    heads = c.num_attention_heads / _model_split(layout[q_path], 2, set(_data_axes(layout)), _axis_sizes(layout))
+    heads = c.num_attention_heads / _model_split(layout[q_path], 2, set(_data_axes(layout)), dict(layout.mesh.shape))
     return b * t * heads * batch[1]
 
 
@@ -535,7 +531,7 @@ def logits_bytes(layout: Layout, batch: tuple[int, int]) -> int:
     head = "lm_head/kernel" if "lm_head/kernel" in layout.paths else "embed_tokens"
     p = layout[head]
     vocab_dim = len(p.shape) - 1 if head == "lm_head/kernel" else 0
-    split = _model_split(p, vocab_dim, set(_data_axes(layout)), _axis_sizes(layout))
+    split = _model_split(p, vocab_dim, set(_data_axes(layout)), dict(layout.mesh.shape))
     return int(b * t * layout.config.vocab_size / split * 4)
 
 
@@ -598,7 +594,7 @@ def pipeline_activation_bytes(layout: Layout, pipeline: tp.Any, batch: tuple[int
                               compiler: str = "tpu", moe_strategy: str = "dense",
                               capacity_factor: float | None = None) -> tuple[int, int]:
     """``(kept, temporaries)`` bytes per device of a pipelined train step (see the module doc)."""
-    sizes = _axis_sizes(layout)
+    sizes = dict(layout.mesh.shape)
     if sizes.get("pp", 1) != pipeline.num_stages:
         raise ValueError(f"PipelineConfig(num_stages={pipeline.num_stages}) but the layout's mesh has pp="
                          f"{sizes.get('pp', 1)}; make them equal")

@@ -104,9 +104,9 @@ backward, not 2); XLA:TPU gathers some weights again for each use in the backwar
 from __future__ import annotations
 
 import math
-import numbers
 import typing as tp
 
+from workbench.core.checks import batch_shape, positive_int
 from workbench.core.cluster import Cluster
 from workbench.core.cost.calibration import ADAMW_F32_BYTES, FLASH_BACKWARD, calibration
 from workbench.core.cost.flops import model_flops, model_shapes
@@ -185,19 +185,8 @@ def _check(task: str, remat: str, batch: tp.Any, batch_axes: tp.Sequence[str], m
         raise ValueError(f"task must be one of {TASKS}; got {task!r}")
     if remat not in REMATS:
         raise ValueError(f"remat must be one of {REMATS}; got {remat!r}")
-    if (not isinstance(batch, tuple | list) or len(batch) != 2
-            or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch)):
-        raise ValueError(f"batch is (sequences, length), two positive ints; got {batch!r}")
-    unknown = sorted(set(mesh_shape) - set(MESH_AXES))
-    if unknown:
-        raise ValueError(f"mesh axes {unknown} are not the workbench's {MESH_AXES}")
-    sizes = {a: mesh_shape.get(a, 1) for a in MESH_AXES}
-    if any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 1 for s in sizes.values()):
-        raise ValueError(f"mesh sizes are positive ints; got {dict(mesh_shape)}")
-    sizes = {a: int(s) for a, s in sizes.items()}
-    if math.prod(sizes.values()) != cluster.num_devices:
-        raise ValueError(f"mesh {dict(mesh_shape)} has {math.prod(sizes.values())} devices; {cluster.name} has "
-                         f"{cluster.num_devices}")
+    batch_shape(batch)
+    sizes = cluster.axis_sizes(mesh_shape)
     bad = sorted(set(batch_axes) - {"dp", "fsdp", "ep"})
     if bad:
         raise ValueError(f"batch_axes split the batch: a subset of ('dp', 'fsdp', 'ep'); got {bad}")
@@ -254,8 +243,7 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
         raise ValueError(f"the mesh has pp={pp}: pass pipeline=PipelineConfig(num_stages={pp}, num_microbatches=...)")
     if pipeline is not None and pipeline.num_stages != pp:
         raise ValueError(f"PipelineConfig(num_stages={pipeline.num_stages}) but the mesh has pp={pp}; make them equal")
-    if isinstance(grad_accumulation, bool) or not isinstance(grad_accumulation, int) or grad_accumulation < 1:
-        raise ValueError(f"grad_accumulation is a positive int (microbatches a step); got {grad_accumulation!r}")
+    positive_int("grad_accumulation", grad_accumulation, what="a positive int (microbatches a step)")
     if pipeline is not None and grad_accumulation != 1:
         raise ValueError("a pipeline's microbatches are its gradient accumulation: pass num_microbatches in "
                          "PipelineConfig and leave grad_accumulation=1")

@@ -40,6 +40,7 @@ import typing as tp
 
 import jax
 
+from workbench.core.checks import positive_int
 from workbench.core.hlo.graph import op_kinds
 from workbench.core.hlo.text import parse
 from workbench.core.tables import Html, html_table
@@ -228,8 +229,7 @@ def profile(fn: tp.Callable, *args: tp.Any, runs: int = 3, carry: bool = False, 
     a step that donates its state cannot be called twice on the same one). ``log_dir`` keeps the trace there
     (open ``perfetto_trace.json.gz`` in https://ui.perfetto.dev); default: a temporary directory, removed.
     """
-    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
-        raise ValueError(f"runs must be a positive int; got {runs!r}")
+    positive_int("runs", runs)
 
     def call(args: tuple) -> tuple:
         out = jax.block_until_ready(fn(*args, **kwargs))

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from workbench.core.axes import BATCH, KV_HEAD, KV_HEAD_DIM, KV_LENGTH, MODE_DECODE, DimDecision, PartitionAxis
+from workbench.core.checks import is_int, positive_int
 from workbench.core.models.config import ModelConfig
 from workbench.core.models.rope import apply_rope
 from workbench.core.operations import OperationMetadata, OperationRegistry
@@ -146,7 +147,7 @@ def cache_decisions(config: ModelConfig, batch: int, max_length: int, mesh: tp.A
     kv = kv_layout(config)  # MLA: one head of [latent ; rope key]
     shape = (batch, max_length, kv.kv_heads, kv.key_dim)
     decisions = pa.explain(KV_CACHE_AXES, KV_CACHE_MODE, shape=shape, mesh=mesh)
-    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+    sizes = dict(mesh.shape)
     free = _head_axes(decisions)
     ways = math.prod(sizes[a] for a in free)
     axes = "×".join(a for a in free if sizes[a] > 1)
@@ -224,7 +225,7 @@ def _check_cacheable(attn_mechanism: str) -> None:
 
 
 def _check_value_dim(value_dim: int | None, head_dim: int) -> None:
-    if value_dim is not None and not (isinstance(value_dim, int | np.integer) and 1 <= value_dim <= head_dim):
+    if value_dim is not None and not (is_int(value_dim) and 1 <= value_dim <= head_dim):
         raise ValueError(f"value_dim (values = the keys' first value_dim channels) must be an int in [1, head_dim="
                          f"{head_dim}] or None; got {value_dim!r}")
 
@@ -250,8 +251,7 @@ class KVCache:
     def create(cls, num_layers: int, batch_size: int, max_length: int, num_kv_heads: int, head_dim: int,
                dtype=jnp.float32, *, value_dim: int | None = None) -> KVCache:
         for name, value in (("num_layers", num_layers), ("batch_size", batch_size), ("max_length", max_length)):
-            if not isinstance(value, int | np.integer) or value < 1:
-                raise ValueError(f"{name} must be a positive int; got {value!r}")
+            positive_int(name, value)
         _check_value_dim(value_dim, head_dim)
         shape = (num_layers, batch_size, max_length, num_kv_heads, head_dim)
         return cls(keys=jnp.zeros(shape, dtype), values=None if value_dim else jnp.zeros(shape, dtype),
@@ -397,8 +397,7 @@ class PagedKVCache:
                num_kv_heads: int, head_dim: int, dtype=jnp.float32, *, value_dim: int | None = None) -> PagedKVCache:
         for name, value in (("num_layers", num_layers), ("batch_size", batch_size), ("num_pages", num_pages),
                             ("page_size", page_size), ("max_model_length", max_model_length)):
-            if not isinstance(value, int | np.integer) or value < 1:
-                raise ValueError(f"{name} must be a positive int; got {value!r}")
+            positive_int(name, value)
         _check_value_dim(value_dim, head_dim)
         shape = (num_layers, num_pages, page_size, num_kv_heads, head_dim)
         return cls(key_pages=jnp.zeros(shape, dtype), value_pages=None if value_dim else jnp.zeros(shape, dtype),
@@ -578,9 +577,8 @@ class StreamingKVCache:
                dtype=jnp.float32) -> StreamingKVCache:
         for name, value, least in (("num_layers", num_layers, 1), ("batch_size", batch_size, 1),
                                    ("sinks", sinks, 0), ("window", window, 1)):
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
-                what = "a non-negative int (StreamingLLM keeps 4)" if least == 0 else "a positive int"
-                raise ValueError(f"{name} must be {what}; got {value!r}")
+            positive_int(name, value, least=least,
+                         what="a non-negative int (StreamingLLM keeps 4)" if least == 0 else "a positive int")
         shape = (num_layers, batch_size, int(sinks) + int(window), num_kv_heads, head_dim)
         return cls(keys=jnp.zeros(shape, dtype), values=jnp.zeros(shape, dtype),
                    lengths_B=jnp.zeros((batch_size,), INDEX), seen_B=jnp.zeros((batch_size,), INDEX),

@@ -23,6 +23,7 @@ from workbench.core.axes import (
     PartitionAxis,
     RowWise,
 )
+from workbench.core.checks import positive_int
 from workbench.core.linear import ColumnParallelLinear
 from workbench.core.mesh import as_auto, call_on_auto_axes, explicit_mesh_of
 from workbench.core.models.block import ACTIVATION_AXES, Attention, make_norm
@@ -212,9 +213,7 @@ class CausalLM(ModelMethods, nnx.Module):
         if mesh is None:
             return self._typed(KVCache.create(c.num_hidden_layers, batch_size, max_length, layout.kv_heads,
                                               layout.key_dim, dtype, value_dim=layout.value_dim))
-        for name, value in (("batch_size", batch_size), ("max_length", max_length)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int; got {value!r}")
+        positive_int("batch_size", batch_size), positive_int("max_length", max_length)
         pa = partition_axis or getattr(self, "partition_axis", None) or PartitionAxis()
         shape, decisions = cache_decisions(c, batch_size, max_length, mesh, pa)
         kv_spec = PartitionSpec(None, *(d.spec_entry for d in decisions))  # layers stacked first, whole

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from workbench.core.axes import MODE_TRAIN
+from workbench.core.checks import is_positive_int
 from workbench.core.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
 from workbench.core.models.generation_config import GenerationConfig
 from workbench.core.models.hf_convert import (
@@ -304,8 +305,8 @@ def hf_tensor_plan(model, dtype=None) -> list[CheckpointTensor]:
 
 def parse_size(size: int | str) -> int:
     """Bytes from an int or a string like ``"2GB"`` (10**9) or ``"500MiB"`` (2**20), as ``transformers``."""
-    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-        return size
+    if is_positive_int(size):
+        return int(size)
     pattern = r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)\s*"
     match = re.fullmatch(pattern, size, re.IGNORECASE) if isinstance(size, str) else None
     if match is None or match.group(2).upper() not in SIZE_UNITS or float(match.group(1)) <= 0:

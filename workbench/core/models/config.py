@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import typing as tp
 
+from workbench.core.checks import is_positive_int, positive_int
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "gemma3_text", "qwen3_moe",
                          "gpt_oss", "deepseek_v3")
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -160,9 +162,7 @@ class ModelConfig:
             raise ValueError(f"model_type {self.model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"ModelConfig.{name} must be a positive int; got {value!r}")
+            positive_int(f"ModelConfig.{name}", getattr(self, name))
         for name, allowed in (("norm_type", NORM_TYPES), ("mlp_type", MLP_TYPES),
                               ("position_embedding", ("rope", "learned"))):
             if getattr(self, name) not in allowed:
@@ -191,8 +191,8 @@ class ModelConfig:
                              f"num_key_value_heads={self.num_key_value_heads}")
         if self.position_embedding == "rope" and self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for the rotary embedding")
-        if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window < 1):
-            raise ValueError(f"sliding_window must be a positive int or None; got {self.sliding_window!r}")
+        if self.sliding_window is not None:
+            positive_int("sliding_window", self.sliding_window, what="a positive int or None")
         layer_types = self.layer_types
         if layer_types is None:
             kind = "full_attention" if self.sliding_window is None else "sliding_attention"
@@ -209,13 +209,11 @@ class ModelConfig:
 
     def _check_mla(self) -> None:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_positive_int(getattr(self, name)):
                 raise ValueError(f"multi-head latent attention (kv_lora_rank set) needs ModelConfig.{name} to be a "
-                                 f"positive int; got {value!r}")
-        q = self.q_lora_rank
-        if q is not None and (isinstance(q, bool) or not isinstance(q, int) or q < 1):
-            raise ValueError(f"q_lora_rank must be a positive int or None (a plain q_proj); got {q!r}")
+                                 f"positive int; got {getattr(self, name)!r}")
+        if self.q_lora_rank is not None:
+            positive_int("q_lora_rank", self.q_lora_rank, what="a positive int or None (a plain q_proj)")
         if self.head_dim != self.qk_rope_head_dim:
             raise ValueError(f"with multi-head latent attention head_dim is the rotary width: set head_dim="
                              f"qk_rope_head_dim={self.qk_rope_head_dim} (got {self.head_dim})")

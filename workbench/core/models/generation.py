@@ -28,11 +28,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from workbench.core.checks import is_int
 from workbench.core.compile.cache import PROGRAMS, signature
 from workbench.core.mesh import call_on_auto_axes, explicit_mesh_of
 from workbench.core.models.beam_search import beam_programs, best_sequences
 from workbench.core.models.cache import KVCache, PagedKVCache, StreamingKVCache
-from workbench.core.models.generation_config import GenerationConfig, is_int
+from workbench.core.models.generation_config import GenerationConfig
 from workbench.core.models.sampling import sample_programs
 
 Array = jax.Array

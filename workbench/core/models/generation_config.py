@@ -23,15 +23,12 @@ import typing as tp
 
 import numpy as np
 
+from workbench.core.checks import is_int, positive_int
+
 # transformers.GenerationConfig._get_default_generation_params, for the fields this config has.
 HF_DEFAULTS: dict[str, tp.Any] = {"max_length": 20, "do_sample": False, "temperature": 1.0, "top_k": 50,
                                   "top_p": 1.0, "repetition_penalty": 1.0, "num_beams": 1, "length_penalty": 1.0,
                                   "early_stopping": False}
-
-
-def is_int(x) -> bool:
-    """An int (NumPy's too), not a bool."""
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,11 +63,8 @@ class GenerationConfig:
                 raise TypeError(f"do_sample must be True or False; got {self.do_sample!r}")
             set_("do_sample", bool(self.do_sample))
         for name in ("max_new_tokens", "max_length", "num_beams"):
-            value = getattr(self, name)
-            if value is not None and (not is_int(value) or value < 1):
-                raise ValueError(f"{name} must be an int >= 1; got {value!r}")
-            if value is not None:
-                set_(name, int(value))
+            if getattr(self, name) is not None:
+                set_(name, positive_int(name, getattr(self, name), what="an int >= 1"))
         if (self.num_beams or 1) > 1 and self.do_sample:
             raise ValueError("beam sampling (num_beams > 1 with do_sample=True) is not supported; set do_sample=False "
                              "for beam search or num_beams=1 for sampling")

@@ -24,6 +24,7 @@ from flax.nnx.nn import dtypes
 from jax.sharding import NamedSharding
 
 from workbench.core.axes import EMPTY, DynamicShardingAxes
+from workbench.core.checks import positive_int
 from workbench.core.linear import ParallelLinear, TensorParallelConfig
 
 __all__ = [
@@ -137,8 +138,7 @@ class LoRALinear(nnx.Module):
 
     def __init__(self, base: nnx.Module, rank: int, *, alpha: float | None = None, dtype=None,
                  rngs: nnx.Rngs):
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-            raise ValueError(f"LoRA rank must be an int >= 1 (e.g. 8); got {rank!r}")
+        positive_int("LoRA rank", rank, what="an int >= 1 (e.g. 8)")
         kernel = base.kernel
         *lead, in_f, out_f = kernel.shape
         param_dtype = dtype or getattr(base, "param_dtype", None) or jnp.float32
@@ -183,8 +183,7 @@ def apply_lora_to_layers(model: nnx.Module, rank: int, pattern: str = ".*", *, a
     ``rngs`` draws the ``lora_a`` weights (default ``nnx.Rngs(0)``: reproducible); ``dtype`` is
     their param dtype (default the base layer's).
     """
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"LoRA rank must be an int >= 1 (e.g. 8); got {rank!r}")
+    positive_int("LoRA rank", rank, what="an int >= 1 (e.g. 8)")
     rngs = nnx.Rngs(0) if rngs is None else rngs
     wrapped = {id(layer.base) for _, _, layer in find_layers(model, LoRALinear)}
     for path, _, layer in find_layers(model, ParallelLinear):

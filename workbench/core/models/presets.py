@@ -21,6 +21,7 @@ import typing as tp
 
 import jax.numpy as jnp
 
+from workbench.core.checks import positive_int
 from workbench.core.models.config import ModelConfig
 from workbench.core.models.tokenizer import ByteTokenizer
 
@@ -160,9 +161,7 @@ def tiny_config(family: str = "llama", *, vocab_size: int | None = None, **overr
         raise ValueError(f"tiny_config({family!r}) has no key {unknown}; its keys are {sorted(config)}")
     config.update(overrides)
     if vocab_size is not None:
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
-            raise ValueError(f"vocab_size must be a positive int (e.g. tokenizer.vocab_size); got {vocab_size!r}")
-        config["vocab_size"] = vocab_size
+        config["vocab_size"] = positive_int("vocab_size", vocab_size, what="a positive int (e.g. tokenizer.vocab_size)")
     return config
 
 

@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx
 
 from workbench.core.axes import LAYERS, DynamicShardingAxes
+from workbench.core.checks import is_int
 
 Array = jax.Array
 
@@ -96,7 +97,7 @@ def num_stacked(stack: nnx.Module) -> int:
 def layer_view(stack: nnx.Module, index: int) -> nnx.Module:
     """Layer ``index`` of a stack as a one-layer block (a copy of that slice of every parameter)."""
     n = num_stacked(stack)
-    if isinstance(index, bool) or not isinstance(index, int | np.integer):
+    if not is_int(index):
         raise TypeError(f"a layer index is an int; got {index!r}")
     if not -n <= index < n:
         raise IndexError(f"layer {index} out of range: the model has {n} layers")

@@ -24,6 +24,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from workbench.core.axes import BATCH, LENGTH, PartitionAxis
+from workbench.core.checks import positive_int
 from workbench.core.compile.cache import PROGRAMS, signature
 from workbench.core.mesh import mesh_of
 from workbench.core.models.loss import causal_lm_loss, labels_from
@@ -60,8 +61,7 @@ def make_optimizer(steps: int | None = None, *, lr: float = 3e-3, warmup_steps: 
     if steps is None:
         schedule = lr
     else:
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be a positive int (the length of the schedule) or None; got {steps!r}")
+        positive_int("steps", steps, what="a positive int (the length of the schedule) or None")
         warmup = min(100, steps // 10) if warmup_steps is None else warmup_steps
         if not 0 <= warmup < steps:
             raise ValueError(f"warmup_steps={warmup} must be >= 0 and smaller than steps={steps}")

@@ -48,10 +48,6 @@ Entry = str | tuple[str, ...] | None
 _LETTERS = "IJKLMNOPQRSTUVWXYZ"
 
 
-def _sizes(mesh: MeshLike) -> dict[str, int]:
-    return dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
-
-
 def _device_ids(mesh: MeshLike) -> np.ndarray:
     """Device ids in the mesh's shape; an AbstractMesh has none, so positions stand in for them."""
     if isinstance(mesh, Mesh):
@@ -128,7 +124,7 @@ class ShardingLayout:
     def replicated_axes(self) -> tuple[str, ...]:
         """Mesh axes of size > 1 that no dimension is split over: blocks are copied along them."""
         used = {a for entry in self.spec for a in _axes(entry)}
-        return tuple(a for a, n in _sizes(self.mesh).items() if n > 1 and a not in used)
+        return tuple(a for a, n in dict(self.mesh.shape).items() if n > 1 and a not in used)
 
     def dim_axes(self, dim: int) -> tuple[str, ...]:
         """The mesh axes dimension ``dim`` is split over, major to minor."""
@@ -292,7 +288,7 @@ def sharding_layout(shape: tp.Any, dtype: tp.Any = None, spec: tp.Any = None, me
         raise ValueError(f"shape {shape} has a negative dimension")
     dtype = np.dtype(_jnp_dtype(dtype))
     spec, mesh = _spec_and_mesh(spec, mesh)
-    sizes = _sizes(mesh)
+    sizes = dict(mesh.shape)
     entries = _check_spec(spec, shape, sizes, allow_reuse=fit)
     if fit:
         entries = tuple(fit_spec(PartitionSpec(*entries), shape, mesh))
@@ -358,13 +354,13 @@ def typed_notation(shape: tp.Sequence[int], dtype: tp.Any, spec: tp.Any = None, 
     if mesh is not None:
         if not isinstance(mesh, Mesh | AbstractMesh):
             raise TypeError(f"mesh must be a jax.sharding.Mesh or AbstractMesh; got {type(mesh).__name__}")
-        _check_spec(decided, shape, _sizes(mesh))
+        _check_spec(decided, shape, dict(mesh.shape))
         if PartitionSpec.UNCONSTRAINED in tuple(spec) and not mesh.auto_axes:
             raise ValueError(f"{spec}: P.UNCONSTRAINED lets XLA choose, which only Auto axes allow; this mesh has "
                              f"none, so name mesh axes or None")
         decided = explicit_spec(decided, mesh)
         for dim, (n, entry) in enumerate(zip(shape, decided, strict=False)):
-            ways = math.prod(_sizes(mesh)[a] for a in _axes(entry))
+            ways = math.prod(mesh.shape[a] for a in _axes(entry))
             if n % ways:
                 raise ValueError(f"dim {dim} has size {n}, not divisible by {'×'.join(_axes(entry))} = {ways}; JAX "
                                  f"refuses such a type (change the shape, the spec or the mesh)")
@@ -440,7 +436,7 @@ def mesh_grid(mesh: Mesh | AbstractMesh, rows: str | None = None, cols: str | No
     The other axes of size > 1 become facets (one grid per combination of their values, in mesh
     order). Any number of axes works; a one-device mesh is a single cell.
     """
-    sizes = _sizes(mesh)
+    sizes = dict(mesh.shape)
     for name, axis in (("rows", rows), ("cols", cols)):
         if axis is not None and axis not in sizes:
             raise ValueError(f"mesh_grid({name}={axis!r}): the mesh has axes {', '.join(sizes)}")

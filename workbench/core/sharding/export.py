@@ -30,6 +30,7 @@ from jax.sharding import AbstractMesh, AxisType
 
 from workbench.core import axes as ax
 from workbench.core.axes import MODE_TRAIN, RUNTIME_MODES, DynamicShardingAxes, PartitionAxis
+from workbench.core.checks import is_positive_int
 from workbench.core.cluster import INTER_NODE_PER_NODE, Cluster, cluster_mesh
 from workbench.core.mesh import MESH_AXES, make_mesh
 from workbench.core.pipeline_schedule import PipelineConfig
@@ -101,7 +102,7 @@ def plan_from_json(text: str, *, mesh: tp.Any = None) -> dict[str, tp.Any]:
     shape, types = doc["mesh"]
     cluster = None if doc["cluster"] is None else cluster_from_spec(doc["cluster"])
     if mesh is not None:
-        have = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+        have = dict(mesh.shape)
         if have != shape or tuple(have) != tuple(shape):
             raise ValueError(f"the mesh has axes {have} but the layout was exported on {shape}; pass a mesh with "
                              f"those axis sizes, or mesh=None to build it")
@@ -184,7 +185,7 @@ def _read_mesh(doc: tp.Any) -> tuple[dict[str, int], tuple[AxisType, ...] | None
     unknown = [k for k in doc if k not in ("shape", "axis_types")]
     shape = doc.get("shape")
     if unknown or not isinstance(shape, dict) or not shape or not all(
-            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1 for k, v in shape.items()):
+            isinstance(k, str) and is_positive_int(v) for k, v in shape.items()):
         raise ValueError(f'mesh must be {{"shape": {{axis: positive size, ...}}}} (and optionally "axis_types"); '
                          f"got {doc!r}")
     types = doc.get("axis_types")

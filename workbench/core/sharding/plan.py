@@ -31,6 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from workbench.core import axes as ax
 from workbench.core.axes import BATCH, LENGTH, MODE_TRAIN, DimDecision, PartitionAxis
+from workbench.core.checks import positive_int
 from workbench.core.models.cache import KV_CACHE_AXES, KV_CACHE_MODE, cache_decisions
 from workbench.core.models.stack import check_remat
 from workbench.core.pipeline_schedule import PipelineConfig
@@ -217,9 +218,7 @@ def kv_cache_decisions(layout: Layout, batch: int, max_length: int) -> tuple[tup
     if layout.config is None:
         raise ValueError("a KV cache is sized from the model's config; this layout has none (pass the model, "
                          "not just its parameters)")
-    for name, value in (("batch", batch), ("max_length", max_length)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"KV cache {name} must be a positive int; got {value!r}")
+    positive_int("KV cache batch", batch), positive_int("KV cache max_length", max_length)
     return cache_decisions(layout.config, batch, max_length, layout.mesh, layout.partition_axis)
 
 

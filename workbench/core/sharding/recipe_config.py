@@ -19,28 +19,17 @@ import pathlib
 import typing as tp
 
 from workbench.core.axes import DP, EP, FSDP, MODE_TRAIN, SP, TP, PartitionAxis, semantic_names
+from workbench.core.checks import is_positive_int
 from workbench.core.cluster import cluster_mesh
 from workbench.core.cost.ledger import REMATS
 from workbench.core.cost.predicted import predict_step
-from workbench.core.mesh import MESH_AXES
+from workbench.core.mesh import MESH_AXES, axis_sizes
 from workbench.core.pipeline import pipeline_partition_axis
 from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.sharding.plan import Layout
 
 ZERO_STAGES = (0, 1, 2, 3)
 _PARTITION_FIELDS = tuple(f.name for f in dataclasses.fields(PartitionAxis))
-
-
-def _axis_dict(shape: tp.Mapping[str, int] | None, what: str) -> dict[str, int]:
-    shape = dict(shape or {})
-    unknown = sorted(set(shape) - set(MESH_AXES))
-    if unknown:
-        raise ValueError(f"{what} names axes {unknown}; the workbench's mesh axes are {MESH_AXES}")
-    out = {a: shape.get(a, 1) for a in MESH_AXES}
-    bad = {a: n for a, n in out.items() if isinstance(n, bool) or not isinstance(n, int) or n < 1}
-    if bad:
-        raise ValueError(f"{what} sizes are positive ints; got {bad}")
-    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +57,8 @@ class TrainingRecipe:
     notes: tuple[str, ...] = ()
 
     def __post_init__(self):
-        mesh = _axis_dict(self.mesh_shape, "mesh_shape")
-        dcn = _axis_dict(self.dcn_shape, "dcn_shape")
+        mesh = axis_sizes(self.mesh_shape, "mesh_shape")
+        dcn = axis_sizes(self.dcn_shape, "dcn_shape")
         uneven = {a: (mesh[a], dcn[a]) for a in MESH_AXES if mesh[a] % dcn[a]}
         if uneven:
             raise ValueError(f"dcn_shape must divide mesh_shape axis by axis (the mesh holds the DCN part times the "
@@ -77,16 +66,14 @@ class TrainingRecipe:
         object.__setattr__(self, "mesh_shape", mesh)
         object.__setattr__(self, "dcn_shape", dcn)
         batch = tuple(self.batch) if isinstance(self.batch, tuple | list) else self.batch
-        if (not isinstance(batch, tuple) or len(batch) != 2
-                or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch)):
+        if not isinstance(batch, tuple) or len(batch) != 2 or not all(is_positive_int(b) for b in batch):
             raise ValueError(f"batch is (global sequences per step, sequence length), two positive ints; "
                              f"got {self.batch!r}")
         object.__setattr__(self, "batch", batch)
         if self.remat not in REMATS:
             raise ValueError(f"remat must be one of {REMATS}; got {self.remat!r}")
-        ga = self.grad_accumulation
-        if isinstance(ga, bool) or not isinstance(ga, int) or ga < 1:
-            raise ValueError(f"grad_accumulation is a positive int; got {ga!r}")
+        if not is_positive_int(self.grad_accumulation):
+            raise ValueError(f"grad_accumulation is a positive int; got {self.grad_accumulation!r}")
         if self.zero_stage not in ZERO_STAGES or isinstance(self.zero_stage, bool):
             raise ValueError(f"zero_stage is one of {ZERO_STAGES}; got {self.zero_stage!r}")
         pp = mesh["pp"]
@@ -168,7 +155,7 @@ class TrainingRecipe:
         remat = remat if remat is not None else carried.get("remat") or "full"
         pipeline = pipeline if pipeline is not None else carried.get("pipeline")
         zero = zero_stage if zero_stage is not None else carried.get("zero_stage") or 0
-        shape = _axis_dict(shape, "mesh_shape")
+        shape = axis_sizes(shape, "mesh_shape")
         if zero == 0 and shape["fsdp"] > 1:
             zero = 3
         rules = ()
@@ -292,8 +279,7 @@ def positive_int(value: tp.Any, key: str, *, allow_fill: bool = False) -> int:
     """``value`` as a positive int (or -1 with ``allow_fill``), or a ValueError naming ``key``."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    ok = isinstance(value, int) and not isinstance(value, bool) and (value >= 1 or (allow_fill and value == -1))
-    if not ok:
+    if not (is_positive_int(value) or (allow_fill and value == -1)):
         fill = " or -1 (fill the rest)" if allow_fill else ""
         raise ValueError(f"{key} must be a positive integer{fill}; got {value!r}")
     return value

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from workbench.core.checks import is_int, positive_int
 from workbench.core.compile.cache import PROGRAMS
 from workbench.core.hlo.collectives import collectives_in
 from workbench.core.mesh import MESH_AXES, make_mesh
@@ -58,12 +59,6 @@ PAGE_SIZE = 16  # paged implementations get the keys cut into pages of this many
 
 
 # -- inputs and options ---------------------------------------------------------------------------
-def _positive_int(name: str, value: tp.Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} must be a positive int; got {value!r}")
-    return int(value)
-
-
 def make_inputs(seq_len: int = 256, heads: int = 8, kv_heads: int = 2, head_dim: int = 64, batch: int = 1,
                 dtype: tp.Any = "float32", seed: int = 0) -> tuple[Array, Array, Array]:
     """Standard-normal ``query (B, T, H, D)``, ``key``/``value (B, T, KV, D)`` in ``dtype`` (NumPy's
@@ -71,7 +66,7 @@ def make_inputs(seq_len: int = 256, heads: int = 8, kv_heads: int = 2, head_dim:
 
     ``heads / kv_heads`` is the GQA ratio (1: multi-head, ``heads``: multi-query).
     """
-    t, h, kv, d, b = (_positive_int(n, x) for n, x in (("seq_len", seq_len), ("heads", heads),
+    t, h, kv, d, b = (positive_int(n, x) for n, x in (("seq_len", seq_len), ("heads", heads),
                                                       ("kv_heads", kv_heads), ("head_dim", head_dim),
                                                       ("batch", batch)))
     if h % kv:
@@ -98,7 +93,7 @@ class LabOptions:
             raise ValueError(f"causal must be True or False; got {self.causal!r}")
         object.__setattr__(self, "causal", bool(self.causal))
         if self.sliding_window is not None:
-            object.__setattr__(self, "sliding_window", _positive_int("sliding_window", self.sliding_window))
+            object.__setattr__(self, "sliding_window", positive_int("sliding_window", self.sliding_window))
         if self.logits_soft_cap is not None:
             cap = self.logits_soft_cap
             if isinstance(cap, bool) or not isinstance(cap, int | float | np.number) or not cap > 0:
@@ -355,7 +350,7 @@ def compare(impl: str, query: Array, key: Array, value: Array, *, reference: str
     or raises on these inputs gives a :class:`Run` with ``unsupported`` or ``error`` set.
     """
     options = LabOptions(causal, sliding_window, logits_soft_cap)
-    runs = _positive_int("runs", runs)
+    runs = positive_int("runs", runs)
     args = (query, key, value)
     for x in args:
         if getattr(x, "ndim", None) != 4:
@@ -381,9 +376,9 @@ def attention_weights(query: Array, key: Array, *, head: int = 0, batch: int = 0
     """``(T, S)`` float32 attention weights of one head from ``impl`` (one that returns weights)."""
     options = LabOptions(causal, sliding_window, logits_soft_cap)
     h = query.shape[2]
-    if isinstance(head, bool) or not isinstance(head, int | np.integer) or not 0 <= head < h:
+    if not is_int(head) or not 0 <= head < h:
         raise ValueError(f"head must be an int in [0, {h}); got {head!r}")
-    if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or not 0 <= batch < query.shape[0]:
+    if not is_int(batch) or not 0 <= batch < query.shape[0]:
         raise ValueError(f"batch must be an int in [0, {query.shape[0]}); got {batch!r}")
     run, call = _prepare(impl, options, (query, key, key), metadata, return_weights=True)
     if call is None:
@@ -454,7 +449,7 @@ def model_comparison(model: tp.Any, impl: str, input_ids: tp.Any, attention_mask
     mask = jnp.ones(ids.shape, jnp.int32) if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
     if mask.shape != ids.shape:
         raise ValueError(f"attention_mask has shape {mask.shape}; it must be (B, T) = {ids.shape} like input_ids")
-    max_new_tokens = _positive_int("max_new_tokens", max_new_tokens)
+    max_new_tokens = positive_int("max_new_tokens", max_new_tokens)
     if tokenizer is not None:
         tokenizer = as_tokenizer(tokenizer)
     ref = _model_run(model, reference, ids, mask, max_new_tokens, tokenizer)

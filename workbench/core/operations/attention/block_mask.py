@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from workbench.core.checks import positive_int
+
 EMPTY, PARTIAL, FULL = 0, 1, 2
 # measured on this CPU (benchmarks/flex.py): 128 x 256 tiles balance causal and sparse masks
 DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K = 128, 256
@@ -192,10 +194,7 @@ def _name(fn: tp.Any) -> str:
 def _check_int(name: str, value: tp.Any, allow_none: bool = False) -> int | None:
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"create_block_mask: {name} must be a positive int{' or None' if allow_none else ''}; "
-                         f"got {value!r}")
-    return int(value)
+    return positive_int(f"create_block_mask: {name}", value, what="a positive int" + " or None" * allow_none)
 
 
 def create_block_mask(mask_mod: MaskMod, B: int | None, H: int | None, T: int, S: int,

@@ -17,6 +17,7 @@ import typing as tp
 import jax
 import jax.numpy as jnp
 
+from workbench.core.checks import positive_int
 from workbench.core.operations.attention.common import (
     ALL_FEATURES,
     RETURN_WEIGHTS,
@@ -65,8 +66,7 @@ def option_block_sizes(impl: str, options: tp.Mapping[str, tp.Any], t: int, s: i
     """``(block_q, block_k)`` from an implementation's ``options`` (or the defaults), clipped to ``(T, S)``."""
     sizes = {"block_q": options.get("block_q", default_q), "block_k": options.get("block_k", default_k)}
     for name, size in sizes.items():
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ValueError(f"{impl}: option {name} must be a positive int; got {size!r}")
+        positive_int(f"{impl}: option {name}", size)
     return min(sizes["block_q"], t), min(sizes["block_k"], s)
 
 

@@ -42,6 +42,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from workbench.core.checks import positive_int
+
 Array = jax.Array
 
 PAD, PARTIAL, FULL = 0, 1, 2  # kv_kinds values
@@ -88,9 +90,7 @@ def check_inputs(q: Array, k: Array, v: Array, indices: Array, kinds: Array, blo
     s, kv = k.shape[1], k.shape[2]
     if h % kv:
         raise ValueError(f"{name}: {h} query heads are not a multiple of {kv} key/value heads; H % KV must be 0")
-    for arg, size in (("block_q", block_q), ("block_k", block_k)):
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ValueError(f"{name}: {arg} must be a positive int; got {size!r}")
+    positive_int(f"{name}: block_q", block_q), positive_int(f"{name}: block_k", block_k)
     if t % block_q:
         raise ValueError(f"{name}: T={t} is not a multiple of block_q={block_q}; pad the queries to "
                          f"{-(-t // block_q) * block_q} or pick a block_q that divides T")
