@@ -29,6 +29,7 @@ gradients in a jitted step: ZeRO-2 is ZeRO-1 here), ``fsdp`` is stage 3.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import html
@@ -49,7 +50,7 @@ from workbench.core.cost.predicted import predict_step
 from workbench.core.cost.published import accuracy_text
 from workbench.core.cost.reconcile import reconcile
 from workbench.core.cost.step_time import step_time
-from workbench.core.mesh import MESH_AXES, mesh_factorizations
+from workbench.core.mesh import MESH_AXES, axis_sizes, mesh_factorizations
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.sharding import flat_params, path_str, remembered_params
 from workbench.core.pipeline import pipeline_partition_axis
@@ -86,9 +87,7 @@ class Constraints:
     grad_accumulation: tuple[int, ...] = (1, 2, 4, 8, 16)
 
     def __post_init__(self):
-        unknown = sorted(set(self.fixed) - set(MESH_AXES))
-        if unknown:
-            raise ValueError(f"Constraints.fixed names {unknown}; the mesh axes are {MESH_AXES}")
+        axis_sizes(self.fixed, "Constraints.fixed")
         if not self.grad_accumulation or not all(is_positive_int(k) for k in self.grad_accumulation):
             raise ValueError(f"Constraints.grad_accumulation is a tuple of positive ints (microbatches per step, 1 "
                              f"for none); got {self.grad_accumulation!r}")
@@ -282,18 +281,17 @@ class Advice:
         bound (no efficiency factor)."""
         hbm = self.cluster.hbm_per_device
         tokens = self.batch[0] * (1 if self.task == "decode" else self.batch[1])
-        out = []
-        for i, c in enumerate(self.ranked[:top], 1):
-            use = "-" if hbm is None else f"{c.ledger.total / hbm:.0%}"
-            out.append((str(i), c.label, f"{_gib(c.ledger.total)}", use, format_seconds(c.time_s),
-                        f"{tokens / c.time_s:,.0f}", c.step.mfu_text(), c.step.bound, c.reason))
-        return out
+        return [(str(i), c.label, f"{_gib(c.ledger.total)}", "-" if hbm is None else f"{c.ledger.total / hbm:.0%}",
+                 format_seconds(c.time_s), f"{tokens / c.time_s:,.0f}", c.step.mfu_text(), c.step.bound, c.reason)
+                for i, c in enumerate(self.ranked[:top], 1)]
 
     def table(self, top: int = 10) -> str:
         rows = [_ROW_HEADER, *self.rows(top)]
         widths = [max(len(r[i]) for r in rows) for i in range(len(_ROW_HEADER) - 1)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
         return "\n".join([self.summary(), *lines])
+
+    __str__ = table
 
     def summary(self) -> str:
         pruned = ", ".join(f"{n} {why}" for why, n in self.pruned.items() if n)
@@ -312,16 +310,12 @@ class Advice:
     def _model_name(self) -> str:
         return getattr(getattr(self.model, "config", None), "model_type", type(self.model).__name__)
 
-    def __str__(self) -> str:
-        return self.table()
-
-    def _repr_html_(self) -> str:
-        return self.html()
-
     def html(self, top: int = 10) -> str:
         """:meth:`table` as an HTML table: the summary line, then the top ``top`` layouts."""
         return (f'<div class="wb-advice" style="font-size:12px"><div>{html.escape(self.summary())}</div>'
                 f"{html_table(self.rows(top), header=_ROW_HEADER)}</div>")
+
+    _repr_html_ = html
 
 
 # -- enumeration ------------------------------------------------------------------------------------------------
@@ -383,10 +377,9 @@ def _shape_filter(shape: dict[str, int], config: tp.Any, cluster: tp.Any, task: 
         return f"with the {b} sequences not dividing over the data axes"
     if pp > 1 and not _pipeline_configs(pp, b // data, layers):
         return "with pp and too few sequences per data shard to microbatch"
-    if cluster.platform == "gpu" and not constraints.tp_across_nodes and tp_ * sp > 1:
-        inner = tp_ * sp  # tp and sp are the mesh's innermost axes: consecutive GPUs
-        if cluster.gpus_per_node % inner:
-            return f"with tp x sp across the {cluster.gpus_per_node}-GPU nodes"
+    # tp and sp are the mesh's innermost axes: consecutive GPUs
+    if cluster.platform == "gpu" and not constraints.tp_across_nodes and cluster.gpus_per_node % (tp_ * sp):
+        return f"with tp x sp across the {cluster.gpus_per_node}-GPU nodes"
     return None
 
 
@@ -434,15 +427,11 @@ def _cluster_parts(cluster: tp.Any, constraints: Constraints) -> list[tp.Any]:
         return [cluster]
     unit = cluster.gpus_per_node if cluster.platform == "gpu" else cluster.slices * cluster.devices_per_chip
     counts = {1 << (n.bit_length() - 1), 3 << max(0, (n // 3).bit_length() - 1)}
-    parts = [cluster] + [cluster.part(k) for k in sorted(counts, reverse=True)
-                         if k < n and k % unit == 0 and k >= unit]
-    return parts
+    return [cluster] + [cluster.part(k) for k in sorted(counts, reverse=True) if k < n and k % unit == 0 and k >= unit]
 
 
 def _factorization(n: int) -> str:
-    counts: dict[int, int] = {}
-    for p in prime_factors(n):
-        counts[p] = counts.get(p, 0) + 1
+    counts = collections.Counter(prime_factors(n))  # smallest prime first
     return " x ".join(f"{p}^{k}" if k > 1 else str(p) for p, k in counts.items())
 
 
@@ -551,7 +540,6 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
     """
     import jax.numpy as jnp
 
-
     start = time.perf_counter()
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}; got {task!r}")
@@ -578,7 +566,6 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
     pa = partition_axis or PartitionAxis()
     rules = tuple(rules or ())
     mode = MODE_DECODE if task == "decode" else MODE_TRAIN
-    step_batch = (batch[0], batch[1]) if task != "decode" else (batch[0], 1)
 
     pruned: dict[str, int] = {}
     ranked: list[Candidate] = []
@@ -594,14 +581,14 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
             idle = cluster.num_devices - part.num_devices
             for sizes in _mesh_shapes(part, constraints.split_physical_axes, constraints.max_split_axes):
                 shape = dict(zip(MESH_AXES, sizes, strict=True))
-                why = _shape_filter(shape, config, part, task, step_batch, constraints)
+                why = _shape_filter(shape, config, part, task, batch, constraints)
                 if why is not None:
                     if why:
                         pruned[why] = pruned.get(why, 0) + 1
                     continue
                 batch_axes = ("fsdp", "dp", "ep") if _tokens_over_ep(shape) else ("fsdp", "dp")
                 data = math.prod(shape[a] for a in batch_axes)
-                pipelines = _pipeline_configs(shape["pp"], step_batch[0] // data, layers) if shape["pp"] > 1 else [None]
+                pipelines = _pipeline_configs(shape["pp"], batch[0] // data, layers) if shape["pp"] > 1 else [None]
                 shape_pa = _batch_partition_axis(pipeline_partition_axis(pa) if shape["pp"] > 1 else pa, shape)
                 layouts: dict[tuple, tp.Any] = {}  # (stacked depth, experts FSDP-sharded) -> the layout held to HBM
                 # with ep and fsdp, the experts either split over fsdp too (gathered like every weight) or stay whole
@@ -624,15 +611,15 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
                         layouts[depth, experts_fsdp] = Layout.of(padded_models[depth], _mesh(shape), shape_pa,
                                                                  shape_rules, mode)
                     layout = layouts[depth, experts_fsdp]
-                    accumulations = [k for k in constraints.grad_accumulation if (step_batch[0] // data) % k == 0] \
+                    accumulations = [k for k in constraints.grad_accumulation if (batch[0] // data) % k == 0] \
                         if task == "train" and pipeline is None else [1]
-                    held = functools.partial(_microbatch_ledger, padded_models[depth], layout, task, step_batch,
+                    held = functools.partial(_microbatch_ledger, padded_models[depth], layout, task, batch,
                                              optimizer=optimizer, cluster=part, pipeline=pipeline,
                                              kv_length=kv_length, zero_stage=zero)
                     candidate = functools.partial(Candidate, shape, pipeline=pipeline, partition_axis=shape_pa,
                                                   rules=shape_rules, zero_stage=zero, cluster=part if idle else None,
                                                   idle=idle, experts_fsdp=experts_fsdp)
-                    price_at = functools.partial(_pricer, config, part, shape, step_batch, task, pipeline, kv_length,
+                    price_at = functools.partial(_pricer, config, part, shape, batch, task, pipeline, kv_length,
                                                  efficiency, zero, batch_axes=batch_axes, experts_fsdp=experts_fsdp)
                     k_most, frugal = max(accumulations), remats[-1]  # the least memory this layout can take
                     if k_most > 1 or len(remats) > 1:

@@ -22,6 +22,7 @@ many simulated CPU devices).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -146,8 +147,7 @@ def _wraparound(generation: str, dims: tuple[int, ...]) -> tuple[bool, ...]:
     wraparound closed by optical circuit switches; smaller ones are meshes. v5e / v6e: only a full 16-chip
     axis of the pod wraps around."""
     if TPU_GENERATIONS[generation].ndim == 3:
-        cubes = all(d % 4 == 0 for d in dims)
-        return tuple(cubes for _ in dims)
+        return (all(d % 4 == 0 for d in dims),) * len(dims)
     return tuple(d == 16 for d in dims)
 
 
@@ -278,10 +278,9 @@ class Cluster:
         factorisation.
         """
         positive_int("ndim", ndim)
-        if self.platform != "tpu":
-            names = tuple(f"a{i}" for i in range(ndim))
-            return tuple(tuple(s.values()) for s in mesh_factorizations(self.num_devices, names))
         names = tuple(f"a{i}" for i in range(ndim))
+        if self.platform != "tpu":
+            return tuple(tuple(s.values()) for s in mesh_factorizations(self.num_devices, names))
         dcns = [tuple(s.values()) for s in mesh_factorizations(self.slices, names)]
         shapes = set()
         for groups in itertools.product(range(ndim), repeat=len(self.physical_axes)):
@@ -484,9 +483,7 @@ def _feasible_parts(free: np.ndarray, size: int) -> tp.Iterator[tuple[int, ...]]
     """JAX's ``_enumerate_feasible_logical_axis_assignments``: every way to give the prime factors of ``size``
     to physical axes whose free part has them (a factor ``p`` of multiplicity ``m`` to ``m`` of the free
     factors ``p``), as each physical axis's part."""
-    wanted: dict[int, int] = {}
-    for f in prime_factors(size):
-        wanted[f] = wanted.get(f, 0) + 1
+    wanted = collections.Counter(prime_factors(size))
     holders = {f: [p for p, n in enumerate(free) for g in prime_factors(int(n)) if g == f] for f in wanted}
     choices = [set(itertools.combinations(holders[f], m)) for f, m in wanted.items()]
     for pick in itertools.product(*choices):

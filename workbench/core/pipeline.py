@@ -102,8 +102,7 @@ def executor_tables(schedule: PipelineSchedule) -> tuple[np.ndarray, int, int]:
     c = schedule.config
     p, last = c.num_stages, c.total_stages - 1
     when = {(a.kind, a.microbatch, a.stage): a.tick for a in schedule.actions}
-    f_life: list[list] = [[] for _ in range(p)]
-    b_life: list[list] = [[] for _ in range(p)]
+    f_life, b_life = [[] for _ in range(p)], [[] for _ in range(p)]
     for a in schedule.actions:
         d, i, k = a.device, a.microbatch, a.stage
         if a.kind == "forward" and k > 0:  # arrived from stage k-1 the tick it ran; alive until its backward
@@ -118,9 +117,7 @@ def executor_tables(schedule: PipelineSchedule) -> tuple[np.ndarray, int, int]:
     for a in schedule.actions:
         t, d, i, k = a.tick, a.device, a.microbatch, a.stage
         action = _BWD if a.kind == "backward" else _FWD_LAST if k == last else _FWD
-        fs = f_slots[d][0].get((i, k), 0)
-        bs = b_slots[d][0].get((i, k), 0)
-        tables[t, :6, d] = (action, i, k // p, k, fs, bs)
+        tables[t, :6, d] = (action, i, k // p, k, f_slots[d][0].get((i, k), 0), b_slots[d][0].get((i, k), 0))
         if a.kind == "forward" and k < last:  # the next stage's device stores it at the end of this tick
             tables[t, 6, (d + 1) % p] = f_slots[(d + 1) % p][0][(i, k + 1)]
         if a.kind == "backward" and k > 0:
@@ -166,10 +163,8 @@ def _model(parts: _Parts, rest: nnx.State, layers: nnx.State) -> nnx.Module:
 def _check_model(model: nnx.Module, config: PipelineConfig) -> int:
     if not hasattr(model, "layers") or not hasattr(model, "rope_tables"):
         raise TypeError(f"pipeline parallelism runs a workbench CausalLM (stacked layers); got {type(model).__name__}")
-
     if isinstance(model, SequenceClassifier):
         raise TypeError("pipeline parallelism trains causal LMs; a SequenceClassifier's head reads one token")
-
     if OperationRegistry.capabilities(model.attn_mechanism).mesh_axes:
         raise ValueError(f"{model.attn_mechanism!r} is sequence-parallel attention, which runs its own shard_map "
                          f"over sp; inside a pipeline use a local attention (vanilla, flash)")
@@ -369,11 +364,6 @@ def _embed_all(graphdef, params, other, input_ids, attention_mask):
     return x_BTD
 
 
-def _local_model(model: nnx.Module) -> nnx.Module:
-    """The model without its mesh: inside the pipeline's shard_map the automatic axes place everything."""
-    return with_mesh(model, None)
-
-
 def pipeline_loss_and_grads(graphdef: nnx.GraphDef, params: nnx.State, other: nnx.State, batch: dict[str, Array],
                             config: PipelineConfig, mesh: jax.sharding.Mesh) -> tuple[Array, Array, nnx.State]:
     """Traceable: ``(loss, num_tokens, grads)`` of a causal-LM batch through the pipeline (grads shaped like
@@ -407,7 +397,7 @@ def pipeline_value_and_grad(model: nnx.Module, batch: dict[str, tp.Any], config:
     """``(loss, grads)`` of next-token cross-entropy on ``batch`` through the pipeline, compiled; equal to
     ``jax.value_and_grad`` of the unpipelined loss. ``mesh`` defaults to the model's (``shard_model``)."""
     _check_model(model, config)
-    model = _local_model(model)
+    model = with_mesh(model, None)  # no mesh: inside the pipeline's shard_map the automatic axes place everything
     graphdef, params, other = nnx.split(model, nnx.Param, ...)
     mesh = _pipeline_mesh(mesh, params, config)
     batch = prepare_batch(batch)
@@ -427,7 +417,7 @@ def pipeline_forward(model: nnx.Module, input_ids: tp.Any, attention_mask: tp.An
     """Logits ``(B, T, V)`` of ``input_ids`` run through the pipeline's forward ticks (GPipe's fill and
     drain), compiled; equal to ``model(input_ids).logits``."""
     _check_model(model, config)
-    model = _local_model(model)
+    model = with_mesh(model, None)  # no mesh: inside the pipeline's shard_map the automatic axes place everything
     graphdef, params, other = nnx.split(model, nnx.Param, ...)
     mesh = _pipeline_mesh(mesh, params, config)
     input_ids = jnp.asarray(input_ids, jnp.int32)
@@ -479,7 +469,6 @@ def make_pipeline_train_step(config: PipelineConfig, optimizer: tp.Any = None, *
     with ``model.shard_model(mesh, pipeline_partition_axis())`` so each device stores only its stages."""
     import optax
 
-
     partition_axis = pipeline_partition_axis(partition_axis)
 
     def step(state: TrainState, batch: dict[str, Array], mesh) -> tuple[TrainState, dict[str, Array]]:
@@ -515,8 +504,7 @@ def make_pipeline_train_step(config: PipelineConfig, optimizer: tp.Any = None, *
 def _buffer_slots(config: PipelineConfig) -> tuple[int, int]:
     """The executor's forward and gradient buffer slots for ``config`` (memoised: the layout advisor asks for the
     same few schedules hundreds of times)."""
-    _, n_f, n_b = executor_tables(pipeline_schedule(config))
-    return n_f, n_b
+    return executor_tables(pipeline_schedule(config))[1:]
 
 
 def activation_stash_bytes(config: PipelineConfig, *, batch_size: int, seq_len: int, hidden_size: int,

@@ -159,13 +159,8 @@ class PipelineSchedule:
     def in_flight(self) -> np.ndarray:
         """Per device, the most (microbatch, stage) pairs whose forward ran and backward has not: the stage
         inputs it keeps alive for the backward (GPipe: ``v m``; 1F1B: ``p - d``)."""
-        alive = np.zeros(self.config.num_stages, int)
-        most = np.zeros(self.config.num_stages, int)
-        for t in range(self.ticks):
-            for d in range(self.config.num_stages):
-                alive[d] += {FORWARD: 1, BACKWARD: -1}.get(int(self.grid[t, d]), 0)
-            most = np.maximum(most, alive)
-        return most
+        alive = np.cumsum((self.grid == FORWARD).astype(int) - (self.grid == BACKWARD), axis=0)
+        return np.maximum(alive.max(axis=0), 0)
 
     def rows(self) -> list[dict[str, tp.Any]]:
         """The table as records (time step, device, stage, microbatch, forward|backward), for pandas."""
@@ -225,10 +220,7 @@ def pipeline_schedule(config: PipelineConfig) -> PipelineSchedule:
                 needs = [] if k == 0 else [(FORWARD, i, k - 1)]
             else:
                 needs = [(FORWARD, i, k)] + ([] if k == last else [(BACKWARD, i, k + 1)])
-            if all(done.get(n, t) < t for n in needs):
-                row.append((kind, i, k))
-            else:
-                row.append(None)
+            row.append((kind, i, k) if all(done.get(n, t) < t for n in needs) else None)
         for d, cell in enumerate(row):
             if cell is not None:
                 done[cell] = t

@@ -40,13 +40,10 @@ def optimizer(name: str, learning_rate: float = 1e-3) -> optax.GradientTransform
     """The optax optimizer of a name: ``"adamw"`` (two moments in the parameters' dtype and an int32 count),
     ``"adafactor"`` (factored second moments of matrices whose two largest dims are >= 128, else a full one,
     and a count), ``"sgd"`` (SGD with momentum 0.9: one trace per parameter)."""
-    if name == "adamw":
-        return optax.adamw(learning_rate)
-    if name == "adafactor":
-        return optax.adafactor(learning_rate)
-    if name == "sgd":
-        return optax.sgd(learning_rate, momentum=0.9)
-    raise ValueError(f"unknown optimizer {name!r}; use one of {OPTIMIZERS}")
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; use one of {OPTIMIZERS}")
+    makers = {"adamw": optax.adamw, "adafactor": optax.adafactor, "sgd": lambda lr: optax.sgd(lr, momentum=0.9)}
+    return makers[name](learning_rate)
 
 
 def full_mesh_shape(mesh_shape: tp.Mapping[str, int], cluster: Cluster) -> tuple[int, ...]:

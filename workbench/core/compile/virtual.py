@@ -130,14 +130,6 @@ class CompiledAnalysis:
         return summarize(self.collectives, count_trips=True)
 
 
-def _placed_mesh(args: tp.Any) -> Mesh | AbstractMesh:
-    mesh = mesh_of(args)
-    if mesh is not None:
-        return mesh
-    raise ValueError("compile_on needs abstract arguments placed on the cluster's mesh: "
-                     "jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(cluster_mesh(...), spec))")
-
-
 # -- compiling ----------------------------------------------------------------------------------------
 def compile_on(cluster: Cluster, fn: tp.Callable, *args: tp.Any, donate_argnums: tp.Sequence[int] = (),
                out_shardings: tp.Any = None, compiler_options: tp.Mapping[str, tp.Any] | None = None
@@ -147,7 +139,10 @@ def compile_on(cluster: Cluster, fn: tp.Callable, *args: tp.Any, donate_argnums:
     ``donate_argnums`` and ``out_shardings``; ``compiler_options`` (XLA flags, e.g. ``TPU_HBM_ONLY``) go to
     the compiler. Nothing is allocated or run. The same program compiled again (same lowered module, cluster,
     device order and options) returns the first analysis (:data:`ANALYSES`)."""
-    mesh = _placed_mesh(args)
+    mesh = mesh_of(args)
+    if mesh is None:
+        raise ValueError("compile_on needs abstract arguments placed on the cluster's mesh: "
+                         "jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(cluster_mesh(...), spec))")
     jit_kwargs: dict[str, tp.Any] = {"donate_argnums": tuple(donate_argnums)}
     if out_shardings is not None:
         jit_kwargs["out_shardings"] = out_shardings
@@ -272,7 +267,8 @@ def _export(fn: tp.Callable, args: tp.Sequence[tp.Any], mesh: AbstractMesh, jit_
     specs = [leaf.sharding.spec if isinstance(leaf.sharding, NamedSharding) else PartitionSpec()
              for leaf in leaves]
     donated = set(jit_kwargs.pop("donate_argnums", ()))
-    donate = [i for i, (arg_index, _) in enumerate(_arg_index(args)) if arg_index in donated]
+    arg_of = [i for i, arg in enumerate(args) for _ in jax.tree.leaves(arg)]  # each flat leaf's positional argument
+    donate = [j for j, i in enumerate(arg_of) if i in donated]
 
     def flat(*leaves):  # flat in, flat out: the exported program names no pytree types of ours
         return jax.tree.leaves(fn(*jax.tree.unflatten(treedef, leaves)))
@@ -287,11 +283,6 @@ def _export(fn: tp.Callable, args: tp.Sequence[tp.Any], mesh: AbstractMesh, jit_
             "axis_names": tuple(mesh.axis_names), "in_specs": specs, "donate_argnums": donate,
             # never run, only read: on CPU, LLVM's -O0 compiles 3-4x faster after the same HLO passes
             "compiler_options": {"xla_backend_optimization_level": 0, **(compiler_options or {})}}
-
-
-def _arg_index(args: tp.Sequence[tp.Any]) -> list[tuple[int, tp.Any]]:
-    """For each flat leaf of ``args``, the positional argument it belongs to."""
-    return [(i, leaf) for i, arg in enumerate(args) for leaf in jax.tree.leaves(arg)]
 
 
 _WORKERS: dict[int, Worker] = {}

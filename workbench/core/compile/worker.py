@@ -42,9 +42,7 @@ def receive(stream: tp.BinaryIO) -> tp.Any:
         return None
     (size,) = HEADER.unpack(head)
     data = stream.read(size)
-    if len(data) < size:
-        return None
-    return pickle.loads(data)
+    return None if len(data) < size else pickle.loads(data)
 
 
 def _watch_parent(parent: int) -> None:

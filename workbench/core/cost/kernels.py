@@ -19,7 +19,7 @@ _K_REF = 4096  # the contraction of the large GEMMs ``gemm`` was measured on
 
 
 def _padded(x: float, tile: int) -> float:
-    return math.ceil(x / tile) * tile if x > 0 else 0.0
+    return math.ceil(x / tile) * tile
 
 
 def _cal(chip: Hardware | ChipCalibration) -> ChipCalibration:

@@ -254,9 +254,7 @@ def zero_parameter_copy_bytes(layout: Layout, zero_stage: int | None = None, com
     (those whose optimizer state ``dp`` splits), which XLA:TPU holds beside the donated parameters from libtpu
     0.0.50 on (see the module doc); 0 without ZeRO-1, on XLA:CPU, or with an older ``libtpu`` release (default
     :data:`LIBTPU_NEWEST_MEASURED`)."""
-    if compiler != "tpu":
-        return 0
-    if (libtpu or LIBTPU_NEWEST_MEASURED) < LIBTPU_HOLDS_DONATED_PARAMETERS:
+    if compiler != "tpu" or (libtpu or LIBTPU_NEWEST_MEASURED) < LIBTPU_HOLDS_DONATED_PARAMETERS:
         return 0
     state = _state_block_bytes(layout, zero_stage)
     return sum(p.bytes_per_device for p in layout.params if state(p) < p.bytes_per_device)

@@ -140,14 +140,13 @@ class _Acc:
     roofline: each kind's GEMMs by shape, its flash-attention FLOPs, its memory-bound bytes."""
 
     def __init__(self, sizes: dict[str, int], fp8: bool = False):
-        self.sizes = sizes
-        self.fp8 = fp8
+        self.sizes, self.fp8 = sizes, fp8
         self.flops = dict.fromkeys(WORK_KINDS, 0.0)
         self.bytes = dict.fromkeys(WORK_KINDS, 0.0)
+        self.fused = dict.fromkeys(WORK_KINDS, 0.0)
         self.comms: dict[tuple, list] = {}
         self.gemms: list[tuple[str, float, float, float, float, float, float]] = []
         self.attention: list[tuple[float, float, float, float, float, float]] = []
-        self.fused = dict.fromkeys(WORK_KINDS, 0.0)
         self.recomputed = 0.0  # the FLOPs remat="full" recomputes (in ``flops``)
 
     def comm(self, part: str, kind: str, axes: tp.Sequence[str], nbytes: float, runs: float, name: str,
@@ -366,12 +365,10 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     mlp_tp_runs = m * (1 + (1 + (r if s.recompute_down else 0) if train else 0))
     if layers_dense:
         width = s.mlp_down / d  # F
-        acc.gemm("mlp", nm, d, (s.mlp - s.mlp_down) / d / tp_, layers_dense * m, layers_dense * m * train,
-                 layers_dense * m * rg)
-        acc.gemm("mlp", nm, width / tp_, d, layers_dense * m, layers_dense * m * train,
-                 layers_dense * m * rg * s.recompute_down)
-        acc.fused["mlp"] += (layers_dense * m * ab * nm * (NORM_RESIDUAL * d + (s.mlp_act_split - 2 * width) / tp_)
-                             * fused_passes)
+        runs_f, runs_b, runs_r = layers_dense * m, layers_dense * m * train, layers_dense * m * rg
+        acc.gemm("mlp", nm, d, (s.mlp - s.mlp_down) / d / tp_, runs_f, runs_b, runs_r)
+        acc.gemm("mlp", nm, width / tp_, d, runs_f, runs_b, runs_r * s.recompute_down)
+        acc.fused["mlp"] += runs_f * ab * nm * (NORM_RESIDUAL * d + (s.mlp_act_split - 2 * width) / tp_) * fused_passes
         acc.flops["mlp"] += layers_dense * mlp_flops
         acc.recomputed += layers_dense * r * 2 * n * recomputed / tp_
         acc.bytes["mlp"] += layers_dense * mlp_bytes
@@ -402,18 +399,17 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
         local = s.experts / ep
         per_expert = copies / m * ep / s.experts  # tokens one of this device's experts takes, balanced
         rows = per_expert * (capacity_factor or 1.0)
-        runs_e = layers_moe * m * local
+        runs_f, runs_b, runs_r = layers_moe * m, layers_moe * m * train, layers_moe * m * rg
+        runs_e = runs_f * local
         acc.gemm("experts", rows, d, (fe_mat - s.expert_width) / tp_, runs_e, runs_e * train, runs_e * rg)
         acc.gemm("experts", rows, s.expert_width / tp_, d, runs_e, runs_e * train, runs_e * rg)
         if s.shared:
-            acc.gemm("experts", nm, d, 2 * s.shared_width / tp_, layers_moe * m, layers_moe * m * train,
-                     layers_moe * m * rg)
-            acc.gemm("experts", nm, s.shared_width / tp_, d, layers_moe * m, layers_moe * m * train,
-                     layers_moe * m * rg)
-        acc.gemm("experts", n_e / m, d, s.experts, layers_moe * m, layers_moe * m * train, layers_moe * m * rg)
+            acc.gemm("experts", nm, d, 2 * s.shared_width / tp_, runs_f, runs_b, runs_r)
+            acc.gemm("experts", nm, s.shared_width / tp_, d, runs_f, runs_b, runs_r)
+        acc.gemm("experts", n_e / m, d, s.experts, runs_f, runs_b, runs_r)
         # a token's norm and residual, the router's softmax; each routed copy permuted out and back (read and
         # write, dispatch and combine) and its gated activation over the (padded) rows
-        acc.fused["experts"] += layers_moe * m * ab * fused_passes * (
+        acc.fused["experts"] += runs_f * ab * fused_passes * (
             nm * (NORM_RESIDUAL * d + 2 * s.experts) + local * rows * (4 * d + 3 * s.expert_width / tp_)
             + (nm * 3 * s.shared_width / tp_ if s.shared else 0))
         acc.flops["experts"] += layers_moe * moe_flops
@@ -427,10 +423,9 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
         acc.comm("experts", "all-to-all", ("ep",), copies / m * d * ab, layers_moe * a2a_runs,
                  "routed tokens (EP)", True)
         if "ep" not in batch_axes:
-            acc.comm("experts", "all-gather", ("ep",), nm * d * ab, layers_moe * m * (1 + r), "token split (EP)", True)
+            acc.comm("experts", "all-gather", ("ep",), nm * d * ab, runs_f * (1 + r), "token split (EP)", True)
             if train:
-                acc.comm("experts", "reduce-scatter", ("ep",), nm / ep * d * ab, layers_moe * m,
-                         "token split (EP)", True)
+                acc.comm("experts", "reduce-scatter", ("ep",), nm / ep * d * ab, runs_f, "token split (EP)", True)
         acc.comm("experts", "all-reduce", ("tp",), nm * d * ab, layers_moe * tp_runs, "MoE output (TP)", True, "tp")
 
     # -- embedding and head (outside the pipeline and the remat policy) ----------------------------------------

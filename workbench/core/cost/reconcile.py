@@ -29,6 +29,8 @@ from workbench.core.hlo.text import Instruction, leaves, parse, shape_tree
 from workbench.core.units import format_bytes, format_seconds
 
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
+# the role of every collective kind but the all-reduce, whose operand decides (collective_roles)
+_ROLES = {"all-gather": "gather", "reduce-scatter": "gradient", "all-to-all": "other", "collective-permute": "other"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,11 +54,8 @@ class Row:
 
 
 def _fmt(value: float, unit: str) -> str:
-    if unit == "B":
-        return format_bytes(value)
-    if unit == "s":
-        return format_seconds(value)
-    return f"{value:.3g}"
+    formatter = {"B": format_bytes, "s": format_seconds}.get(unit)
+    return formatter(value) if formatter else f"{value:.3g}"
 
 
 def table(rows: tp.Sequence[Row]) -> str:
@@ -74,10 +73,8 @@ def collective_roles(hlo_text: str) -> dict[str, str]:
     for computation in module.computations.values():
         for op in computation.instructions:
             kind = op.opcode.removesuffix("-start")
-            if kind == "all-gather":
-                roles[op.name] = "gather"
-            elif kind == "reduce-scatter":
-                roles[op.name] = "gradient"
+            if kind in _ROLES:
+                roles[op.name] = _ROLES[kind]
             elif kind == "all-reduce":
                 source = defs.get(op.operands[0]) if op.operands else None
                 if source is not None and _zero_filled(source, module, defs):
@@ -86,8 +83,6 @@ def collective_roles(hlo_text: str) -> dict[str, str]:
                     roles[op.name] = "gradient"
                 else:
                     roles[op.name] = "other"
-            elif kind in ("all-to-all", "collective-permute"):
-                roles[op.name] = "other"
     return roles
 
 

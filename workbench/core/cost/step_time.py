@@ -242,11 +242,7 @@ class StepTime:
                              f"{format_bytes(nbytes):>14}{format_seconds(total):>11}")
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.summary()
-
-    def _repr_html_(self) -> str:
-        return self.html()
+    __str__ = summary
 
     def html(self, top: int | None = None) -> str:
         """:meth:`summary` as HTML tables: the parts, then the longest ``top`` collective groups (all by default)."""
@@ -254,6 +250,8 @@ class StepTime:
                 for k, a, lv, b, runs, nb, t in self.rows()[:top]]
         header = ("collective", "axes", "level", "bound", "runs", "bytes/device", "time")
         return f"<div>{html_table(self._head())}{html_table(rows, header=header) if rows else ''}</div>"
+
+    _repr_html_ = html
 
 
 def _pair_opposite_permutes(timed: list[CollectiveTime], records: tp.Sequence[tp.Any], hlo_text: str

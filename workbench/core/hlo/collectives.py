@@ -76,17 +76,7 @@ _EXPLICIT = re.compile(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}")
 _IOTA = re.compile(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
 _MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(([^()]*(?:\([^()]*\))?[^()]*)\))?"
                    r"\s*\{([^}]*)\}")
-
-
 _PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
-
-
-def _result(kind: str, asynchronous: bool, shape: tp.Any) -> list[tp.Any]:
-    """The result arrays: ``all-gather-start`` returns ``(operands, results)``, ``collective-permute-start``
-    ``(operand, result, contexts...)``; an ``all-reduce-start`` returns its result directly."""
-    if asynchronous and kind in ("all-gather", "collective-permute") and isinstance(shape, list):
-        shape = shape[1]
-    return leaves(shape)
 
 
 def _iota(dims: str, reshape: str, perm: str | None) -> np.ndarray:
@@ -179,7 +169,12 @@ def collectives_in(hlo_text: str, mesh: Mesh | None = None) -> list[Collective]:
             if kind not in COLLECTIVE_KINDS:
                 continue
             asynchronous = op.opcode != kind
-            arrays = _result(kind, asynchronous, shape_tree(op.shape))
+            result = shape_tree(op.shape)
+            # the result arrays: all-gather-start returns (operands, results), collective-permute-start
+            # (operand, result, contexts...); an all-reduce-start returns its result directly
+            if asynchronous and kind in ("all-gather", "collective-permute") and isinstance(result, list):
+                result = result[1]
+            arrays = leaves(result)
             nbytes = sum(math.ceil(math.prod(a.dims) * element_bits(a.dtype) / 8) for a in arrays)
             shape = arrays[0].dims if len(arrays) == 1 else tuple(a.dims for a in arrays)
             pairs, groups = None, ()

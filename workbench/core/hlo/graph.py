@@ -27,10 +27,6 @@ _CONTRACT = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
 _CONV_LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
 
 
-def _dims(text: str) -> list[int]:
-    return [int(d) for d in text.split(",") if d]
-
-
 def _array_dims(shape: str) -> list[int]:
     """An array shape's dims; ``[]`` for a tuple."""
     return list(s.dims) if isinstance(s := shape_tree(shape), Array) else []
@@ -51,17 +47,13 @@ def _graph(module: Module) -> tuple[str | None, dict[str, float], dict[str, list
         for op in computation.instructions:
             shapes[op.name] = op.shape
             lhs, rhs = (*op.operands, "", "")[:2]
-            if op.opcode == "dot":
-                contract = _CONTRACT.search(op.attributes)
-                if lhs in shapes and contract is not None:
-                    k = math.prod(_array_dims(shapes[lhs])[i] for i in _dims(contract[1]))
-                    dot_flops[op.name] = 2.0 * math.prod(_array_dims(shapes[op.name])) * k
-                    flops_in[name] += dot_flops[op.name]
-            elif op.opcode == "convolution":  # XLA:TPU writes a dot as a convolution: dim_labels=bf_io->bf
-                if lhs in shapes and rhs in shapes:
-                    operands_and_result = (_array_dims(shapes[n]) for n in (lhs, rhs, op.name))
-                    dot_flops[op.name] = _convolution_flops(op.attributes, *operands_and_result)
-                    flops_in[name] += dot_flops[op.name]
+            if op.opcode == "dot" and lhs in shapes and (contract := _CONTRACT.search(op.attributes)):
+                k = math.prod(_array_dims(shapes[lhs])[int(i)] for i in contract[1].split(",") if i)
+                dot_flops[op.name] = 2.0 * math.prod(_array_dims(shapes[op.name])) * k
+            elif op.opcode == "convolution" and lhs in shapes and rhs in shapes:  # XLA:TPU writes some dots so
+                operands_and_result = (_array_dims(shapes[n]) for n in (lhs, rhs, op.name))  # dim_labels=bf_io->bf
+                dot_flops[op.name] = _convolution_flops(op.attributes, *operands_and_result)
+            flops_in[name] += dot_flops.get(op.name, 0.0)
             trips = int(t[1]) if op.opcode == "while" and (t := _TRIPS.search(op.attributes)) else 1
             body = op.attribute("body") if op.opcode == "while" else None
             for callee in op.called:
@@ -332,7 +324,6 @@ def _array_text(shape: str) -> str:
         return "-"
     a = max(arrays, key=lambda a: math.prod(a.dims))
     return f"{a.dtype}[{','.join(map(str, a.dims))}]"
-
 
 
 # -- Asynchronous collectives and what runs while they are in flight ----------------------------------------

@@ -123,9 +123,6 @@ class Profile:
         lines += [f"{n:<32}{c:>7}{t:>12}{s:>11}" for n, c, t, s in self.rows()]
         return "\n".join(lines)
 
-    def _repr_html_(self) -> str:
-        return self.html()
-
     def html(self, top: int = 10) -> str:
         """The summary line, the ``top`` longest ops and the ops by kind, as HTML tables."""
         esc = html.escape
@@ -145,6 +142,8 @@ class Profile:
         return (f"<div><p>{esc(self.summary())}</p><div style='display:flex;gap:2em;align-items:flex-start'>"
                 f"{table(f'top {top} ops', self.rows(top))}{table('by kind', self.rows(top, by_kind=True))}"
                 f"</div>{note}</div>")
+
+    _repr_html_ = html
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:

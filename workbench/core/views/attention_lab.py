@@ -102,12 +102,7 @@ class LabOptions:
 
     def kwargs(self) -> dict[str, tp.Any]:
         """Keyword arguments of an attention call."""
-        out: dict[str, tp.Any] = {"causal": self.causal}
-        if self.sliding_window is not None:
-            out["sliding_window"] = self.sliding_window
-        if self.logits_soft_cap is not None:
-            out["logits_soft_cap"] = self.logits_soft_cap
-        return out
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
     def features(self, query: Array, key: Array, value: Array | None = None) -> list[str]:
         """The capability names these options (and GQA inputs, or values with a head dim of their own, as
@@ -154,7 +149,6 @@ def default_metadata(name: str, seq_len: int) -> OperationMetadata:
     axes = OperationRegistry.capabilities(name).mesh_axes
     if not axes:
         return OperationMetadata()
-
     unknown = [a for a in axes if a not in MESH_AXES or a == "fsdp"]
     if unknown or len(axes) > 1:
         raise ValueError(f"{name} needs mesh axes {list(axes)}; the lab builds a mesh for one axis among "
@@ -274,13 +268,11 @@ class Comparison:
 
     def rows(self) -> list[dict[str, tp.Any]]:
         """Table rows (implementation first, then the reference)."""
-        out = []
-        for run, diff in ((self.impl, self.max_abs_diff), (self.reference, 0.0 if self.reference.ok else None)):
-            out.append({"implementation": run.name, "role": "reference" if run is self.reference else "compared",
-                        "kernel_path": run.kernel_path, "max_abs_diff": diff if run.ok else None,
-                        "median_ms": run.median_ms, "compile_ms": run.compile_ms, "temp_bytes": run.temp_bytes,
-                        "cached": run.cached, "collectives": run.collectives, "note": run.note})
-        return out
+        return [{"implementation": run.name, "role": "reference" if run is self.reference else "compared",
+                 "kernel_path": run.kernel_path, "max_abs_diff": diff if run.ok else None,
+                 "median_ms": run.median_ms, "compile_ms": run.compile_ms, "temp_bytes": run.temp_bytes,
+                 "cached": run.cached, "collectives": run.collectives, "note": run.note}
+                for run, diff in ((self.impl, self.max_abs_diff), (self.reference, 0.0 if self.reference.ok else None))]
 
 
 def _prepare(name: str, options: LabOptions, args: tuple[Array, ...], metadata: OperationMetadata | None,
@@ -375,11 +367,9 @@ def attention_weights(query: Array, key: Array, *, head: int = 0, batch: int = 0
                       metadata: OperationMetadata | None = None) -> np.ndarray:
     """``(T, S)`` float32 attention weights of one head from ``impl`` (one that returns weights)."""
     options = LabOptions(causal, sliding_window, logits_soft_cap)
-    h = query.shape[2]
-    if not is_int(head) or not 0 <= head < h:
-        raise ValueError(f"head must be an int in [0, {h}); got {head!r}")
-    if not is_int(batch) or not 0 <= batch < query.shape[0]:
-        raise ValueError(f"batch must be an int in [0, {query.shape[0]}); got {batch!r}")
+    for what, index, size in (("head", head, query.shape[2]), ("batch", batch, query.shape[0])):
+        if not is_int(index) or not 0 <= index < size:
+            raise ValueError(f"{what} must be an int in [0, {size}); got {index!r}")
     run, call = _prepare(impl, options, (query, key, key), metadata, return_weights=True)
     if call is None:
         raise ValueError(f"{run.name}: no attention weights: {run.note}")

@@ -61,7 +61,6 @@ def token_groups(batch: int, length: int, mesh: Mesh | None, partition_axis: Par
     n = batch * length
     if mesh is None:
         return 1, 1, n
-
     pa = partition_axis or PartitionAxis()
     sizes = dict(mesh.shape)
     axes, split = token_split(pa.resolve(ACTIVATION_AXES, shape=(batch, length, 1), mesh=mesh), sizes,
@@ -140,9 +139,8 @@ def expert_parallel_summary(model: tp.Any, layout: tp.Any, *, batch: tuple[int, 
     a2a = model.with_options(moe_strategy="alltoall", capacity_factor=capacity_factor)
     alltoall = step(a2a, layout, kind="forward", batch=batch)
     dense = step(model.with_options(moe_strategy="dense"), layout, kind="forward", batch=batch)
-    live = all(isinstance(x, jax.Array) for x in jax.tree.leaves(model))
     report = None
-    if live:
+    if all(isinstance(x, jax.Array) for x in jax.tree.leaves(model)):  # live weights: an abstract model routes nothing
         ids = np.random.default_rng(seed).integers(0, model.config.vocab_size, batch)
         report = dispatch_report(model, ids, mesh=layout.mesh, partition_axis=layout.partition_axis,
                                  capacity_factor=capacity_factor)

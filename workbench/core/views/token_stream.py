@@ -180,8 +180,7 @@ class TokenStream:
         """Per row, the text added since the previous call (all of it on the first call): print these
         pieces one after the other and the result is ``text()``."""
         texts = self.text()
-        if len(self._emitted) < len(texts):
-            self._emitted += [0] * (len(texts) - len(self._emitted))
+        self._emitted += [0] * (len(texts) - len(self._emitted))  # a 0 for each row new since the last call
         out = []
         for i, text in enumerate(texts):
             out.append(text[self._emitted[i]:])
