@@ -1,9 +1,12 @@
 """checks: what the core takes as a count, the same everywhere it asks for one."""
 
+import json
+
 import numpy as np
 import pytest
 
 from workbench.core.checks import batch_shape, is_int, is_positive_int, positive_int
+from workbench.core.cluster import Cluster
 from workbench.core.compile.cache import CompileCache
 from workbench.core.models import ModelConfig
 from workbench.core.pipeline_schedule import PipelineConfig
@@ -44,3 +47,14 @@ def test_the_same_rule_where_the_core_takes_a_count(make):
     for bad in (True, 0, 2.0):  # a bool is no count, though Python calls it an int
         with pytest.raises(ValueError, match="must be a positive int"):
             make(bad)
+
+
+def test_a_numpy_count_is_kept_as_a_python_int():
+    """What the core keeps is a Python int, so a config read from NumPy still writes JSON (json refuses np.int64)."""
+    config = _config(np.int64(2))
+    assert type(config.num_hidden_layers) is int and json.loads(json.dumps(config.to_hf()))["num_hidden_layers"] == 2
+    pipeline = PipelineConfig(num_stages=np.int64(2), num_microbatches=np.int64(4))
+    assert {type(pipeline.num_stages), type(pipeline.num_microbatches), type(pipeline.virtual_stages)} == {int}
+    cluster = Cluster.h100(nodes=np.int64(2))
+    assert type(cluster.nodes) is int and type(cluster.num_devices) is int
+    assert all(type(n) is int for n in cluster.check_mesh_shape((np.int64(2), np.int64(8))))

@@ -548,7 +548,7 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
     if cluster.chip is None:
         raise ValueError(f"{cluster.name} has no chip numbers (simulated CPU devices): advise on Cluster.tpu(...), "
                          f"Cluster.h100(...) or Cluster.h200(...)")
-    positive_int("batch_tokens", batch_tokens), positive_int("seq_len", seq_len)
+    batch_tokens, seq_len = positive_int("batch_tokens", batch_tokens), positive_int("seq_len", seq_len)
     if task == "decode":
         batch = (batch_tokens, 1)
     elif batch_tokens % seq_len:

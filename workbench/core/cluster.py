@@ -180,7 +180,7 @@ class Cluster:
         ``"v4:2x2x2"``), or ``slices`` of them joined by the data-center network; ``libtpu``: its compiler's
         release (see the class doc)."""
         generation, dims = parse_topology(topology)
-        positive_int("slices", slices)
+        slices = positive_int("slices", slices)
         if libtpu is not None and not (isinstance(libtpu, tuple) and libtpu and all(
                 isinstance(n, int) and n >= 0 for n in libtpu)):
             raise ValueError(f"libtpu is a release as a tuple of integers, such as (0, 0, 50); got {libtpu!r}")
@@ -199,8 +199,7 @@ class Cluster:
             inter_node_bandwidth: float = INTER_NODE_PER_NODE) -> Cluster:
         """``nodes`` x ``gpus_per_node`` GPUs of ``chip``: NVLink inside a node, ``inter_node_bandwidth``
         (bytes/s per node, one way) between nodes."""
-        positive_int("nodes", nodes)
-        positive_int("gpus_per_node", gpus_per_node)
+        nodes, gpus_per_node = positive_int("nodes", nodes), positive_int("gpus_per_node", gpus_per_node)
         if chip.topology != SWITCH:
             raise ValueError(f"{chip.name} is not a GPU (its links form a {chip.topology}); use Cluster.tpu")
         levels = [NetworkLevel("nvlink", "switch", chip.link_bandwidth, "chip", NVLINK_HOP_S)]
@@ -222,7 +221,7 @@ class Cluster:
     @classmethod
     def cpu(cls, num_devices: int) -> Cluster:
         """``num_devices`` simulated CPU devices (what a laptop can show; no peak numbers)."""
-        positive_int("num_devices", num_devices)
+        num_devices = positive_int("num_devices", num_devices)
         return cls(f"{num_devices} simulated CPU devices", "cpu", None, num_devices)
 
     # -- what a cluster offers -------------------------------------------------------------------------
@@ -311,6 +310,7 @@ class Cluster:
         shape = tuple(mesh_shape)
         if not shape or not all(is_positive_int(s) for s in shape):
             raise ValueError(f"a mesh shape is a tuple of positive ints; got {mesh_shape!r}")
+        shape = tuple(map(int, shape))
         if math.prod(shape) == self.num_devices:
             if self.platform != "tpu":
                 return shape  # any factorisation maps onto one axis of every device
@@ -335,7 +335,7 @@ class Cluster:
         length keeps its wraparound); else on the most balanced box of that many chips, with no wraparound: the
         part is not a box of the torus, so no axis of it closes a ring, and its collectives are priced as on that
         box's lines (the name says which)."""
-        positive_int("num_devices", num_devices)
+        num_devices = positive_int("num_devices", num_devices)
         if num_devices == self.num_devices:
             return self
         if num_devices > self.num_devices:

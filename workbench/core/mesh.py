@@ -44,7 +44,7 @@ def simulate_devices(n: int) -> None:
     host's cores). If the backend already started with another count, raises
     ``RuntimeError``: restart the kernel and call this first.
     """
-    positive_int("simulate_devices(n)", n)
+    n = positive_int("simulate_devices(n)", n)
     if _backends_started():
         have = len(jax.devices("cpu"))
         if have == n:
@@ -214,7 +214,7 @@ def mesh_factorizations(n_devices: int, axis_names: tp.Sequence[str] = MESH_AXES
     >>> len(mesh_factorizations(8)), mesh_factorizations(4, ("dp", "tp"))
     (56, [{'dp': 1, 'tp': 4}, {'dp': 2, 'tp': 2}, {'dp': 4, 'tp': 1}])
     """
-    positive_int("n_devices", n_devices)
+    n_devices = positive_int("n_devices", n_devices)
     names = tuple(axis_names)
 
     def rec(n: int, k: int) -> list[tuple[int, ...]]:

@@ -53,7 +53,7 @@ class PipelineConfig:
 
     def __post_init__(self):
         for name in ("num_stages", "num_microbatches"):
-            positive_int(f"PipelineConfig.{name}", getattr(self, name))
+            object.__setattr__(self, name, positive_int(f"PipelineConfig.{name}", getattr(self, name)))
         schedule = _ALIASES.get(str(self.schedule).lower())
         if schedule is None:
             raise ValueError(f"unknown pipeline schedule {self.schedule!r}; use one of {SCHEDULES} "
@@ -62,7 +62,7 @@ class PipelineConfig:
         v = self.virtual_stages
         if v is None:
             v = 2 if schedule == "interleaved" else 1
-        positive_int("PipelineConfig.virtual_stages", v)
+        v = positive_int("PipelineConfig.virtual_stages", v)
         if schedule == "interleaved" and v < 2:
             raise ValueError("the interleaved schedule holds several stages per device: virtual_stages >= 2 "
                              "(with one stage per device use schedule='1f1b')")

@@ -213,7 +213,7 @@ class CausalLM(ModelMethods, nnx.Module):
         if mesh is None:
             return self._typed(KVCache.create(c.num_hidden_layers, batch_size, max_length, layout.kv_heads,
                                               layout.key_dim, dtype, value_dim=layout.value_dim))
-        positive_int("batch_size", batch_size), positive_int("max_length", max_length)
+        batch_size, max_length = positive_int("batch_size", batch_size), positive_int("max_length", max_length)
         pa = partition_axis or getattr(self, "partition_axis", None) or PartitionAxis()
         shape, decisions = cache_decisions(c, batch_size, max_length, mesh, pa)
         kv_spec = PartitionSpec(None, *(d.spec_entry for d in decisions))  # layers stacked first, whole

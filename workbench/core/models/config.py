@@ -162,7 +162,7 @@ class ModelConfig:
             raise ValueError(f"model_type {self.model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim"):
-            positive_int(f"ModelConfig.{name}", getattr(self, name))
+            object.__setattr__(self, name, positive_int(f"ModelConfig.{name}", getattr(self, name)))
         for name, allowed in (("norm_type", NORM_TYPES), ("mlp_type", MLP_TYPES),
                               ("position_embedding", ("rope", "learned"))):
             if getattr(self, name) not in allowed:
@@ -192,7 +192,8 @@ class ModelConfig:
         if self.position_embedding == "rope" and self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for the rotary embedding")
         if self.sliding_window is not None:
-            positive_int("sliding_window", self.sliding_window, what="a positive int or None")
+            object.__setattr__(self, "sliding_window", positive_int("sliding_window", self.sliding_window,
+                                                                    what="a positive int or None"))
         layer_types = self.layer_types
         if layer_types is None:
             kind = "full_attention" if self.sliding_window is None else "sliding_attention"
@@ -212,8 +213,10 @@ class ModelConfig:
             if not is_positive_int(getattr(self, name)):
                 raise ValueError(f"multi-head latent attention (kv_lora_rank set) needs ModelConfig.{name} to be a "
                                  f"positive int; got {getattr(self, name)!r}")
+            object.__setattr__(self, name, int(getattr(self, name)))
         if self.q_lora_rank is not None:
-            positive_int("q_lora_rank", self.q_lora_rank, what="a positive int or None (a plain q_proj)")
+            object.__setattr__(self, "q_lora_rank", positive_int("q_lora_rank", self.q_lora_rank,
+                                                                 what="a positive int or None (a plain q_proj)"))
         if self.head_dim != self.qk_rope_head_dim:
             raise ValueError(f"with multi-head latent attention head_dim is the rotary width: set head_dim="
                              f"qk_rope_head_dim={self.qk_rope_head_dim} (got {self.head_dim})")

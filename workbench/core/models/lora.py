@@ -138,7 +138,7 @@ class LoRALinear(nnx.Module):
 
     def __init__(self, base: nnx.Module, rank: int, *, alpha: float | None = None, dtype=None,
                  rngs: nnx.Rngs):
-        positive_int("LoRA rank", rank, what="an int >= 1 (e.g. 8)")
+        rank = positive_int("LoRA rank", rank, what="an int >= 1 (e.g. 8)")
         kernel = base.kernel
         *lead, in_f, out_f = kernel.shape
         param_dtype = dtype or getattr(base, "param_dtype", None) or jnp.float32
@@ -183,7 +183,7 @@ def apply_lora_to_layers(model: nnx.Module, rank: int, pattern: str = ".*", *, a
     ``rngs`` draws the ``lora_a`` weights (default ``nnx.Rngs(0)``: reproducible); ``dtype`` is
     their param dtype (default the base layer's).
     """
-    positive_int("LoRA rank", rank, what="an int >= 1 (e.g. 8)")
+    rank = positive_int("LoRA rank", rank, what="an int >= 1 (e.g. 8)")
     rngs = nnx.Rngs(0) if rngs is None else rngs
     wrapped = {id(layer.base) for _, _, layer in find_layers(model, LoRALinear)}
     for path, _, layer in find_layers(model, ParallelLinear):

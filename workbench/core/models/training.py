@@ -61,7 +61,7 @@ def make_optimizer(steps: int | None = None, *, lr: float = 3e-3, warmup_steps: 
     if steps is None:
         schedule = lr
     else:
-        positive_int("steps", steps, what="a positive int (the length of the schedule) or None")
+        steps = positive_int("steps", steps, what="a positive int (the length of the schedule) or None")
         warmup = min(100, steps // 10) if warmup_steps is None else warmup_steps
         if not 0 <= warmup < steps:
             raise ValueError(f"warmup_steps={warmup} must be >= 0 and smaller than steps={steps}")

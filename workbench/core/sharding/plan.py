@@ -218,7 +218,7 @@ def kv_cache_decisions(layout: Layout, batch: int, max_length: int) -> tuple[tup
     if layout.config is None:
         raise ValueError("a KV cache is sized from the model's config; this layout has none (pass the model, "
                          "not just its parameters)")
-    positive_int("KV cache batch", batch), positive_int("KV cache max_length", max_length)
+    batch, max_length = positive_int("KV cache batch", batch), positive_int("KV cache max_length", max_length)
     return cache_decisions(layout.config, batch, max_length, layout.mesh, layout.partition_axis)
 
 

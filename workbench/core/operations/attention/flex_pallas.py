@@ -90,7 +90,7 @@ def check_inputs(q: Array, k: Array, v: Array, indices: Array, kinds: Array, blo
     s, kv = k.shape[1], k.shape[2]
     if h % kv:
         raise ValueError(f"{name}: {h} query heads are not a multiple of {kv} key/value heads; H % KV must be 0")
-    positive_int(f"{name}: block_q", block_q), positive_int(f"{name}: block_k", block_k)
+    block_q, block_k = positive_int(f"{name}: block_q", block_q), positive_int(f"{name}: block_k", block_k)
     if t % block_q:
         raise ValueError(f"{name}: T={t} is not a multiple of block_q={block_q}; pad the queries to "
                          f"{-(-t // block_q) * block_q} or pick a block_q that divides T")
