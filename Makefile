@@ -37,7 +37,7 @@ $(VENV)/.lab-installed: pyproject.toml | $(BIN)/python
 	$(CHECKPOINT)
 	touch $@
 
-# tpu-aot: libtpu, so the tests compile for TPU clusters ahead of time (tests/core/test_cluster.py)
+# tpu-aot: libtpu, so the tests compile for TPU clusters ahead of time (tests/core/hardware/test_cluster.py)
 $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH)"
 	$(BIN)/pip install --quiet -e ".[test,lab,tpu-aot]"

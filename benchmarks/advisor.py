@@ -33,8 +33,8 @@ def main() -> None:
     import jax.numpy as jnp
 
     from workbench.core.advisor import advise
-    from workbench.core.cluster import Cluster
     from workbench.core.cost.reconcile import table
+    from workbench.core.hardware.cluster import Cluster
     from workbench.core.models.presets import full_config
     from workbench.models import CausalLM
 

@@ -89,8 +89,8 @@ def first_calls(model, scanned: bool, events: CompileEvents) -> dict[str, float]
     import jax
     import numpy as np
 
-    from workbench.core.compile.cache import PROGRAMS
     from workbench.core.models.training import make_train_step, to_state
+    from workbench.core.programs import PROGRAMS
     from workbench.models import GenerationConfig
 
     jax.clear_caches()

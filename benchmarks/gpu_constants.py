@@ -163,9 +163,9 @@ def train_step(smoke: bool, profile_ops: bool = False) -> list[dict]:
     import optax
     from flax import nnx
 
-    from workbench.core.cluster import Cluster
     from workbench.core.cost.flops import train_flops
     from workbench.core.cost.predicted import predict_step
+    from workbench.core.hardware.cluster import Cluster
     from workbench.core.models.causal_lm import CausalLM
     from workbench.core.models.config import ModelConfig
     from workbench.core.models.loss import causal_lm_loss, labels_from

@@ -2,7 +2,7 @@
 
     python benchmarks/published_runs.py [--terms] [--xla]
 
-Prices every run in `workbench/core/cost/published_runs.json` (MaxText on TPU v4 / v5e / v5p / v6e, torchtitan,
+Prices every run in `workbench/core/interop/published_runs.json` (MaxText on TPU v4 / v5e / v5p / v6e, torchtitan,
 Megatron-Bridge and NeMo on H100 / H200; the raw records with each quote are in `benchmarks/data/`) with
 `predict_step`, and prints per run: the source, the layout, measured and predicted step time, their ratio, the
 predicted MFU and what bounds the step; then the median and the worst ratio. Target (the issue): every run within
@@ -54,7 +54,7 @@ def xla_estimate(run) -> float:
 
 def xla_table(runs) -> None:
     """One line per TPU run as its compiles finish (each takes a minute or two), then the spread."""
-    from workbench.core.cost.published import price
+    from workbench.core.interop.published import price
     from workbench.core.units import format_seconds
 
     print(header("XLA's own estimate (libtpu optimal_seconds, extrapolated) beside the model, TPU runs"))
@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--xla", action="store_true", help="compile the TPU runs and print XLA's own estimate")
     parser.add_argument("--runs", nargs="*", default=None, metavar="NAME", help="only these runs (names or prefixes)")
     args = parser.parse_args()
-    from workbench.core.cost.published import Accuracy, price, published_runs
+    from workbench.core.interop.published import Accuracy, price, published_runs
     from workbench.core.units import format_seconds
 
     runs = published_runs()
@@ -115,8 +115,9 @@ def main() -> None:
     for chip in sorted({run.chip for run in runs}):
         mine = [r for run, r in zip(runs, ratios, strict=True) if run.chip == chip]
         print(f"  {chip:<24} {len(mine):>2} runs: {min(mine):.2f} to {max(mine):.2f}")
-    print("\nSources: each run's url, revision and quoted measurement are in workbench/core/cost/published_runs.json;"
-          "\nthe constants the model uses, and which were fitted to which runs, in workbench/core/cost/calibration.py.")
+    print("\nSources: each run's url, revision and quoted measurement are in "
+          "workbench/core/interop/published_runs.json;\nthe constants the model uses, and which were fitted to which "
+          "runs, in workbench/core/hardware/calibration.py.")
     if args.xla:
         xla_table(runs)
 

@@ -44,8 +44,8 @@ def predict_timing(batch: tuple[int, int]) -> None:
     """Seconds per `predict_step` call over every layout of 64 to 1024 chips (no timed asserts: a table)."""
     from _header import print_rows
 
-    from workbench.core.cluster import Cluster
     from workbench.core.cost.predicted import predict_step
+    from workbench.core.hardware.cluster import Cluster
     from workbench.core.models.presets import full_config
     from workbench.core.units import format_seconds
 
@@ -80,11 +80,11 @@ def main() -> None:
     args.batch = args.batch or (16, 2048)
     import jax.numpy as jnp
 
-    from workbench.core.cluster import Cluster
     from workbench.core.compile.virtual import compile_step
     from workbench.core.cost.flops import model_flops
     from workbench.core.cost.predicted import predict_step
     from workbench.core.cost.step_time import step_time
+    from workbench.core.hardware.cluster import Cluster
     from workbench.core.models.presets import full_config
     from workbench.models import CausalLM
 

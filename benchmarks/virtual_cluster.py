@@ -62,7 +62,7 @@ def model_of(name: str, layers: int | None = None, **options):
 
 
 def cluster_of(name: str):
-    from workbench.core.cluster import Cluster
+    from workbench.core.hardware.cluster import Cluster
 
     return Cluster.tpu(name) if ":" in name else Cluster.h100(nodes=int(name.removeprefix("h100x")))
 
@@ -193,9 +193,9 @@ def compile_child(layers: int) -> None:
 
     import jax
 
-    from workbench.core.cluster import Cluster
     from workbench.core.compile.steps import abstract_step, full_mesh_shape
     from workbench.core.compile.virtual import cluster_mesh
+    from workbench.core.hardware.cluster import Cluster
     from workbench.core.mesh import MESH_AXES
 
     model = model_of("llama-3-70b", layers)

@@ -107,7 +107,7 @@ def cluster_explorer_section(args: argparse.Namespace) -> list[Row]:
     re-resolves every parameter on another shape of the 64 devices."""
     import jax.numpy as jnp
 
-    from workbench.core.cluster import Cluster
+    from workbench.core.hardware.cluster import Cluster
     from workbench.core.models.presets import full_config
     from workbench.widgets.sharding_explorer import ShardingExplorer
 

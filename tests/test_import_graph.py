@@ -1,11 +1,13 @@
-"""Dependencies point one way (DESIGN.md): no import cycle among workbench's modules, counting every import
-(top level, inside functions, under ``if TYPE_CHECKING``: an import that closes a cycle there only hides it);
+"""Dependencies point one way (DESIGN.md): packages in layers that import only downward (the README's layout draws
+them), no import cycle among workbench's modules, counting every import (top level, inside functions, under
+``if TYPE_CHECKING``: an import that closes a cycle there only hides it);
 nothing in core imports widgets; workbench imports sit at the top of a module (a function-level one only for a
 heavy optional dependency, saying so on its line); no module named like a standard-library module; no import of
 another module's private name."""
 
 import ast
 import pathlib
+import subprocess
 import sys
 
 import workbench
@@ -72,6 +74,73 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if v not in index:
             connect(v)
     return found
+
+
+# The layers, bottom first: a package may import its own layer's packages (without a cycle) and any below, never
+# one above. Within the fourth layer the order is models < sharding < pipeline < compile (held by the cycle test).
+# A package is a folder under workbench/core (``core.cost``) or a module directly in it (``core.axes``), or a
+# folder or module directly under workbench (``widgets``, ``models``: the public face of ``core.models``).
+LAYERS = (
+    # the shared vocabulary: units, checks, tables, tasks/remats/optimizers, the program cache, XLA's log
+    {"_lazy", "core", "core.units", "core.checks", "core.tables", "core.vocab", "core.programs", "core.xla_log"},
+    # semantic axes and meshes, HLO text, attention kernels, parallel layers, schedules as data, ZeRO, shape rules
+    {"core.axes", "core.mesh", "core.hlo", "core.operations", "core.linear", "core._collective_matmul",
+     "core.matmul_sharding", "core.pipeline_schedule", "core.zero", "core.shapes"},
+    {"core.hardware"},  # chips, calibration evidence, clusters and their networks
+    {"core.cost"},  # arithmetic over shapes: no flax, no optax
+    {"core.models", "core.sharding", "core.pipeline", "core.compile"},
+    {"core.views", "core.advisor", "core.interop"},
+    {"widgets", "models", "data", "workbench"},
+)
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")[1:]
+    if not parts:
+        return "workbench"
+    if parts[0] == "core":
+        return ".".join(parts[:2])
+    return parts[0]
+
+
+def layer_of(package: str) -> int:
+    found = [i for i, layer in enumerate(LAYERS) if package in layer]
+    assert len(found) == 1, f"package {package} is in {len(found)} layers: give it one in LAYERS"
+    return found[0]
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    packages: dict[str, set[str]] = {package_of(m): set() for m in graph}
+    for module, deps in graph.items():
+        packages[package_of(module)] |= {package_of(d) for d in deps} - {package_of(module)}
+    return packages
+
+
+def test_packages_import_only_their_own_layer_or_below():
+    packages = package_graph(import_graph())
+    assert {"core.cost", "core.hardware", "core.interop", "widgets", "models"} <= packages.keys()
+    upward = sorted(f"{a} (layer {layer_of(a)}) -> {b} (layer {layer_of(b)})" for a, deps in packages.items()
+                    for b in deps if layer_of(b) > layer_of(a))
+    assert upward == []
+
+
+def test_no_package_level_cycle():
+    assert cycles(package_graph(import_graph())) == []
+
+
+def test_the_layer_check_sees_an_upward_import():
+    graph = {"workbench.core.cost.ledger": {"workbench.core.sharding.plan"}, "workbench.core.sharding.plan": set()}
+    packages = package_graph(graph)
+    assert packages == {"core.cost": {"core.sharding"}, "core.sharding": set()}
+    assert layer_of("core.sharding") > layer_of("core.cost")
+
+
+def test_the_cost_model_loads_no_flax_optax_or_pallas():
+    """``import workbench.core.cost.predicted`` (arithmetic) in a fresh process: none of flax, optax, Pallas."""
+    code = ("import sys, workbench.core.cost.predicted; "
+            "print(sorted(m for m in ('flax', 'optax', 'jax.experimental.pallas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_the_cycle_finder_finds_a_cycle():

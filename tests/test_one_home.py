@@ -13,17 +13,19 @@ HOMES = {
     "format_bytes": "core/units.py", "format_seconds": "core/units.py", "format_count": "core/units.py",
     "format_guess": "core/units.py",
     "html_table": "core/tables.py",
-    "collective_time": "core/cost/network.py", "transfer": "core/cost/network.py",
-    "array_bytes": "core/cost/network.py",
+    "collective_time": "core/hardware/network.py", "transfer": "core/hardware/network.py",
+    "array_bytes": "core/hardware/network.py",
     "roofline": "core/cost/roofline.py", "step_time": "core/cost/step_time.py",
     "mfu": "core/cost/flops.py", "hfu": "core/cost/flops.py",
     "parse": "core/hlo/text.py", "element_bits": "core/hlo/text.py",
+    "positive_int": "core/checks.py",
     "layout_step": "core/compile/steps.py", "mesh_factorizations": "core/mesh.py", "mesh_of": "core/mesh.py",
 }
 # a constant's value -> the one module that writes it
 CONSTANTS = {
-    ("train", "prefill", "decode"): "core/cost/ledger.py",
-    ("none", "dots_saveable", "full"): "core/cost/ledger.py",
+    ("train", "prefill", "decode"): "core/vocab.py",
+    ("none", "dots_saveable", "full"): "core/vocab.py",
+    ("adamw", "adafactor", "sgd"): "core/vocab.py",
     ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute"): "core/hlo/text.py",
     ("forward", "train"): "core/compile/steps.py",
 }

@@ -1,4 +1,4 @@
-"""Builds workbench/core/cost/published_runs.json from the raw records beside this file (published_runs_tpu.json,
+"""Builds workbench/core/interop/published_runs.json from the raw records beside this file (published_runs_tpu.json,
 published_runs_gpu.json: every quote and derivation): which runs have a complete configuration, and the choices
 made in pricing each (the recompute fraction a remat policy comes to, the batch axes, the chip). Run it after
 editing a raw record: python benchmarks/data/build_published_runs.py"""
@@ -287,13 +287,13 @@ for name, mesh, pipe, ga, model in (
 json.dump(
     {
         "about": "Training steps others measured and published with a complete configuration, as "
-        "workbench.core.cost.published prices them. Built from the raw records in "
+        "workbench.core.interop.published prices them. Built from the raw records in "
         "benchmarks/data/published_runs_tpu.json and published_runs_gpu.json (every quote and derivation there); "
         "the choices made in mapping each run "
         "(recompute fraction, batch axes, assumptions) are in its fields.",
         "runs": runs,
     },
-    open(root + "workbench/core/cost/published_runs.json", "w"),
+    open(root + "workbench/core/interop/published_runs.json", "w"),
     indent=1,
 )
 print(len(runs))

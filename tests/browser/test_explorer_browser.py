@@ -170,7 +170,7 @@ CLUSTER_SCREENSHOT = screenshot_path("sharding_explorer_cluster.png")
 _CLUSTER_CELLS = [
     _CELLS[0],
     "import jax.numpy as jnp\n"
-    "from workbench.core.cluster import Cluster\n"
+    "from workbench.core.hardware.cluster import Cluster\n"
     "from workbench.core.models.presets import full_config\n"
     "big = CausalLM.lazy_init(full_config('llama-3-70b'), dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)\n"
     "cluster_explorer = ShardingExplorer(big.with_options(remat='none'), {'fsdp': 8, 'tp': 8},\n"

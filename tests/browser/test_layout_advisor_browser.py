@@ -21,7 +21,7 @@ SCREENSHOT = screenshot_path("layout_advisor.png")
 _CELLS = [
     "import jax.numpy as jnp\n"
     "from workbench.core.advisor import Constraints\n"
-    "from workbench.core.cluster import Cluster\n"
+    "from workbench.core.hardware.cluster import Cluster\n"
     "from workbench.core.models.presets import full_config\n"
     "from workbench.models import CausalLM\n"
     "from workbench.widgets import LayoutAdvisor",

@@ -26,7 +26,7 @@ EXPLORERS = ("the tour's explorer", "notebook 10's explorer")
 _CELLS = [
     "import jax.numpy as jnp\n"
     "import workbench as wb\n\nwb.simulate_devices(8)\n"
-    "from workbench.core.cluster import Cluster\n"
+    "from workbench.core.hardware.cluster import Cluster\n"
     "from workbench.core.models import CausalLM\n"
     "from workbench.core.models.presets import full_config\n"
     "from workbench.widgets import ShardingExplorer",

@@ -9,8 +9,8 @@ import pytest
 from flax import nnx
 
 from workbench.core.advisor import Constraints, advise
-from workbench.core.cluster import Cluster
-from workbench.core.cost.network import span
+from workbench.core.hardware.cluster import Cluster
+from workbench.core.hardware.network import span
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import full_config, tiny_config
 from workbench.core.views.explore import Layout

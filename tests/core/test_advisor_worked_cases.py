@@ -4,7 +4,7 @@ al., "The Llama 3 Herd of Models", 2024, Table 4). Where the advisor's answer di
 states the difference and checks the reason the step model gives for it."""
 
 from workbench.core.advisor import Constraints, advise
-from workbench.core.cluster import Cluster
+from workbench.core.hardware.cluster import Cluster
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import full_config, full_config_dict
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from workbench.core.checks import batch_shape, is_int, is_positive_int, positive_int
-from workbench.core.cluster import Cluster
-from workbench.core.compile.cache import CompileCache
+from workbench.core.hardware.cluster import Cluster
 from workbench.core.models import ModelConfig
 from workbench.core.pipeline_schedule import PipelineConfig
+from workbench.core.programs import CompileCache
 
 
 @pytest.mark.parametrize(("value", "integer", "count"), [

@@ -20,8 +20,8 @@ from workbench.core.linear import (
     get_output_partition_spec,
     shard,
 )
+from workbench.core.matmul_sharding import METHODS
 from workbench.core.mesh import make_mesh
-from workbench.core.sharding.matmul import METHODS
 
 HI = jax.lax.Precision.HIGHEST
 MESHES = {

@@ -13,8 +13,8 @@ from jax.sharding import PartitionSpec as P
 
 import workbench.widgets
 from workbench.core.advisor import Advice, Candidate
-from workbench.core.cluster import Cluster
 from workbench.core.cost import ledger as ledgers
+from workbench.core.hardware.cluster import Cluster
 from workbench.core.mesh import make_mesh
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import tiny, tiny_config

@@ -10,9 +10,9 @@ import re
 import jax.numpy as jnp
 import pytest
 
-from workbench.core.cluster import Cluster
 from workbench.core.cost.ledger import ledger
-from workbench.core.cost.network import collective_time
+from workbench.core.hardware.cluster import Cluster
+from workbench.core.hardware.network import collective_time
 from workbench.core.mesh import MESH_AXES
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import full_config, tiny_config

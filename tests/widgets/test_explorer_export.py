@@ -11,8 +11,8 @@ import pytest
 
 import workbench as wb
 from workbench.core.axes import EMPTY, MODE_DECODE, TP, VOCAB, PartitionAxis
-from workbench.core.cluster import Cluster
 from workbench.core.cost import ledger as ledgers
+from workbench.core.hardware.cluster import Cluster
 from workbench.core.mesh import make_mesh
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import tiny_config

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from workbench.core.compile.cache import PROGRAMS
 from workbench.core.models.causal_lm import CausalLM
 from workbench.core.models.config import ModelConfig
 from workbench.core.models.generation import GenerationConfig
 from workbench.core.models.presets import tiny, tiny_config
 from workbench.core.models.sharding import lazy_init
 from workbench.core.models.tokenizer import ByteTokenizer, HFTokenizer
+from workbench.core.programs import PROGRAMS
 from workbench.core.views.cache_fill import ContiguousFill, cache_fill
 from workbench.core.views.token_stream import TokenStream
 from workbench.widgets._cache_html import cache_html

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from workbench.core.advisor import Constraints, advise
-from workbench.core.cluster import Cluster
+from workbench.core.hardware.cluster import Cluster
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import full_config, tiny_config
 from workbench.core.units import format_seconds

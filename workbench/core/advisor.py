@@ -3,7 +3,7 @@
 :func:`advise` enumerates mesh shapes of the cluster's devices over the workbench's axes ``(pp, dp, fsdp, ep, tp,
 sp)`` (only those the cluster can hold: :meth:`Cluster.valid_mesh_shapes`), with the remat policies, for ``pp > 1``
 the pipelines (1F1B and interleaved, ``m = p, 2p, 4p`` microbatches), and for a train step on ``dp > 1`` ZeRO-1
-(the optimizer state split over ``dp``, :mod:`workbench.core.sharding.zero`), and drops what makes no sense for
+(the optimizer state split over ``dp``, :mod:`workbench.core.zero`), and drops what makes no sense for
 this model and batch (a split that does not divide the heads, the experts, the layers or the batch; ``tp``
 across GPU nodes unless allowed; more than ``max_split_axes`` split axes). Each remaining layout is resolved (the
 parameters' PartitionSpecs, :class:`~workbench.core.sharding.plan.Layout`), held against the chip's HBM by the memory
@@ -41,15 +41,14 @@ import typing as tp
 
 from workbench.core.axes import EMPTY, EP, FSDP, MODE_DECODE, MODE_TRAIN, SP, DynamicShardingAxes, PartitionAxis
 from workbench.core.checks import is_int, is_positive_int, positive_int
-from workbench.core.cluster import prime_factors
-from workbench.core.compile.steps import OPTIMIZERS
 from workbench.core.compile.virtual import cluster_mesh, compile_step
-from workbench.core.cost.ledger import REMATS, TASKS, ledger, libtpu_version, zero_parameter_copy_bytes
-from workbench.core.cost.network import span
+from workbench.core.cost.ledger import ledger, libtpu_version, zero_parameter_copy_bytes
 from workbench.core.cost.predicted import predict_step
-from workbench.core.cost.published import accuracy_text
 from workbench.core.cost.reconcile import reconcile
 from workbench.core.cost.step_time import step_time
+from workbench.core.hardware.cluster import prime_factors
+from workbench.core.hardware.network import span
+from workbench.core.interop.published import accuracy_text
 from workbench.core.mesh import MESH_AXES, axis_sizes, mesh_factorizations
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.sharding import flat_params, path_str, remembered_params
@@ -58,6 +57,7 @@ from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.sharding.plan import Layout
 from workbench.core.tables import html_table
 from workbench.core.units import format_bytes, format_seconds
+from workbench.core.vocab import OPTIMIZERS, REMATS, TASKS
 
 _gib = functools.partial(format_bytes, unit="GiB")  # figures to compare, all in GiB
 _ROW_HEADER = ("#", "layout", "memory/device", "of HBM", "step", "tokens/s", "MFU", "bound by", "why")  # Advice.rows
@@ -72,7 +72,8 @@ class Constraints:
     layout must leave free to count as fitting; ``split_physical_axes``: on TPU, also mesh axes that split a torus
     axis (MaxText's ``allow_split_physical_axes``: a ring of 4 inside an axis of 16); ``idle_chips``: when the
     cluster's device count has a prime factor of 5 or more (which divides no batch, head or layer count of powers
-    of two), also plan on part of it (:meth:`Cluster.part <workbench.core.cluster.Cluster.part>`), saying how many
+    of two), also plan on part of it (:meth:`Cluster.part
+    <workbench.core.hardware.cluster.Cluster.part>`), saying how many
     chips stay idle; ``grad_accumulation``: the microbatches per step to try (train, no pipeline) where a layout
     does not fit without remat at fewer."""
 
@@ -401,7 +402,8 @@ def _batch_partition_axis(pa: PartitionAxis, shape: tp.Mapping[str, int]) -> Par
 @functools.lru_cache(maxsize=64)
 def _mesh_shapes(cluster: tp.Any, split: bool, max_split_axes: int) -> tuple[tuple[int, ...], ...]:
     """The mesh shapes over :data:`MESH_AXES` a search tries on ``cluster``: those along whole physical axes, and
-    with ``split`` (TPU) those that split a torus axis (:func:`~workbench.core.cluster.torus_layout`), of at most
+    with ``split`` (TPU) those that split a torus axis (:func:`~workbench.core.hardware.cluster.torus_layout`),
+    of at most
     ``max_split_axes`` axes of size > 1."""
     whole = set(cluster.valid_mesh_shapes(len(MESH_AXES)))
     if cluster.platform != "tpu" or not split:

@@ -476,3 +476,8 @@ def _runtime_mode(mode: str | int, shape: tuple[int, ...] | None) -> str:
     if not -len(shape) <= mode < len(shape):
         raise ValueError(f"mode={mode} is a dimension index but shape {shape} has {len(shape)} dimensions")
     return MODE_DECODE if shape[mode] == 1 else MODE_TRAIN
+
+
+def shard_shape(decisions: tp.Sequence[DimDecision], sizes: tp.Mapping[str, int]) -> tuple[int, ...]:
+    """The block each device holds: each dimension divided by the sizes of the mesh axes it was split over."""
+    return tuple(d.size // math.prod(sizes[a] for a in d.chosen) for d in decisions)

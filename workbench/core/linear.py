@@ -312,4 +312,4 @@ def shard(layer: ParallelLinear, partition_axis: PartitionAxis) -> ParallelLinea
 
 
 # Re-exported: the PartitionSpec helpers the DESIGN contract places in workbench.core.linear.
-from workbench.core.sharding.matmul import get_matmul_output_sharding, get_output_partition_spec, get_sharding  # noqa: E402
+from workbench.core.matmul_sharding import get_matmul_output_sharding, get_output_partition_spec, get_sharding  # noqa: E402

@@ -23,6 +23,7 @@ Bubble fraction = idle ticks / all ticks: ``(p - 1) / (m + p - 1)`` for GPipe an
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing as tp
 
@@ -232,3 +233,71 @@ def pipeline_schedule(config: PipelineConfig) -> PipelineSchedule:
     actions = tuple(Action(t, d, c[2], c[1], "forward" if c[0] == FORWARD else "backward")
                     for t, row in enumerate(ticks) for d, c in enumerate(row) if c is not None)
     return PipelineSchedule(config, actions, grid, mb, stage)
+
+
+# -- the executor's tables and buffers (pipeline.py runs them; the ledger counts their bytes) --
+# One action code per tick and device in the executor's tables.
+EXECUTOR_ACTIONS = EXECUTOR_IDLE, EXECUTOR_FORWARD, EXECUTOR_FORWARD_LAST, EXECUTOR_BACKWARD = 0, 1, 2, 3
+
+
+def _allocate(intervals: list[tuple[int, int, tp.Hashable]]) -> tuple[dict[tp.Hashable, int], int]:
+    """Greedy slots for ``(start, end, key)`` lifetimes: a slot is reused once its last holder's end <= start."""
+    ends: list[int] = []
+    slot_of: dict[tp.Hashable, int] = {}
+    for start, end, key in sorted(intervals, key=lambda x: (x[0], x[1])):
+        free = next((s for s, e in enumerate(ends) if e <= start), None)
+        if free is None:
+            free = len(ends)
+            ends.append(end)
+        ends[free] = end
+        slot_of[key] = free
+    return slot_of, len(ends)
+
+
+def executor_tables(schedule: PipelineSchedule) -> tuple[np.ndarray, int, int]:
+    """``(tables (ticks, 8, p) int32, forward slots, gradient slots)``. Per tick and device: action, microbatch,
+    local stage index, stage, the input slot F and B read, the gradient slot B reads (the last stage's F
+    writes it), and where this tick's incoming activation and gradient go (-1: nothing arrives)."""
+    c = schedule.config
+    p, last = c.num_stages, c.total_stages - 1
+    when = {(a.kind, a.microbatch, a.stage): a.tick for a in schedule.actions}
+    f_life, b_life = [[] for _ in range(p)], [[] for _ in range(p)]
+    for a in schedule.actions:
+        d, i, k = a.device, a.microbatch, a.stage
+        if a.kind == "forward" and k > 0:  # arrived from stage k-1 the tick it ran; alive until its backward
+            f_life[d].append((when["forward", i, k - 1], when.get(("backward", i, k), a.tick), (i, k)))
+        if a.kind == "backward":
+            start = when["forward", i, k] if k == last else when["backward", i, k + 1]
+            b_life[d].append((start, a.tick, (i, k)))
+    f_slots, b_slots = [_allocate(f) for f in f_life], [_allocate(b) for b in b_life]
+    n_f, n_b = max(1, max(n for _, n in f_slots)), max(1, max(n for _, n in b_slots))
+    tables = np.full((schedule.ticks, 8, p), -1, np.int32)
+    tables[:, 0] = EXECUTOR_IDLE
+    for a in schedule.actions:
+        t, d, i, k = a.tick, a.device, a.microbatch, a.stage
+        action = EXECUTOR_BACKWARD if a.kind == "backward" else EXECUTOR_FORWARD_LAST if k == last else EXECUTOR_FORWARD
+        tables[t, :6, d] = (action, i, k // p, k, f_slots[d][0].get((i, k), 0), b_slots[d][0].get((i, k), 0))
+        if a.kind == "forward" and k < last:  # the next stage's device stores it at the end of this tick
+            tables[t, 6, (d + 1) % p] = f_slots[(d + 1) % p][0][(i, k + 1)]
+        if a.kind == "backward" and k > 0:
+            tables[t, 7, (d - 1) % p] = b_slots[(d - 1) % p][0][(i, k - 1)]
+    tables[:, 1:6][tables[:, 1:6] < 0] = 0  # idle cells read slot 0 and ignore it
+    return tables, n_f, n_b
+
+
+# -- the executor --------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=256)
+def _buffer_slots(config: PipelineConfig) -> tuple[int, int]:
+    """The executor's forward and gradient buffer slots for ``config`` (memoised: the layout advisor asks for the
+    same few schedules hundreds of times)."""
+    return executor_tables(pipeline_schedule(config))[1:]
+
+
+def activation_stash_bytes(config: PipelineConfig, *, batch_size: int, seq_len: int, hidden_size: int,
+                           dtype: tp.Any = np.float32, data_ways: int = 1) -> int:
+    """Bytes per device of the stage inputs (kept for the backward) and incoming gradients the schedule holds
+    at its peak: the executor's buffer rows times one microbatch's ``(B / m / data_ways, T, D)`` slice.
+    GPipe's grow with ``m`` (every microbatch's input waits for the backward); 1F1B's stop at ``p``."""
+    n_f, n_b = _buffer_slots(config)
+    rows = batch_size // config.num_microbatches // data_ways
+    return (n_f + n_b) * rows * seq_len * hidden_size * np.dtype(dtype).itemsize

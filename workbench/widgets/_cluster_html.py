@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typing as tp
 
-from workbench.core.cost.published import accuracy_text
+from workbench.core.interop.published import accuracy_text
 from workbench.core.mesh import MESH_AXES
 from workbench.core.units import format_bytes, format_seconds
 from workbench.widgets._html import escape
@@ -55,7 +55,7 @@ def parse_mesh_label(text: str) -> dict[str, int]:
 
 def mesh_options(cluster: tp.Any) -> list[str]:
     """Every logical shape of the workbench's six mesh axes that maps onto ``cluster``
-    (:meth:`~workbench.core.cluster.Cluster.valid_mesh_shapes`), as labels: fewest split axes first."""
+    (:meth:`~workbench.core.hardware.cluster.Cluster.valid_mesh_shapes`), as labels: fewest split axes first."""
     shapes = cluster.valid_mesh_shapes(len(MESH_AXES))
     ordered = sorted(shapes, key=lambda s: (sum(n > 1 for n in s), [-n for n in s]))
     return [mesh_label(s) for s in ordered]

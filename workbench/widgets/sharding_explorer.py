@@ -210,7 +210,7 @@ class ShardingExplorer(InlineError):
     re-sharded after :meth:`apply`. ``explorer.widget`` is the ipywidgets tree (displayed by
     ``display(explorer)``); ``_repr_html_`` is a static table and memory picture.
 
-    With ``cluster`` (a virtual :class:`~workbench.core.cluster.Cluster`) ``mesh`` may be the axis sizes
+    With ``cluster`` (a virtual :class:`~workbench.core.hardware.cluster.Cluster`) ``mesh`` may be the axis sizes
     (``{"fsdp": 16, "tp": 4}``; default every device on ``fsdp``) or ``cluster_mesh(cluster, ...)``; a control
     offers the cluster's valid mesh shapes; the memory chart is the ledger (:func:`workbench.core.cost.ledger.ledger`:
     parameters, gradients, optimizer state, activations under the remat policy, temporaries, per device)

@@ -9,12 +9,12 @@ import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench.core.cluster import Cluster
 from workbench.core.compile import steps
-from workbench.core.cost.calibration import calibration
 from workbench.core.cost.flops import mfu, model_flops, train_flops
 from workbench.core.cost.predicted import predict_step
 from workbench.core.cost.step_time import step_time
+from workbench.core.hardware.calibration import calibration
+from workbench.core.hardware.cluster import Cluster
 from workbench.core.hlo.graph import matmul_flops
 from workbench.core.models.config import ModelConfig
 from workbench.core.models.presets import tiny_config

@@ -9,10 +9,10 @@ import math
 import pytest
 from flax import nnx
 
-from workbench.core.cluster import Cluster
-from workbench.core.cost.network import transfer
 from workbench.core.cost.predicted import predict_step
 from workbench.core.cost.step_time import step_time
+from workbench.core.hardware.cluster import Cluster
+from workbench.core.hardware.network import transfer
 from workbench.core.models import CausalLM, ModelConfig, tiny_config
 from workbench.core.models.presets import full_config
 from workbench.core.pipeline_schedule import PipelineConfig, pipeline_schedule

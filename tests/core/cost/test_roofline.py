@@ -8,9 +8,9 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from workbench.core.cluster import Cluster
-from workbench.core.cost.chips import H100, TPU_V5E, cpu_measured
 from workbench.core.cost.sharded_matmul import sharded_matmul
+from workbench.core.hardware.chips import H100, TPU_V5E, cpu_measured
+from workbench.core.hardware.cluster import Cluster
 from workbench.core.hlo.collectives import collectives
 from workbench.core.mesh import make_mesh
 

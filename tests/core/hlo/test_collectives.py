@@ -277,8 +277,8 @@ def test_xla_tpu_runs_a_collective_matmuls_blocks_while_its_permutes_travel():
     from jax.sharding import PartitionSpec as P
 
     from workbench.core._collective_matmul import allgather_matmul
-    from workbench.core.cluster import Cluster, cluster_mesh
     from workbench.core.compile.virtual import compile_on
+    from workbench.core.hardware.cluster import Cluster, cluster_mesh
 
     cluster = Cluster.tpu("v5p:2x2x1")
     mesh = cluster_mesh(cluster, (4,), ("tp",))

@@ -9,9 +9,9 @@ import jax
 import numpy as np
 import pytest
 
-from workbench.core.compile.cache import PROGRAMS
 from workbench.core.models.generation import GenerationConfig, generate, is_compiled
 from workbench.core.models.presets import tiny
+from workbench.core.programs import PROGRAMS
 
 TIMEOUT_S = 300
 

@@ -23,8 +23,8 @@ from workbench.core.axes import (
     DynamicShardingAxes,
     PartitionAxis,
 )
-from workbench.core.cluster import Cluster
 from workbench.core.compile.virtual import cluster_mesh
+from workbench.core.hardware.cluster import Cluster
 from workbench.core.mesh import MESH_AXES, make_mesh
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import FAMILIES, tiny_config
@@ -172,7 +172,7 @@ def test_a_gpu_cluster_s_layout():
         assert eval(layout_export._cluster_code(spec), {"Cluster": Cluster}) == other  # the snippet's constructor
     with pytest.raises(ValueError, match="has 64 devices but 2 x 4 H200 SXM has 8"):
         layout.to_json(cluster=Cluster.h200(nodes=2, gpus_per_node=4))
-    with pytest.raises(TypeError, match=r"must be a workbench\.core\.cluster\.Cluster"):
+    with pytest.raises(TypeError, match=r"must be a workbench\.core\.hardware\.cluster\.Cluster"):
         layout.to_json(cluster="h100")
 
 

@@ -8,9 +8,9 @@ from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
 
 from workbench.core.advisor import advise
-from workbench.core.cluster import Cluster
 from workbench.core.cost.ledger import kv_cache_bytes
 from workbench.core.cost.predicted import predict_step
+from workbench.core.hardware.cluster import Cluster
 from workbench.core.mesh import MESH_AXES
 from workbench.core.models import CausalLM, ModelConfig, tiny_config
 from workbench.core.models.cache import stored_kv_heads

@@ -26,14 +26,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from workbench.core import pipeline as pipelines
 from workbench.core.axes import PartitionAxis
-from workbench.core.cluster import Cluster
+from workbench.core.hardware.cluster import Cluster
 from workbench.core.models.loss import causal_lm_loss, labels_from
 from workbench.core.models.sharding import path_str, with_mesh
 from workbench.core.sharding.plan import INPUT_AXES, Layout
-from workbench.core.sharding.zero import state_sharding
+from workbench.core.vocab import OPTIMIZERS
+from workbench.core.zero import state_sharding
 
 STEP_KINDS = ("forward", "train")
-OPTIMIZERS = ("adamw", "adafactor", "sgd")
 
 
 def optimizer(name: str, learning_rate: float = 1e-3) -> optax.GradientTransformation:
@@ -77,7 +77,7 @@ def layout_step(model: nnx.Module, layout: Layout, *, kind: str = "train", batch
     :func:`workbench.core.pipeline.default_config`): a forward through
     :func:`~workbench.core.pipeline.pipeline_logits`, a train step's loss and gradients through
     :func:`~workbench.core.pipeline.pipeline_loss_and_grads`. A train step's optimizer state is split over ``dp``
-    too with the layout's ``zero_stage=1`` (:mod:`workbench.core.sharding.zero`)."""
+    too with the layout's ``zero_stage=1`` (:mod:`workbench.core.zero`)."""
     if kind not in STEP_KINDS:
         raise ValueError(f"kind must be one of {STEP_KINDS}; got {kind!r}")
     mesh, pa = layout.mesh, layout.partition_axis
@@ -131,7 +131,7 @@ def abstract_step(model: nnx.Module, mesh: tp.Any, *, kind: str = "train", batch
 
     On a mesh with ``pp > 1`` the stacked layers are split over ``pp`` unless ``partition_axis`` says otherwise,
     and the step runs as ``pipeline`` (a ``PipelineConfig``; default :func:`workbench.core.pipeline.default_config`).
-    ``zero_stage=1`` splits the optimizer state over ``dp`` as well (:mod:`workbench.core.sharding.zero`)."""
+    ``zero_stage=1`` splits the optimizer state over ``dp`` as well (:mod:`workbench.core.zero`)."""
     pa = partition_axis or PartitionAxis()
     if dict(mesh.shape).get("pp", 1) > 1 and pa.layer_axis is None:
         pa = pipelines.pipeline_partition_axis(pa)
@@ -142,7 +142,7 @@ def abstract_step(model: nnx.Module, mesh: tp.Any, *, kind: str = "train", batch
 def _place_like_params(tx: optax.GradientTransformation, opt_state: tp.Any, params: nnx.State,
                        replicated: NamedSharding, zero_stage: int = 0) -> tp.Any:
     """Optimizer state leaves shaped like their parameter take its sharding (split over ``dp`` too at
-    ``zero_stage=1``: :func:`workbench.core.sharding.zero.state_sharding`); the rest is replicated."""
+    ``zero_stage=1``: :func:`workbench.core.zero.state_sharding`); the rest is replicated."""
 
     def place(state_leaf: tp.Any, param: tp.Any = None) -> jax.ShapeDtypeStruct:
         same = param is not None and tuple(state_leaf.shape) == tuple(param.shape)

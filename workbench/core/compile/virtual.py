@@ -4,11 +4,11 @@
   the slice (``jax.experimental.topologies``) and a program lowered from ``ShapeDtypeStruct``s on a mesh
   of those devices compiles to real TPU HLO (nothing runs; needs ``pip install "jax-workbench[tpu-aot]"``).
 - GPU and CPU clusters compile in a worker process with as many simulated CPU devices (up to
-  :data:`~workbench.core.cluster.MAX_SIMULATED_DEVICES`): this process traces and lowers the program on an
+  :data:`~workbench.core.hardware.cluster.MAX_SIMULATED_DEVICES`): this process traces and lowers the program on an
   ``AbstractMesh`` and exports it; the worker compiles it and returns the analysis. One worker per device
   count, reused; it exits with this process.
 
-:func:`~workbench.core.cluster.cluster_mesh` (imported here too) gives the mesh to place abstract arguments
+:func:`~workbench.core.hardware.cluster.cluster_mesh` (imported here too) gives the mesh to place abstract arguments
 on; :func:`compile_on` returns a :class:`CompiledAnalysis` (memory, cost, collectives with mesh axes and loop
 trips).
 """
@@ -30,14 +30,14 @@ import typing as tp
 import jax
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
-from workbench.core.cluster import Cluster, cluster_mesh
 from workbench.core.compile import worker as worker_protocol
-from workbench.core.compile.cache import CompileCache
 from workbench.core.compile.steps import abstract_step, full_mesh_shape
-from workbench.core.compile.xla_log import xla_log_lines, xla_warnings
+from workbench.core.hardware.cluster import Cluster, cluster_mesh
 from workbench.core.hlo.collectives import Collective, summarize
 from workbench.core.hlo.graph import hbm_bytes, matmul_flops
 from workbench.core.mesh import MESH_AXES, mesh_of
+from workbench.core.programs import CompileCache
+from workbench.core.xla_log import xla_log_lines, xla_warnings
 
 # XLA:TPU's memory-space assignment moves buffers into a TensorCore's VMEM (128 MiB on v5e) and adds prefetch
 # copies: negligible beside a real model's HBM, but it reshapes a tiny model's HBM peak (a small Llama's grew by

@@ -19,8 +19,8 @@ import time
 import traceback
 import typing as tp
 
-from workbench.core.compile.xla_log import stderr_lines, xla_warnings
 from workbench.core.hlo.collectives import collectives_in
+from workbench.core.xla_log import stderr_lines, xla_warnings
 
 HEADER = struct.Struct(">Q")
 

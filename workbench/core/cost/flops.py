@@ -39,7 +39,7 @@ import functools
 import typing as tp
 
 from workbench.core.checks import batch_shape
-from workbench.core.cost.ledger import REMATS, TASKS
+from workbench.core.vocab import REMATS, TASKS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """How long one kernel takes on one chip: a GEMM of a shape, a flash-attention call, a memory-bound fusion, at
-the efficiencies :mod:`workbench.core.cost.calibration` holds (each with its evidence).
+the efficiencies :mod:`workbench.core.hardware.calibration` holds (each with its evidence).
 
->>> from workbench.core.cost.chips import H100
+>>> from workbench.core.hardware.chips import H100
 >>> round(gemm_efficiency(8192, 4096, 4096, H100), 2), round(gemm_efficiency(8192, 4096, 64, H100), 3)
 (0.7, 0.087)
 >>> round(attention_efficiency(8192, 128, H100), 2)  # cuDNN, causal, fwd+bwd: measured 497 / 989 = 0.50
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
-from workbench.core.cost.calibration import ChipCalibration, calibration
-from workbench.core.cost.chips import Hardware
+from workbench.core.hardware.calibration import ChipCalibration, calibration
+from workbench.core.hardware.chips import Hardware
 
 _K_REF = 4096  # the contraction of the large GEMMs ``gemm`` was measured on
 

@@ -5,13 +5,13 @@ Parts, per device (every device holds the same; specs divide their dimensions):
 - ``params``: each parameter's block (:class:`workbench.core.sharding.plan.Layout`);
 - ``grads``: a train step's gradients, one per parameter, its dtype and sharding (they live through the update);
   with ZeRO-1 split like the optimizer state: XLA slices each reduced gradient to the state's ``dp`` split and
-  does not keep it whole (measured in :mod:`workbench.core.sharding.zero`), so the compiled step holds ZeRO-2's
+  does not keep it whole (measured in :mod:`workbench.core.zero`), so the compiled step holds ZeRO-2's
   gradients;
 - ``optimizer``: AdamW two moments + an int32 count; SGD with momentum one trace; Adafactor a row and a column
   statistic for a matrix whose two largest dims are >= 128 (replicated: they are small), else a full second
   moment, plus a count and two one-element placeholders per parameter (optax's state, in the params' dtype);
   arrays shaped like their parameter split over ``dp`` as well with ZeRO-1 (``zero_stage=1``,
-  :mod:`workbench.core.sharding.zero`);
+  :mod:`workbench.core.zero`);
 - ``activations``: what the forward keeps for the backward, per layer, times the layers (the layer scan stacks
   them; a MoE's leading dense layers are a stack of their own). With ``b`` token rows and ``t`` positions per
   device (the batch split over the data axes, the sequence over ``sp``), per row of one layer
@@ -113,18 +113,17 @@ import typing as tp
 
 import numpy as np
 
-from workbench.core.axes import BATCH, LENGTH, MODE_DECODE, MODE_TRAIN, PartitionAxis
-from workbench.core.compile.steps import OPTIMIZERS
-from workbench.core.models.moe_alltoall import capacity
-from workbench.core.pipeline import activation_stash_bytes
-from workbench.core.sharding.placement import shard_shape
-from workbench.core.sharding.plan import Layout, kv_cache_decisions
-from workbench.core.sharding.zero import state_split
+from workbench.core.axes import BATCH, LENGTH, MODE_DECODE, MODE_TRAIN, PartitionAxis, shard_shape
+from workbench.core.pipeline_schedule import activation_stash_bytes
+from workbench.core.shapes import capacity
 from workbench.core.units import format_bytes
+from workbench.core.vocab import OPTIMIZERS, REMATS, TASKS
+from workbench.core.zero import state_split
 
-# What a step does, and the remat policies (models/stack.py names them) the ledger and the step model count.
-TASKS = ("train", "prefill", "decode")
-REMATS = ("none", "dots_saveable", "full")
+# A resolved workbench.core.sharding.plan.Layout: the ledger reads its parameters' blocks and its mesh; it is not
+# imported, since sharding sits above the cost layer (the ledger is arithmetic over what a layout resolved).
+Layout = tp.Any
+
 # The loss phase's logits, in float32 copies of them, by compiler: measured (see the module doc).
 LOGITS_COPIES = {"tpu": 1.6, "cpu": 2.0}
 # One layer's backward working set, in units of the layer's dots_saveable set (its matmul outputs), by compiler
@@ -213,7 +212,7 @@ def gradient_bytes(layout: Layout, zero_stage: int | None = None) -> int:
 def optimizer_bytes(layout: Layout, name: str, zero_stage: int | None = None) -> int:
     """Bytes per device of optax's ``name`` state for the parameters of ``layout`` (see the module doc); an array
     shaped like its parameter is split over ``dp`` too at ``zero_stage=1`` (default: the layout's,
-    :mod:`workbench.core.sharding.zero`)."""
+    :mod:`workbench.core.zero`)."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; use one of {OPTIMIZERS}")
     like_param = _state_block_bytes(layout, zero_stage)
@@ -264,7 +263,7 @@ def kv_cache_bytes(layout: Layout, batch: int, max_length: int, dtype: tp.Any) -
     """Bytes per device of a KV cache: keys and values of every layer, ``layers x 2 x (B, S, KV, D)`` (MLA:
     ``layers x (B, S, 1, C + R)``, values inside the keys), split as
     :func:`~workbench.core.sharding.plan.kv_cache_spec` says."""
-    _, decisions = kv_cache_decisions(layout, batch, max_length)
+    _, decisions = layout.kv_cache_decisions(batch, max_length)
     block = shard_shape(decisions, dict(layout.mesh.shape))
     arrays = 1 if layout.config.mla else 2  # MLA's values are the first channels of its keys
     return arrays * layout.config.num_hidden_layers * math.prod(block) * np.dtype(dtype).itemsize

@@ -2,8 +2,9 @@
 
 :func:`predict_step` counts, per device, the matmul FLOPs, the HBM bytes and every collective of one train,
 prefill or decode step of a :class:`~workbench.core.models.config.ModelConfig` laid out on a mesh of
-``(pp, dp, fsdp, ep, tp, sp)`` sizes, and prices them on a :class:`~workbench.core.cluster.Cluster` with
-:mod:`workbench.core.cost.network` (the roofline and :func:`~workbench.core.cost.network.transfer`). It returns a
+``(pp, dp, fsdp, ep, tp, sp)`` sizes, and prices them on a :class:`~workbench.core.hardware.cluster.Cluster` with
+:mod:`workbench.core.hardware.network` (the roofline and :func:`~workbench.core.hardware.network.transfer`). It returns
+a
 :class:`~workbench.core.cost.step_time.StepTime`, the same record a compiled step gets, with the work split by layer
 kind (:meth:`~workbench.core.cost.step_time.StepTime.by_kind`: "attention", "mlp", "experts", "embedding+head",
 "optimizer", "pipeline") and a pipeline's bubble. The references are the chapters of "How to Scale Your
@@ -11,7 +12,7 @@ Model" (Austin et al., https://jax-ml.github.io/scaling-book/): "Transformer Mat
 "Training" (training/), "Training LLaMA 3" (applied-training/), "Inference" (inference/), "Serving LLaMA 3"
 (applied-inference/) and "How to Think About GPUs" (gpus/).
 
->>> from workbench.core.cluster import Cluster
+>>> from workbench.core.hardware.cluster import Cluster
 >>> from workbench.core.models.presets import full_config
 >>> step = predict_step(full_config("llama-3-70b"), Cluster.h100(nodes=8), {"fsdp": 8, "tp": 8}, batch=(32, 4096))
 >>> step.bound, round(step.time_s, 2), sorted(step.by_kind())
@@ -107,18 +108,18 @@ import math
 import typing as tp
 
 from workbench.core.checks import batch_shape, positive_int
-from workbench.core.cluster import Cluster
-from workbench.core.cost.calibration import ADAMW_F32_BYTES, FLASH_BACKWARD, calibration
 from workbench.core.cost.flops import model_flops, model_shapes
 from workbench.core.cost.kernels import attention_efficiency, gemm_efficiency, memory_seconds
-from workbench.core.cost.ledger import REMATS, TASKS
-from workbench.core.cost.network import transfer
 from workbench.core.cost.roofline import check_chip, rate_dtype, roofline
 from workbench.core.cost.step_time import CollectiveTime, StepTime, Term, WorkPart
+from workbench.core.hardware.calibration import ADAMW_F32_BYTES, FLASH_BACKWARD, calibration
+from workbench.core.hardware.cluster import Cluster
+from workbench.core.hardware.network import transfer
 from workbench.core.mesh import MESH_AXES
-from workbench.core.models.cache import stored_kv_heads
 from workbench.core.pipeline_schedule import PipelineConfig
-from workbench.core.sharding.zero import check_zero_stage
+from workbench.core.shapes import stored_kv_heads
+from workbench.core.vocab import REMATS, TASKS
+from workbench.core.zero import check_zero_stage
 
 WORK_KINDS = ("attention", "mlp", "experts", "embedding+head", "optimizer", "pipeline")
 BATCH_AXES = ("fsdp", "dp")  # PartitionAxis.batch_axis
@@ -170,7 +171,7 @@ class _Acc:
 
 
 def _kv_heads_per_device(s: tp.Any, tp_: int) -> int:
-    """K / V heads of the cache a device holds (:func:`~workbench.core.models.cache.stored_kv_heads` split over
+    """K / V heads of the cache a device holds (:func:`~workbench.core.shapes.stored_kv_heads` split over
     ``tp``; all of them where they do not divide; MLA's latent is not split)."""
     if not s.kv_split:
         return s.kv_heads
@@ -206,10 +207,10 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     rematerialisation policy (train only); ``pipeline`` a :class:`PipelineConfig` whose ``num_stages`` is the
     mesh's ``pp``; ``dtype`` the parameters' and activations' ("bf16", or "int8" / "fp8": 1 byte, their peak
     rate); ``batch_axes`` the mesh axes the batch splits over; ``zero_stage=1`` the optimizer state split over
-    ``dp`` (ZeRO-1, :mod:`workbench.core.sharding.zero`).
+    ``dp`` (ZeRO-1, :mod:`workbench.core.zero`).
 
     By default the step is priced by the measured step model (:func:`_measured_terms`): kernels at the efficiencies
-    :mod:`~workbench.core.cost.calibration` cites, memory-bound work beside the matmuls, and only the communication
+    :mod:`~workbench.core.hardware.calibration` cites, memory-bound work beside the matmuls, and only the communication
     that nothing hides (``overlap=False``: none hidden). ``grad_accumulation`` microbatches run one after another
     (no pipeline); ``recompute`` the fraction of a layer's forward matmuls its backward recomputes (default: 1 under
     ``remat="full"``, else 0; MaxText's "minimal" / "save_qkv_proj" policies lie between); ``capacity_factor`` pads

@@ -23,7 +23,7 @@ import math
 import re
 import typing as tp
 
-from workbench.core.cost.network import transfer
+from workbench.core.hardware.network import transfer
 from workbench.core.hlo.graph import NO_TRAFFIC, fused_computation, hbm_traffic, shape_bytes
 from workbench.core.hlo.text import Instruction, leaves, parse, shape_tree
 from workbench.core.units import format_bytes, format_seconds

@@ -1,6 +1,6 @@
 """The roofline of one device (the scaling book, "All About Rooflines", jax-ml.github.io/scaling-book/roofline/):
 compute ``FLOPs / C`` against memory ``bytes / W_hbm``, the longer bounding the time. A step adds its
-collectives on the network (:mod:`workbench.core.cost.network`) in :class:`~workbench.core.cost.step_time.StepTime`.
+collectives on the network (:mod:`workbench.core.hardware.network`) in :class:`~workbench.core.cost.step_time.StepTime`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import dataclasses
 import math
 import typing as tp
 
-from workbench.core.cluster import Cluster
+from workbench.core.hardware.cluster import Cluster
 
 LOW_PRECISION = ("int8", "fp8")
 _DTYPE_NAMES = {"bf16": "bf16", "bfloat16": "bf16", "float16": "bf16", "fp16": "bf16", "f16": "bf16",

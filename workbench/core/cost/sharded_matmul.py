@@ -11,8 +11,8 @@ import typing as tp
 import jax.numpy as jnp
 import numpy as np
 
-from workbench.core.cluster import Cluster
 from workbench.core.cost.step_time import StepTime, step_time
+from workbench.core.hardware.cluster import Cluster
 
 
 def _pair(spec: tp.Sequence[tp.Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import dataclasses
 import typing as tp
 
-from workbench.core.cluster import Cluster
-from workbench.core.cost.calibration import calibration
 from workbench.core.cost.flops import hfu, mfu
-from workbench.core.cost.network import transfer
 from workbench.core.cost.roofline import Roofline, check_chip, roofline
+from workbench.core.hardware.calibration import calibration
+from workbench.core.hardware.cluster import Cluster
+from workbench.core.hardware.network import transfer
 from workbench.core.hlo.collectives import loop_collectives
 from workbench.core.tables import html_table
 from workbench.core.units import format_bytes, format_seconds
@@ -288,7 +288,7 @@ def step_time(analysis: tp.Any = None, cluster: Cluster | None = None, mesh_shap
 
     Compute is the program's dots (``analysis.matmul_flops``, each once per loop trip) at ``efficiency`` of the peak
     of ``dtype`` (default: the fraction large GEMMs reach on the chip, measured or fitted in
-    :mod:`~workbench.core.cost.calibration`; 1 gives the ideal roofline); memory its HBM bytes
+    :mod:`~workbench.core.hardware.calibration`; 1 gives the ideal roofline); memory its HBM bytes
     (``analysis.hbm_bytes``, at the bandwidth fusions reach unless ``efficiency`` is given); communication every
     collective (:func:`collective_time`) times its loop trips. ``flops``, ``hbm_bytes`` and ``collectives`` (records
     or ``(kind, bytes, axes[, runs])`` tuples) replace the analysis's. The dots are hardware FLOPs (a recomputed

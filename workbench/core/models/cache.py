@@ -44,6 +44,7 @@ from workbench.core.models.config import ModelConfig
 from workbench.core.models.rope import apply_rope
 from workbench.core.operations import OperationMetadata, OperationRegistry
 from workbench.core.operations.attention.common import KV_LENGTHS, MASK
+from workbench.core.shapes import stored_kv_heads
 
 Array = jax.Array
 INDEX = jnp.int32  # every cache index and position: int32 whatever jax_enable_x64 says
@@ -105,21 +106,6 @@ def kv_layout(config: ModelConfig) -> KVLayout:
     if config.mla:
         return KVLayout(1, config.kv_lora_rank + config.qk_rope_head_dim, config.kv_lora_rank)
     return KVLayout(config.num_key_value_heads, config.head_dim)
-
-
-def stored_kv_heads(kv_heads: int, num_heads: int, ways: int) -> int:
-    """Heads a cache stores when its head dimension is split ``ways`` ways: ``ways`` (each KV head repeated
-    ``ways // kv_heads`` times, one head per device, as vLLM and MaxText serve GQA when tp exceeds the KV heads)
-    when ``ways`` is a multiple of ``kv_heads`` above it that splits the ``num_heads`` query heads evenly;
-    otherwise ``kv_heads`` (they split over ``ways``, or stay whole where they do not divide).
-    MLA's one latent head is not repeated: pass ``ways=1`` for it (see :func:`cache_decisions`).
-
-    >>> stored_kv_heads(8, 64, 16), stored_kv_heads(8, 64, 4), stored_kv_heads(8, 64, 12)
-    (16, 8, 8)
-    """
-    if ways > kv_heads and ways % kv_heads == 0 and num_heads % ways == 0:
-        return ways
-    return kv_heads
 
 
 def _head_axes(decisions: tp.Sequence[DimDecision]) -> tuple[str, ...]:

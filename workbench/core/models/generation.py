@@ -7,7 +7,7 @@ pytree with a static ``max_length`` (and ``reorder(index_B)`` for beam search);
 a mask of ones; the cache tracks positions itself.
 
 Two programs run per call, each compiled once per (graphdef, config, input shapes and shardings) and
-cached in the shared :data:`~workbench.core.compile.cache.PROGRAMS` (thread-safe, bounded), so a second
+cached in the shared :data:`~workbench.core.programs.PROGRAMS` (thread-safe, bounded), so a second
 call with the same shapes does not recompile: the prefill (the prompt's logits) and a ``lax.while_loop``
 that picks every new token and runs the decode steps; the cache is donated to both. Greedy / sampling
 live in :mod:`.sampling`, beam search in :mod:`.beam_search`. On a mesh with Explicit axes both programs run
@@ -29,12 +29,12 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from workbench.core.checks import is_int
-from workbench.core.compile.cache import PROGRAMS, signature
 from workbench.core.mesh import call_on_auto_axes, explicit_mesh_of
 from workbench.core.models.beam_search import beam_programs, best_sequences
 from workbench.core.models.cache import KVCache, PagedKVCache, StreamingKVCache
 from workbench.core.models.generation_config import GenerationConfig
 from workbench.core.models.sampling import sample_programs
+from workbench.core.programs import PROGRAMS, signature
 
 Array = jax.Array
 

@@ -21,12 +21,13 @@ output equals the ``dense`` strategy's. FLOPs per device are those of ``E * C`` 
 
 from __future__ import annotations
 
-import math
 import typing as tp
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
+
+from workbench.core.shapes import capacity
 
 Array = jax.Array
 
@@ -41,15 +42,6 @@ class Experts(tp.NamedTuple):
     up_bias_EF: Array | None
     down_bias_ED: Array | None
     act: tp.Callable[[Array, Array], Array]
-
-
-def capacity(tokens: int, k: int, num_experts: int, capacity_factor: float | None) -> int:
-    """Slots per expert for ``tokens`` local tokens choosing ``k`` experts each (see the module doc)."""
-    if capacity_factor is None:
-        return max(tokens, 1)
-    if not capacity_factor > 0:
-        raise ValueError(f"capacity_factor must be > 0 (or None: never drop); got {capacity_factor!r}")
-    return max(1, min(tokens, math.ceil(capacity_factor * tokens * k / num_experts)))
 
 
 def dispatch_slots(experts_NK: Array, num_experts: int, slots: int, valid_N: Array | None = None

@@ -25,12 +25,12 @@ from jax.sharding import PartitionSpec as P
 
 from workbench.core.axes import BATCH, LENGTH, PartitionAxis
 from workbench.core.checks import positive_int
-from workbench.core.compile.cache import PROGRAMS, signature
 from workbench.core.mesh import mesh_of
 from workbench.core.models.loss import causal_lm_loss, labels_from
 from workbench.core.models.moe_losses import expert_counts
 from workbench.core.models.tokenizer import ByteTokenizer
-from workbench.core.sharding.zero import check_zero_stage, state_sharding
+from workbench.core.programs import PROGRAMS, signature
+from workbench.core.zero import check_zero_stage, state_sharding
 
 Batch = dict[str, tp.Any]
 
@@ -88,7 +88,7 @@ def to_state(model: nnx.Module, optimizer: optax.GradientTransformation | None =
 
     ``optimizer`` defaults to ``make_optimizer()`` (constant lr). Optimizer moments take the
     sharding of their parameter (``zero_stage=1``: split over ``dp`` as well, ZeRO-1,
-    :mod:`workbench.core.sharding.zero`); scalars (counts) are replicated. ``train_step`` keeps these shardings.
+    :mod:`workbench.core.zero`); scalars (counts) are replicated. ``train_step`` keeps these shardings.
     """
     check_zero_stage(zero_stage)
     optimizer = make_optimizer() if optimizer is None else optimizer

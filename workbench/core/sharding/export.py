@@ -31,10 +31,10 @@ from jax.sharding import AbstractMesh, AxisType
 from workbench.core import axes as ax
 from workbench.core.axes import MODE_TRAIN, RUNTIME_MODES, DynamicShardingAxes, PartitionAxis
 from workbench.core.checks import is_positive_int
-from workbench.core.cluster import INTER_NODE_PER_NODE, Cluster, cluster_mesh
+from workbench.core.hardware.cluster import INTER_NODE_PER_NODE, Cluster, cluster_mesh
 from workbench.core.mesh import MESH_AXES, make_mesh
 from workbench.core.pipeline_schedule import PipelineConfig
-from workbench.core.sharding.zero import check_zero_stage
+from workbench.core.zero import check_zero_stage
 
 
 class LayoutFields(tp.Protocol):
@@ -241,7 +241,8 @@ def cluster_spec(cluster: Cluster, mesh: tp.Any = None) -> dict[str, tp.Any]:
     """``{"tpu": "v5p:4x4x4", "slices": 1}``, ``{"gpu": "h100", "nodes": 8, "gpus_per_node": 8}`` or
     ``{"cpu": 16}``; with ``mesh``, checked to map onto the cluster."""
     if not isinstance(cluster, Cluster):
-        raise TypeError(f"cluster must be a workbench.core.cluster.Cluster (Cluster.tpu(...), Cluster.h100(...)); "
+        raise TypeError("cluster must be a workbench.core.hardware.cluster.Cluster (Cluster.tpu(...), "
+                        f"Cluster.h100(...)); "
                         f"got {cluster!r}")
     if mesh is not None:
         if mesh.size != cluster.num_devices:
@@ -342,7 +343,7 @@ def to_code(layout: LayoutFields, *, cluster: Cluster | None = None, model_expr:
     types = [t.name for t in layout.mesh.axis_types]
     if cluster is not None:
         spec = cluster_spec(cluster, layout.mesh)
-        imports += ["from workbench.core.cluster import Cluster",
+        imports += ["from workbench.core.hardware.cluster import Cluster",
                     "from workbench.core.compile.virtual import cluster_mesh"]
         body += [f"cluster = {_cluster_code(spec)}",
                  f"mesh = cluster_mesh(cluster, {tuple(sizes.values())!r}, {tuple(sizes)!r})"]

@@ -32,7 +32,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from workbench.core import axes as ax
-from workbench.core.axes import MODE_TRAIN, DimDecision, PartitionAxis
+from workbench.core.axes import MODE_TRAIN, DimDecision, PartitionAxis, shard_shape
 from workbench.core.models.sharding import Rules, explain_params, flat_params, path_str
 from workbench.core.sharding.blocks import typed_notation
 
@@ -109,11 +109,6 @@ def reason_text(decisions: tp.Sequence[DimDecision]) -> str:
     else:
         text = " | ".join(f"dim{d.dim} {d.semantic}: {strip(d.reason)}" for d in decisions)
     return text + suffix
-
-
-def shard_shape(decisions: tp.Sequence[DimDecision], sizes: tp.Mapping[str, int]) -> tuple[int, ...]:
-    """The block each device holds: each dimension divided by the sizes of the mesh axes it was split over."""
-    return tuple(d.size // math.prod(sizes[a] for a in d.chosen) for d in decisions)
 
 
 def freeze_rules(rules: Rules | None) -> tuple[tuple[str, tp.Any], ...]:

@@ -38,10 +38,10 @@ from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.sharding import export as layout_export
 from workbench.core.sharding.placement import ParamPlacement, freeze_rules, reason_text, resolve_params
 from workbench.core.sharding.spec_text import format_axes
-from workbench.core.sharding.zero import check_zero_stage
+from workbench.core.zero import check_zero_stage
 
 __all__ = ["INPUT_AXES", "KV_CACHE_AXES", "KV_CACHE_MODE", "ROLES", "ROLE_FIELDS", "KVCacheSize", "Layout",
-           "kv_cache_decisions", "kv_cache_spec"]
+           "kv_cache_spec"]
 
 ROLES = (ax.DP, ax.FSDP, ax.EP, ax.TP, ax.SP)
 ROLE_FIELDS = tuple(PartitionAxis().field_for(role) for role in ROLES)
@@ -74,7 +74,7 @@ class Layout:
     Build it with :meth:`of`. ``params`` are in the model's parameter order; ``layout[path]`` finds one.
     ``config`` is the model's config (it sizes a KV cache), or None. ``remat`` (a policy name),
     ``pipeline`` (a :class:`PipelineConfig` over the ``pp`` axis) and ``zero_stage`` (1: the optimizer state
-    split over ``dp`` too, :mod:`workbench.core.sharding.zero`) are what a plan carries beyond the parameters' specs;
+    split over ``dp`` too, :mod:`workbench.core.zero`) are what a plan carries beyond the parameters' specs;
     they do not change them. :meth:`to_json` / :meth:`from_json` and :meth:`to_code` export a layout
     (:mod:`workbench.core.sharding.export`).
     """
@@ -207,27 +207,27 @@ class Layout:
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:7], widths, strict=True)) + "  " + r[7]
                          for r in rows)
 
+    def kv_cache_decisions(self, batch: int, max_length: int) -> tuple[tuple[int, ...], list[DimDecision]]:
+        """Shape ``(B, S, KV, D)`` of one layer's keys (or values) and how each dimension is resolved.
+
+        ``KV`` is the heads the cache stores (:func:`workbench.core.shapes.stored_kv_heads`): the model's KV
+        heads, or, where the head dimension's mesh axes outnumber them (``tp=16`` for 8 KV heads), each head repeated
+        to one per device, as serving engines keep it; the reason of that dimension says so."""
+        if self.config is None:
+            raise ValueError("a KV cache is sized from the model's config; this layout has none (pass the model, "
+                             "not just its parameters)")
+        batch, max_length = positive_int("KV cache batch", batch), positive_int("KV cache max_length", max_length)
+        return cache_decisions(self.config, batch, max_length, self.mesh, self.partition_axis)
+
 
 # -- a KV cache on the layout's mesh ------------------------------------------------------------------
-def kv_cache_decisions(layout: Layout, batch: int, max_length: int) -> tuple[tuple[int, ...], list[DimDecision]]:
-    """Shape ``(B, S, KV, D)`` of one layer's keys (or values) and how each dimension is resolved.
-
-    ``KV`` is the heads the cache stores (:func:`workbench.core.models.cache.stored_kv_heads`): the model's KV
-    heads, or, where the head dimension's mesh axes outnumber them (``tp=16`` for 8 KV heads), each head repeated
-    to one per device, as serving engines keep it; the reason of that dimension says so."""
-    if layout.config is None:
-        raise ValueError("a KV cache is sized from the model's config; this layout has none (pass the model, "
-                         "not just its parameters)")
-    batch, max_length = positive_int("KV cache batch", batch), positive_int("KV cache max_length", max_length)
-    return cache_decisions(layout.config, batch, max_length, layout.mesh, layout.partition_axis)
-
-
 def kv_cache_spec(layout: Layout, batch: int, max_length: int) -> tuple[tuple[int, ...], PartitionSpec, str]:
     """Shape ``(B, S, KV, D)`` of one layer's keys (or values), its spec and the reason.
 
     The cache is resolved as ``(BATCH, KV_LENGTH, KV_HEAD, KV_HEAD_DIM)`` in decode mode: by default
     the batch over ``(fsdp, dp)``, the cached length over ``sp``, the key/value heads over ``tp`` (repeated
-    to one per ``tp`` device where ``tp`` is a multiple of them above their count, see :func:`kv_cache_decisions`).
+    to one per ``tp`` device where ``tp`` is a multiple of them above their count, see
+    :meth:`Layout.kv_cache_decisions`).
     """
-    shape, decisions = kv_cache_decisions(layout, batch, max_length)
+    shape, decisions = layout.kv_cache_decisions(batch, max_length)
     return shape, PartitionSpec(*(d.spec_entry for d in decisions)), reason_text(decisions)

@@ -12,7 +12,7 @@ The functions behind the ``AttentionLab`` widget, usable from scripts and tested
 - :func:`model_comparison` switches a model's attention (``with_attention``) and compares logits
   and a short greedy generation.
 
-Compiled calls are cached in the shared :data:`~workbench.core.compile.cache.PROGRAMS` (implementation
+Compiled calls are cached in the shared :data:`~workbench.core.programs.PROGRAMS` (implementation
 class, metadata, options, input shapes), so switching back to an implementation already measured costs
 its runs only.
 
@@ -36,7 +36,6 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from workbench.core.checks import is_int, positive_int
-from workbench.core.compile.cache import PROGRAMS
 from workbench.core.hlo.collectives import collectives_in
 from workbench.core.mesh import MESH_AXES, make_mesh
 from workbench.core.models.generation import GenerationConfig
@@ -52,6 +51,7 @@ from workbench.core.operations.attention.common import (
     VALUE_DIM,
 )
 from workbench.core.operations.attention.paged import PAGED_KV
+from workbench.core.programs import PROGRAMS
 
 Array = jax.Array
 DTYPES = ("float32", "bfloat16", "float16")

@@ -31,14 +31,14 @@ from jax.sharding import Mesh, PartitionSpec
 
 from workbench.core.compile.steps import STEP_KINDS, layout_step
 from workbench.core.compile.virtual import compile_step
-from workbench.core.compile.xla_log import xla_log_lines as _xla_log_lines
-from workbench.core.compile.xla_log import xla_warnings as _xla_warnings
 from workbench.core.cost.ledger import Ledger, kv_cache_bytes, optimizer_bytes
 from workbench.core.hlo.collectives import Collective, collectives_in, summarize
 from workbench.core.hlo.graph import matmul_flops
 from workbench.core.models.sharding import path_str, shard_model
 from workbench.core.sharding.plan import INPUT_AXES, KVCacheSize, Layout, kv_cache_spec
 from workbench.core.sharding.spec_text import format_axes, format_entry, parse_axes, parse_entry
+from workbench.core.xla_log import xla_log_lines as _xla_log_lines
+from workbench.core.xla_log import xla_warnings as _xla_warnings
 
 # Layout and the text forms of axes live in layout_plan and spec_text; the explorer's face re-exports them.
 __all__ = ["INPUT_AXES", "STEP_KINDS", "Layout", "LayoutDiff", "ParamChange", "StepCollectives",
@@ -178,7 +178,7 @@ def step_collectives(model: nnx.Module, layout: Layout, *, kind: str = "forward"
 
 def cluster_step_collectives(model: nnx.Module, layout: Layout, cluster: tp.Any, *, kind: str = "forward",
                              batch: tuple[int, int] = (8, 64), optimizer: str = "adamw") -> StepCollectives:
-    """:func:`step_collectives` for a virtual ``cluster`` (``workbench.core.cluster``): the step compiled for
+    """:func:`step_collectives` for a virtual ``cluster`` (``workbench.core.hardware.cluster``): the step compiled for
     the cluster's devices on ``layout``'s mesh shape (TPU ahead of time, others in a worker process), so the
     layout may sit on an ``AbstractMesh`` of any size the cluster has. A train step updates with ``optimizer``
     (its state split over ``dp`` too with the layout's ``zero_stage=1``);

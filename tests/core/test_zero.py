@@ -13,17 +13,17 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from workbench.core.advisor import Constraints, advise
-from workbench.core.cluster import Cluster
 from workbench.core.compile.steps import full_mesh_shape
 from workbench.core.compile.virtual import TPU_HBM_ONLY, cluster_mesh, compile_step
 from workbench.core.cost.ledger import ledger, libtpu_version
 from workbench.core.cost.predicted import predict_step
+from workbench.core.hardware.cluster import Cluster
 from workbench.core.mesh import MESH_AXES, make_mesh
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import full_config, tiny, tiny_config
 from workbench.core.models.training import from_state, make_train_step, to_state
-from workbench.core.sharding.zero import check_zero_stage, optimizer_spec
 from workbench.core.views.explore import Layout
+from workbench.core.zero import check_zero_stage, optimizer_spec
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                   reason='libtpu missing: pip install "jax-workbench[tpu-aot]" (make test does)')

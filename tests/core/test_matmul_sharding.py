@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from workbench.core.sharding.matmul import get_matmul_output_sharding, get_output_partition_spec, get_sharding
+from workbench.core.matmul_sharding import get_matmul_output_sharding, get_output_partition_spec, get_sharding
 
 MESH = jax.make_mesh((2, 2, 2), ("a", "b", "c"), axis_types=(AxisType.Auto,) * 3)
 MESH_DP_TP = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(AxisType.Auto,) * 2)

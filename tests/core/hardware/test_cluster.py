@@ -17,10 +17,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from packaging.requirements import Requirement
 
-from workbench.core.cluster import Cluster, cluster_mesh, parse_topology
 from workbench.core.compile.virtual import ANALYSES, compile_on, compile_step, workers
+from workbench.core.hardware.cluster import Cluster, cluster_mesh, parse_topology
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                   reason='libtpu missing: pip install "jax-workbench[tpu-aot]" (make test does)')
 
@@ -72,7 +72,7 @@ def test_valid_mesh_shapes_agree_with_jax_on_the_topology(topology):
     factorisation of the device count tried."""
     from jax.experimental import mesh_utils
 
-    from workbench.core.cluster import tpu_devices
+    from workbench.core.hardware.cluster import tpu_devices
 
     cluster = Cluster.tpu(topology)
     devices = tpu_devices(cluster.topology)
@@ -128,7 +128,7 @@ def test_every_2_axis_shape_is_laid_out_as_jax_lays_it(topology, slices):
     (then the shape is not among the whole-axis valid_mesh_shapes, but still maps)."""
     from jax.experimental import mesh_utils
 
-    from workbench.core.cluster import tpu_devices
+    from workbench.core.hardware.cluster import tpu_devices
 
     cluster = Cluster.tpu(topology, slices=slices)
     devices = tpu_devices(cluster.topology, slices)
@@ -164,7 +164,7 @@ def test_six_axis_meshes_that_span_slices_or_split_axes_are_built_as_jax_builds_
     or create_device_mesh(..., allow_split_physical_axes=True), on libtpu's devices."""
     from jax.experimental import mesh_utils
 
-    from workbench.core.cluster import tpu_devices
+    from workbench.core.hardware.cluster import tpu_devices
     from workbench.core.mesh import MESH_AXES
 
     cluster = Cluster.tpu(topology, slices=slices)
@@ -242,7 +242,7 @@ def test_a_worker_exits_when_its_parent_dies(tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(
         "import os, sys\n"
-        "from workbench.core.cluster import Cluster\n"
+        "from workbench.core.hardware.cluster import Cluster\n"
         "from workbench.core.compile.virtual import _worker\n"
         "print(_worker(4).process.pid, flush=True)\n"
         "os.kill(os.getpid(), 9)\n")
@@ -288,7 +288,7 @@ def test_tpu_aot_extra_brings_the_libtpu_jax_names():
 
 
 def test_without_libtpu_a_tpu_cluster_says_what_to_install(monkeypatch):
-    from workbench.core.cluster import tpu_devices
+    from workbench.core.hardware.cluster import tpu_devices
 
     monkeypatch.setitem(sys.modules, "libtpu", None)  # import libtpu raises ImportError
     tpu_devices.cache_clear()

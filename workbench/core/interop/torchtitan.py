@@ -1,4 +1,4 @@
-"""torchtitan's TOML job configuration, read into a :class:`~workbench.core.sharding.recipe_config.TrainingRecipe`
+"""torchtitan's TOML job configuration, read into a :class:`~workbench.core.interop.recipe.TrainingRecipe`
 and written back: :func:`from_torchtitan`, :func:`to_torchtitan`.
 
 Keys and defaults are torchtitan's ``torchtitan/config/job_config.py`` at commit
@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 import typing as tp
 
+from workbench.core.interop.recipe import TrainingRecipe, config_int, fill_degrees, read_text
 from workbench.core.pipeline_schedule import PipelineConfig
-from workbench.core.sharding.recipe_config import TrainingRecipe, fill_degrees, positive_int, read_text
 
 TORCHTITAN_COMMIT = "238fa9953e4aec2a62582121564273d7cbb1e9f1"
 TORCHTITAN_DEFAULTS: dict[str, dict[str, tp.Any]] = {
@@ -118,12 +118,12 @@ def from_torchtitan(text_or_path: tp.Any, *, num_devices: int | None = None,
     notes: list[str] = []
     keys = {"dp_replicate": "data_parallel_replicate_degree", "dp_shard": "data_parallel_shard_degree",
             "cp": "context_parallel_degree", "tp": "tensor_parallel_degree", "pp": "pipeline_parallel_degree"}
-    by_key = {key: positive_int(par[key], key, allow_fill=k == "dp_shard") for k, key in keys.items()}
+    by_key = {key: config_int(key, par[key], allow_fill=k == "dp_shard") for k, key in keys.items()}
     by_key = fill_degrees(by_key, num_devices, what="the [parallelism] degrees",
                           how="num_devices=" if num_devices is None else f"num_devices={num_devices}")
     deg = {k: by_key[key] for k, key in keys.items()}
-    ep = positive_int(par["expert_parallel_degree"], "expert_parallel_degree")
-    etp = positive_int(par["expert_tensor_parallel_degree"], "expert_tensor_parallel_degree")
+    ep = config_int("expert_parallel_degree", par["expert_parallel_degree"])
+    etp = config_int("expert_tensor_parallel_degree", par["expert_tensor_parallel_degree"])
     if ep > 1:
         if deg["dp_shard"] % ep:
             raise ValueError(f"expert_parallel_degree={ep} must divide data_parallel_shard_degree={deg['dp_shard']} "
@@ -144,15 +144,15 @@ def from_torchtitan(text_or_path: tp.Any, *, num_devices: int | None = None,
         local_key = "batch_size"  # torchtitan before #1238 (June 2025): the per-rank batch
     else:
         local_key = "local_batch_size"
-    local = positive_int(train.get(local_key, TORCHTITAN_DEFAULTS["training"]["local_batch_size"]), local_key)
-    global_batch = positive_int(train.get("global_batch_size", -1), "global_batch_size", allow_fill=True)
+    local = config_int(local_key, train.get(local_key, TORCHTITAN_DEFAULTS["training"]["local_batch_size"]))
+    global_batch = config_int("global_batch_size", train.get("global_batch_size", -1), allow_fill=True)
     if global_batch == -1:
         global_batch = local * batch_ways
     if global_batch % (local * batch_ways):
         raise ValueError(f"global_batch_size={global_batch} is not a multiple of {local_key}={local} x "
                          f"{batch_ways} data-parallel ranks; change one of them")
     accumulation = global_batch // (local * batch_ways)
-    seq_len = positive_int(train.get("seq_len", TORCHTITAN_DEFAULTS["training"]["seq_len"]), "seq_len")
+    seq_len = config_int("seq_len", train.get("seq_len", TORCHTITAN_DEFAULTS["training"]["seq_len"]))
     pipeline = None
     layers = None
     if mesh["pp"] > 1:
@@ -160,9 +160,9 @@ def from_torchtitan(text_or_path: tp.Any, *, num_devices: int | None = None,
         if why:
             notes.append(f"torchtitan pipeline schedule {par['pipeline_parallel_schedule']!r} {why}")
         if "pipeline_parallel_microbatches" in par:  # older trees: a count
-            micro = positive_int(par["pipeline_parallel_microbatches"], "pipeline_parallel_microbatches")
+            micro = config_int("pipeline_parallel_microbatches", par["pipeline_parallel_microbatches"])
         else:
-            size = positive_int(par["pipeline_parallel_microbatch_size"], "pipeline_parallel_microbatch_size")
+            size = config_int("pipeline_parallel_microbatch_size", par["pipeline_parallel_microbatch_size"])
             if local % size:
                 raise ValueError(f"{local_key}={local} does not split into microbatches of "
                                  f"pipeline_parallel_microbatch_size={size}; change one of them")
@@ -170,7 +170,7 @@ def from_torchtitan(text_or_path: tp.Any, *, num_devices: int | None = None,
         per_rank = 2 if multi else 1
         per_stage = par["pipeline_parallel_layers_per_stage"]
         if per_stage is not None:
-            per_stage = positive_int(per_stage, "pipeline_parallel_layers_per_stage")
+            per_stage = config_int("pipeline_parallel_layers_per_stage", per_stage)
             if num_layers is None:
                 raise ValueError("pipeline_parallel_layers_per_stage sets the stages per rank from the model's layers: "
                                  "pass num_layers= (the model's layers)")
@@ -232,7 +232,7 @@ def to_torchtitan(recipe: TrainingRecipe) -> str:
     if rest or not local:
         raise ValueError(f"{recipe.batch[0]} sequences do not split into {recipe.grad_accumulation} accumulation steps "
                          f"over {dp_ways} data-parallel ranks (dp x fsdp x ep); change the batch")
-    lines = ["# Written by workbench (workbench.core.sharding.torchtitan_config.to_torchtitan): a torchtitan job "
+    lines = ["# Written by workbench (workbench.core.interop.torchtitan.to_torchtitan): a torchtitan job "
              "config fragment.",
              "# No torchtitan equivalent: " + ("; ".join(lost) if lost else "none (everything below is torchtitan's)")]
     lines += [f"# source note: {n}" for n in recipe.notes]

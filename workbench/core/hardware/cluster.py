@@ -1,6 +1,6 @@
 """Virtual clusters: the chips a cluster is made of, how many, and the networks between them.
 
-A :class:`Cluster` is data: its chip (a :class:`~workbench.core.cost.chips.Hardware`: peak FLOP/s per dtype,
+A :class:`Cluster` is data: its chip (a :class:`~workbench.core.hardware.chips.Hardware`: peak FLOP/s per dtype,
 HBM capacity and bandwidth), its device count and its network levels (:class:`NetworkLevel`): a TPU
 slice's ICI torus (axes with or without wraparound) and the DCN between slices; a GPU cluster's NVLink
 inside a node and the inter-node network beside it. Build one with :meth:`Cluster.tpu`,
@@ -36,10 +36,10 @@ import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from workbench.core.checks import is_positive_int, positive_int
-from workbench.core.compile.xla_log import xla_log_lines
-from workbench.core.cost.chips import H100, H200, RING, SWITCH, TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, Hardware
+from workbench.core.hardware.chips import H100, H200, RING, SWITCH, TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, Hardware
 from workbench.core.mesh import axis_sizes, mesh_factorizations
 from workbench.core.units import format_bytes
+from workbench.core.xla_log import xla_log_lines
 
 TPU_AOT_HINT = 'pip install "jax-workbench[tpu-aot]"'
 MAX_SIMULATED_DEVICES = 1024
@@ -61,7 +61,7 @@ class TorusPart:
     A whole axis is ``TorusPart(P, axis.wraparound, 1)``; a mesh axis that owns only a part of a physical axis
     (``mesh_utils.create_device_mesh(..., allow_split_physical_axes=True)``, :func:`torus_layout`) has a part
     of fewer chips: contiguous (``stride`` 1) when it is the innermost mesh axis on that physical axis, else
-    strided (see :func:`workbench.core.cost.network.transfer` for what each costs)."""
+    strided (see :func:`workbench.core.hardware.network.transfer` for what each costs)."""
 
     size: int
     wraparound: bool

@@ -1,4 +1,4 @@
-"""The step model against training steps others measured and published (workbench/core/cost/published_runs.json):
+"""The step model against training steps others measured and published (workbench/core/interop/published_runs.json):
 the issue's target, every run within 0.7-1.35x of its measurement and the median within 1.15x, and the layouts
 those runs need (slices and ICI on one axis, a split torus axis, uneven pipeline stages, gradient accumulation)."""
 
@@ -6,9 +6,9 @@ import statistics
 
 import pytest
 
-from workbench.core.cluster import Cluster
 from workbench.core.cost.predicted import predict_step
-from workbench.core.cost.published import accuracy, accuracy_text, price, published_runs
+from workbench.core.hardware.cluster import Cluster
+from workbench.core.interop.published import accuracy, accuracy_text, price, published_runs
 from workbench.core.models.presets import full_config
 from workbench.core.pipeline_schedule import PipelineConfig
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from workbench.core.compile.cache import CompileCache
+from workbench.core.programs import CompileCache
 
 
 def test_bound_and_lru_order():

@@ -1,4 +1,4 @@
-"""torchtitan TOML <-> TrainingRecipe: published train configs (tests/core/sharding/recipes/torchtitan_*.toml, each
+"""torchtitan TOML <-> TrainingRecipe: published train configs (tests/core/interop/recipes/torchtitan_*.toml, each
 citing its source) parse to the numbers they state, price on a matching cluster, and survive a round trip; bad
 input says what to change."""
 
@@ -6,12 +6,12 @@ import pathlib
 
 import pytest
 
-from workbench.core.cluster import Cluster
+from workbench.core.hardware.cluster import Cluster
+from workbench.core.interop.recipe import TrainingRecipe
+from workbench.core.interop.torchtitan import from_torchtitan, to_torchtitan
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import full_config, full_config_dict, tiny_config
 from workbench.core.pipeline_schedule import PipelineConfig
-from workbench.core.sharding.recipe_config import TrainingRecipe
-from workbench.core.sharding.torchtitan_config import from_torchtitan, to_torchtitan
 
 RECIPES = pathlib.Path(__file__).parent / "recipes"
 

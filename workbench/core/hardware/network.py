@@ -4,16 +4,17 @@ The model is the scaling book's ("How to Scale Your Model", Austin et al., https
 with its ``(N - 1) / N`` factors and per-hop latency kept: :func:`collective_time` (:func:`transfer` with its
 parts) places a collective over some mesh axes on the cluster's network the way JAX lays a mesh onto it (TPU:
 ``mesh_utils.create_device_mesh``'s assignment of mesh axes to whole torus axes or parts of them,
-:func:`~workbench.core.cluster.torus_layout`; TPU slices: ``create_hybrid_device_mesh``, the slices over the mesh
-axes outermost first, :meth:`~workbench.core.cluster.Cluster.dcn_split`; GPU: devices in id order,
+:func:`~workbench.core.hardware.cluster.torus_layout`; TPU slices: ``create_hybrid_device_mesh``, the slices over the
+mesh
+axes outermost first, :meth:`~workbench.core.hardware.cluster.Cluster.dcn_split`; GPU: devices in id order,
 ``gpus_per_node`` to a node).
 
 The book's one-axis forms are its limit on one wraparound ring axis of N devices as N grows, latency dropped:
 an all-gather or reduce-scatter of ``V`` bytes (:func:`array_bytes`) takes ``(N - 1) / N * V / W_ici -> V / W_ici``,
 an all-reduce twice that, an all-to-all ``V / (4 W_ici)``; ``W_ici`` is the ring's two links
-(:attr:`~workbench.core.cost.chips.Hardware.ici_bandwidth`), and a line (no wraparound) has half of it.
+(:attr:`~workbench.core.hardware.chips.Hardware.ici_bandwidth`), and a line (no wraparound) has half of it.
 
->>> from workbench.core.cluster import Cluster
+>>> from workbench.core.hardware.cluster import Cluster
 >>> v5e = Cluster.tpu("v5e:16x16")  # 16-chip axes wrap around: bidirectional rings of 4.5e10 B/s links
 >>> round(collective_time("all-gather", 16 * 2**20, ("x",), {"x": 16, "y": 16}, v5e) * 1e6)  # 15/16 V / 9e10
 175
@@ -28,13 +29,14 @@ import typing as tp
 
 import numpy as np
 
-from workbench.core.cluster import TPU_GENERATIONS, Cluster, TorusAxis, TorusPart, torus_layout
+from workbench.core.hardware.cluster import TPU_GENERATIONS, Cluster, TorusAxis, TorusPart, torus_layout
 from workbench.core.hlo.text import COLLECTIVE_KINDS
 
 
 # -- where a collective's devices sit -----------------------------------------------------------------------
 def torus_assignment(mesh_shape: tp.Sequence[int], torus: tp.Sequence[int]) -> list[tuple[int, ...]]:
-    """The torus axes each mesh axis spans (all of them or a part: :func:`~workbench.core.cluster.torus_layout`),
+    """The torus axes each mesh axis spans (all of them or a part:
+    :func:`~workbench.core.hardware.cluster.torus_layout`),
     as ``jax.experimental.mesh_utils.create_device_mesh`` lays a mesh on a TPU slice (splitting physical axes
     where it must)."""
     layout = torus_layout(mesh_shape, torus)
@@ -44,7 +46,7 @@ def torus_assignment(mesh_shape: tp.Sequence[int], torus: tp.Sequence[int]) -> l
 @dataclasses.dataclass(frozen=True)
 class Span:
     """The devices of one group of a collective: ``size`` of them, ``per_unit`` in each of ``units`` nodes
-    (GPU) or slices (TPU), and (TPU) the parts of the torus axes (:class:`~workbench.core.cluster.TorusPart`)
+    (GPU) or slices (TPU), and (TPU) the parts of the torus axes (:class:`~workbench.core.hardware.cluster.TorusPart`)
     the group's part inside a slice runs along."""
 
     size: int
@@ -82,7 +84,7 @@ def _span(axes: tuple[str, ...], names: tuple[str, ...], shape: tuple[int, ...],
 def torus_parts(layout: tp.Sequence[tp.Sequence[int]], torus: tp.Sequence[TorusAxis], mesh_axes: tp.Sequence[int]
                 ) -> tuple[TorusPart, ...]:
     """What a group over ``mesh_axes`` runs along on each physical axis of ``torus``, given a slice's
-    :func:`~workbench.core.cluster.torus_layout`.
+    :func:`~workbench.core.hardware.cluster.torus_layout`.
 
     Along physical axis ``p`` of ``P`` chips the mesh axes that own a part of it nest, the earlier one major
     (``_generate_logical_mesh``): with parts ``n_0, n_1, ...`` (mesh order) a chip's coordinate is

@@ -20,7 +20,7 @@ P('x', None)
 P(None, 'x')
 
 The rules were checked against the shardings XLA (Shardy, the default partitioner in jax
-0.10.2) chooses for ``jax.jit(lambda x, w: x @ w)``: tests/core/sharding/test_matmul.py.
+0.10.2) chooses for ``jax.jit(lambda x, w: x @ w)``: tests/core/test_matmul_sharding.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""MaxText's YAML configuration, read into a :class:`~workbench.core.sharding.recipe_config.TrainingRecipe` and
+"""MaxText's YAML configuration, read into a :class:`~workbench.core.interop.recipe.TrainingRecipe` and
 written back: :func:`from_maxtext`, :func:`to_maxtext`.
 
 A MaxText config layers overrides on ``base.yml``; what a file leaves unset takes :data:`MAXTEXT_BASE` (the defaults
@@ -15,16 +15,16 @@ from __future__ import annotations
 import math
 import typing as tp
 
-from workbench.core.mesh import MESH_AXES
-from workbench.core.pipeline_schedule import PipelineConfig
-from workbench.core.sharding.recipe_config import (
+from workbench.core.interop.recipe import (
     TrainingRecipe,
+    config_int,
     default_field_axes,
     fill_degrees,
     global_batch_int,
-    positive_int,
     read_text,
 )
+from workbench.core.mesh import MESH_AXES
+from workbench.core.pipeline_schedule import PipelineConfig
 
 MAXTEXT_BASE_COMMIT = "e591f30cbbf217ed67ef71263ec0538239f9c3b8"
 # MaxText's parallelism axis (the name in ici_<name>_parallelism) -> the workbench mesh axis it is priced as.
@@ -142,7 +142,7 @@ def _load_yaml(text: str) -> dict[str, tp.Any]:
 
 
 def _degrees(cfg: tp.Mapping[str, tp.Any], kind: str) -> dict[str, int]:
-    return {a: positive_int(cfg[f"{kind}_{a}_parallelism"], f"{kind}_{a}_parallelism", allow_fill=True)
+    return {a: config_int(f"{kind}_{a}_parallelism", cfg[f"{kind}_{a}_parallelism"], allow_fill=True)
             for a in MAXTEXT_AXES}
 
 
@@ -214,16 +214,16 @@ def _pipeline(cfg: tp.Mapping[str, tp.Any], given: tp.Container[str], pp: int, n
     device, ``num_pipeline_microbatches`` (default: the stages; twice that with delayed forwarding)."""
     if pp == 1:
         return None, None
-    per_stage = positive_int(cfg["num_layers_per_pipeline_stage"], "num_layers_per_pipeline_stage")
-    repeats = positive_int(cfg["num_pipeline_repeats"], "num_pipeline_repeats", allow_fill=True)
-    pipelined = positive_int(cfg["pipeline_parallel_layers"], "pipeline_parallel_layers", allow_fill=True)
+    per_stage = config_int("num_layers_per_pipeline_stage", cfg["num_layers_per_pipeline_stage"])
+    repeats = config_int("num_pipeline_repeats", cfg["num_pipeline_repeats"], allow_fill=True)
+    pipelined = config_int("pipeline_parallel_layers", cfg["pipeline_parallel_layers"], allow_fill=True)
     delay = bool(cfg["pipeline_delay_activation_forwarding"])
     if pipelined != -1:
         notes.append(f"MaxText pipeline_parallel_layers={pipelined}: it pipelines those layers and runs the rest with "
                      f"the stage axis as data parallelism; the workbench pipelines every layer")
         num_layers = pipelined
     if "base_num_decoder_layers" in cfg and num_layers is None:
-        num_layers = positive_int(cfg["base_num_decoder_layers"], "base_num_decoder_layers")
+        num_layers = config_int("base_num_decoder_layers", cfg["base_num_decoder_layers"])
     if repeats == -1:
         if num_layers is None:
             raise ValueError(f"a {pp}-stage MaxText pipeline repeats num_decoder_layers / ({pp} x "
@@ -236,7 +236,7 @@ def _pipeline(cfg: tp.Mapping[str, tp.Any], given: tp.Container[str], pp: int, n
     elif num_layers is not None and num_layers != pp * repeats * per_stage:
         raise ValueError(f"num_pipeline_repeats={repeats} x {pp} stages x num_layers_per_pipeline_stage={per_stage} "
                          f"is not the {num_layers} pipelined layers; change one of them")
-    micro = positive_int(cfg["num_pipeline_microbatches"], "num_pipeline_microbatches", allow_fill=True)
+    micro = config_int("num_pipeline_microbatches", cfg["num_pipeline_microbatches"], allow_fill=True)
     if micro == -1:
         micro = 2 * pp if delay else pp
     if micro % pp:
@@ -271,7 +271,7 @@ def from_maxtext(text_or_path: tp.Any, *, num_devices: int | None = None, num_sl
     cfg = {**MAXTEXT_BASE, **given}
     notes: list[str] = []
     ici, dcn = _degrees(cfg, "ici"), _degrees(cfg, "dcn")
-    slices = positive_int(cfg["num_slices"], "num_slices", allow_fill=True)
+    slices = config_int("num_slices", cfg["num_slices"], allow_fill=True)
     if slices == -1:
         slices = num_slices
     ici_known = -1 not in ici.values()
@@ -301,10 +301,10 @@ def from_maxtext(text_or_path: tp.Any, *, num_devices: int | None = None, num_sl
     pdbs = cfg["per_device_batch_size"]
     if isinstance(pdbs, bool) or not isinstance(pdbs, int | float) or pdbs <= 0:
         raise ValueError(f"per_device_batch_size must be a positive number (fractions allowed); got {pdbs!r}")
-    ga = positive_int(cfg["gradient_accumulation_steps"], "gradient_accumulation_steps")
+    ga = config_int("gradient_accumulation_steps", cfg["gradient_accumulation_steps"])
     seqs = global_batch_int(pdbs * devices * ga, "per_device_batch_size",
                             f"{pdbs:g} x {devices} devices x {ga} accumulation steps")
-    length = positive_int(cfg["max_target_length"], "max_target_length")
+    length = config_int("max_target_length", cfg["max_target_length"])
     remat = _remat(cfg["remat_policy"], notes)
     pipeline, layers = _pipeline(cfg, given, mesh["pp"], num_layers, notes)
     zero = 3 if mesh["fsdp"] > 1 else 0
@@ -361,7 +361,7 @@ def to_maxtext(recipe: TrainingRecipe) -> str:
     lost += [f"PartitionAxis.{f} (no MaxText logical axis)" for f in unsaid]
     ici, dcn = recipe.ici_shape, recipe.dcn_shape
     pdbs = recipe.batch[0] / (recipe.devices * recipe.grad_accumulation)
-    lines = ["# Written by workbench (workbench.core.sharding.maxtext_config.to_maxtext): a MaxText config over "
+    lines = ["# Written by workbench (workbench.core.interop.maxtext.to_maxtext): a MaxText config over "
              "base.yml.",
              "# No MaxText equivalent: " + ("; ".join(lost) if lost else "none (everything below is MaxText's own)")]
     if recipe.model and "/" in recipe.model:

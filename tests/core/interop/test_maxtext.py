@@ -1,4 +1,4 @@
-"""MaxText YAML <-> TrainingRecipe: published recipes (tests/core/sharding/recipes/maxtext_*.yml, each citing its
+"""MaxText YAML <-> TrainingRecipe: published recipes (tests/core/interop/recipes/maxtext_*.yml, each citing its
 source) parse to the numbers they state, price on a matching cluster, and survive a round trip; bad input says
 what to change."""
 
@@ -7,12 +7,12 @@ import types
 
 import pytest
 
-from workbench.core.cluster import Cluster
+from workbench.core.hardware.cluster import Cluster
+from workbench.core.interop.maxtext import from_maxtext, to_maxtext
+from workbench.core.interop.recipe import TrainingRecipe, recipe_of
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import full_config, full_config_dict, tiny_config
 from workbench.core.pipeline_schedule import PipelineConfig
-from workbench.core.sharding.maxtext_config import from_maxtext, to_maxtext
-from workbench.core.sharding.recipe_config import TrainingRecipe, recipe_of
 
 RECIPES = pathlib.Path(__file__).parent / "recipes"
 

@@ -35,7 +35,7 @@ def check_zero_stage(zero_stage: tp.Any) -> int:
     if isinstance(zero_stage, bool) or zero_stage not in ZERO_STAGES:
         raise ValueError(f"zero_stage must be 0 (optimizer state sharded like its parameter) or 1 (split over "
                          f"{ZERO_AXIS!r} too: ZeRO-1); got {zero_stage!r}. 1 holds ZeRO-2's split gradients too in "
-                         f"a jitted step; ZeRO-3 is the 'fsdp' axis (see workbench.core.sharding.zero)")
+                         f"a jitted step; ZeRO-3 is the 'fsdp' axis (see workbench.core.zero)")
     return int(zero_stage)
 
 

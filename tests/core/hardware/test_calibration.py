@@ -1,4 +1,4 @@
-"""Each cited measurement of workbench/core/cost/calibration.py, reproduced by the step model within its stated
+"""Each cited measurement of workbench/core/hardware/calibration.py, reproduced by the step model within its stated
 tolerance: the H100 figures in benchmarks/data/h100_measured_2026-11-27.json (benchmarks/gpu_constants.py on a
 lent H100 SXM), and every constant either sourced or saying it is not."""
 
@@ -8,12 +8,12 @@ import statistics
 
 import pytest
 
-from workbench.core.cluster import Cluster
-from workbench.core.cost.calibration import CALIBRATIONS, calibration
-from workbench.core.cost.chips import H100
 from workbench.core.cost.kernels import attention_efficiency, gemm_efficiency, memory_seconds
 from workbench.core.cost.predicted import predict_step
 from workbench.core.cost.step_time import step_time
+from workbench.core.hardware.calibration import CALIBRATIONS, calibration
+from workbench.core.hardware.chips import H100
+from workbench.core.hardware.cluster import Cluster
 from workbench.core.models.presets import full_config
 
 ROOT = pathlib.Path(__file__).parents[3]

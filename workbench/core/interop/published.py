@@ -21,10 +21,10 @@ import pathlib
 import statistics
 import typing as tp
 
-from workbench.core.cluster import Cluster
-from workbench.core.cost.chips import H100, H100_500W, H200
 from workbench.core.cost.predicted import BATCH_AXES, predict_step
 from workbench.core.cost.step_time import StepTime
+from workbench.core.hardware.chips import H100, H100_500W, H200
+from workbench.core.hardware.cluster import Cluster
 from workbench.core.models.config import ModelConfig
 from workbench.core.pipeline_schedule import PipelineConfig
 

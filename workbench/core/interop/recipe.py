@@ -4,7 +4,7 @@ A recipe holds what both formats say about a run: the mesh over the workbench's 
 (and the part of it that spans TPU slices over DCN), the global batch, gradient accumulation, the remat policy, the
 ZeRO stage and the pipeline, plus every approximation made on the way in, in words (``notes``). It resolves on a
 model (:meth:`TrainingRecipe.layout`) and prices a step (:meth:`TrainingRecipe.price`). The formats live beside it:
-:mod:`~workbench.core.sharding.maxtext_config` (YAML) and :mod:`~workbench.core.sharding.torchtitan_config` (TOML).
+:mod:`~workbench.core.interop.maxtext` (YAML) and :mod:`~workbench.core.interop.torchtitan` (TOML).
 
 >>> r = TrainingRecipe({"fsdp": 4, "tp": 2}, batch=(16, 2048), remat="full")
 >>> r.devices, r.mesh_shape["tp"]
@@ -20,15 +20,17 @@ import typing as tp
 
 from workbench.core.axes import DP, EP, FSDP, MODE_TRAIN, SP, TP, PartitionAxis, semantic_names
 from workbench.core.checks import is_positive_int
-from workbench.core.cluster import cluster_mesh
-from workbench.core.cost.ledger import REMATS
 from workbench.core.cost.predicted import predict_step
+from workbench.core.hardware.cluster import cluster_mesh
 from workbench.core.mesh import MESH_AXES, axis_sizes
 from workbench.core.pipeline import pipeline_partition_axis
 from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.sharding.plan import Layout
+from workbench.core.vocab import REMATS
 
-ZERO_STAGES = (0, 1, 2, 3)
+# The ZeRO stages a recipe may state (DeepSpeed's 0..3); a Layout runs them as workbench.core.zero.ZERO_STAGES says
+# (see workbench_zero_stage).
+STATED_ZERO_STAGES = (0, 1, 2, 3)
 _PARTITION_FIELDS = tuple(f.name for f in dataclasses.fields(PartitionAxis))
 
 
@@ -74,8 +76,8 @@ class TrainingRecipe:
             raise ValueError(f"remat must be one of {REMATS}; got {self.remat!r}")
         if not is_positive_int(self.grad_accumulation):
             raise ValueError(f"grad_accumulation is a positive int; got {self.grad_accumulation!r}")
-        if self.zero_stage not in ZERO_STAGES or isinstance(self.zero_stage, bool):
-            raise ValueError(f"zero_stage is one of {ZERO_STAGES}; got {self.zero_stage!r}")
+        if self.zero_stage not in STATED_ZERO_STAGES or isinstance(self.zero_stage, bool):
+            raise ValueError(f"zero_stage is one of {STATED_ZERO_STAGES}; got {self.zero_stage!r}")
         pp = mesh["pp"]
         if self.pipeline is not None and not isinstance(self.pipeline, PipelineConfig):
             raise TypeError(f"pipeline is a PipelineConfig or None; got {self.pipeline!r}")
@@ -190,7 +192,8 @@ class TrainingRecipe:
                              f"Cluster.dcn_split); move the DCN parallelism to those axes")
 
     def mesh(self, cluster: tp.Any) -> tp.Any:
-        """The mesh of this recipe on ``cluster`` (:func:`~workbench.core.cluster.cluster_mesh`), checked first."""
+        """The mesh of this recipe on ``cluster`` (:func:`~workbench.core.hardware.cluster.cluster_mesh`), checked
+        first."""
         self.check_cluster(cluster)
         return cluster_mesh(cluster, tuple(self.mesh_shape.values()), MESH_AXES)
 
@@ -275,8 +278,9 @@ def read_text(text_or_path: str | pathlib.Path) -> str:
     return text_or_path
 
 
-def positive_int(value: tp.Any, key: str, *, allow_fill: bool = False) -> int:
-    """``value`` as a positive int (or -1 with ``allow_fill``), or a ValueError naming ``key``."""
+def config_int(key: str, value: tp.Any, *, allow_fill: bool = False) -> int:
+    """A config file's ``key``: ``value`` as a positive int (a float like ``4.0`` too; -1 with ``allow_fill``), or a
+    ValueError naming ``key``."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not (is_positive_int(value) or (allow_fill and value == -1)):

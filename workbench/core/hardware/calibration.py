@@ -1,9 +1,9 @@
 """What real kernels reach on each chip: the efficiency constants of the step model, each with its evidence.
 
 Every number :func:`~workbench.core.cost.predicted.predict_step` prices a step with, beyond the datasheet peaks
-of :mod:`~workbench.core.cost.chips`, lives here, as an :class:`Evidence`: its value and where it was measured
+of :mod:`~workbench.core.hardware.chips`, lives here, as an :class:`Evidence`: its value and where it was measured
 (a repository, file and revision; a paper's table), or, where no measurement could be found, the words
-"not sourced" and what the value was fitted to. ``tests/core/cost/test_calibration.py`` reproduces each cited
+"not sourced" and what the value was fitted to. ``tests/core/hardware/test_calibration.py`` reproduces each cited
 measurement from the model within the tolerance stated beside it.
 
 The mechanisms (:mod:`workbench.core.cost.kernels` prices them):
@@ -125,7 +125,7 @@ FLASH_BACKWARD = 2.5  # a flash kernel's backward FLOPs over its forward's (reco
 
 
 def calibration(chip_name: str) -> ChipCalibration:
-    """The calibration of the chip called ``chip_name`` (a :class:`~workbench.core.cost.chips.Hardware`'s name)."""
+    """The calibration of the chip called ``chip_name`` (a :class:`~workbench.core.hardware.chips.Hardware`'s name)."""
     if chip_name not in CALIBRATIONS:
         raise ValueError(f"no measured efficiencies for {chip_name!r}; calibrated chips: {sorted(CALIBRATIONS)}")
     return CALIBRATIONS[chip_name]

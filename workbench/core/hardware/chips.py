@@ -24,7 +24,7 @@ class Hardware:
     axis is a bidirectional ring, so the book's ``W_ici`` is twice that), or of a GPU's whole NVLink egress
     (``topology="switch"``: every GPU reaches every other through NVSwitch). ``hbm_capacity`` is bytes of HBM
     per chip; ``peak_flops_by_dtype`` the dense peaks per operand dtype (``"bf16"``, ``"int8"``, ``"fp8"``)
-    that :meth:`peak_flops` reads. A :class:`workbench.core.cluster.Cluster` is made of these chips.
+    that :meth:`peak_flops` reads. A :class:`workbench.core.hardware.cluster.Cluster` is made of these chips.
     """
 
     name: str
@@ -45,7 +45,7 @@ class Hardware:
     @property
     def ici_bandwidth(self) -> float:
         """The book's ``W_ici``: bytes/s a chip moves along one wraparound ring (both directions of its links) or
-        through a switch, the bandwidth of the book's one-axis forms (:mod:`workbench.core.cost.network`)."""
+        through a switch, the bandwidth of the book's one-axis forms (:mod:`workbench.core.hardware.network`)."""
         return self.link_bandwidth * (2 if self.topology == RING else 1)
 
     @property

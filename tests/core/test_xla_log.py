@@ -4,7 +4,7 @@ import os
 import threading
 
 from tests.core.stderr_file import stderr_into
-from workbench.core.compile.xla_log import xla_log_lines
+from workbench.core.xla_log import xla_log_lines
 
 XLA_LINE = "W1122 12:57:02.022634   11999 spmd_partitioner.cc:656] [SPMD] warned"
 

@@ -14,10 +14,10 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from workbench.core.cluster import Cluster
-from workbench.core.cost.network import collective_time, span, torus_assignment, transfer
 from workbench.core.cost.roofline import rate_dtype, roofline
 from workbench.core.cost.step_time import step_time
+from workbench.core.hardware.cluster import Cluster
+from workbench.core.hardware.network import collective_time, span, torus_assignment, transfer
 
 SHARDING = "https://jax-ml.github.io/scaling-book/sharding/"
 TRAINING = "https://jax-ml.github.io/scaling-book/training/"
@@ -121,7 +121,7 @@ def test_split_physical_axes_land_as_jax_lays_them():
     part of each physical axis each mesh axis owns. Whole-axis shapes give whole axes, as without splitting."""
     from jax._src.mesh_utils import _create_device_mesh_for_nd_torus
 
-    from workbench.core.cluster import needs_split, torus_layout
+    from workbench.core.hardware.cluster import needs_split, torus_layout
 
     for torus, shape, split in [((16, 16), (1, 1, 64, 4, 1, 1), True), ((16, 16), (1, 4, 64, 1, 1, 1), True),
                                 ((4, 4, 8), (1, 2, 8, 1, 8, 1), True), ((4, 4, 8), (1, 1, 64, 1, 2, 1), True),
@@ -172,7 +172,7 @@ def test_span_agrees_with_the_coordinates_of_every_group(topology, slices, sizes
     axis and over every pair."""
     from jax.experimental import mesh_utils
 
-    from workbench.core.cluster import tpu_devices
+    from workbench.core.hardware.cluster import tpu_devices
 
     cluster = Cluster.tpu(topology, slices=slices)
     devices = tpu_devices(cluster.topology, slices)

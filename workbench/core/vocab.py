@@ -1,0 +1,11 @@
+"""The words every layer shares: what a step does, the remat policies the ledger and the step model count, the
+optimizers a step is built with. Each tuple is the one list of its choices; a check against it is in
+:func:`workbench.core.checks.one_of`.
+"""
+
+TASKS = ("train", "prefill", "decode")
+# the remat policies of models/stack.py that the ledger and the step model count
+REMATS = ("none", "dots_saveable", "full")
+OPTIMIZERS = ("adamw", "adafactor", "sgd")
+
+__all__ = ["OPTIMIZERS", "REMATS", "TASKS"]
