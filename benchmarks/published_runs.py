@@ -40,14 +40,14 @@ def xla_estimate(run) -> float:
     from workbench.core.compile.virtual import compile_step
     from workbench.models import CausalLM
 
-    data = math.prod(run.mesh.get(a, 1) for a in run.batch_axes)
+    data = math.prod(run.plan.mesh_shape[a] for a in run.plan.batch_axes)
     small = (data, run.batch[1])
     estimates = []
     for layers in (1, 2):
         config = run.config.replace(num_hidden_layers=layers, layer_types=None)
         model = CausalLM.lazy_init(config, dtype=jnp.bfloat16, param_dtype=jnp.float32)
-        model = model.with_options(scan_layers=False, remat="full" if run.recompute >= 0.5 else "none")
-        estimates.append(compile_step(model, run.cluster, run.mesh, batch=small).xla_seconds)
+        model = model.with_options(scan_layers=False, remat="full" if run.plan.recompute >= 0.5 else "none")
+        estimates.append(compile_step(model, run.cluster, dict(run.plan.mesh_shape), batch=small).xla_seconds)
     one = estimates[0] + (run.config.num_hidden_layers - 1) * (estimates[1] - estimates[0])
     return one * run.batch[0] / small[0]
 

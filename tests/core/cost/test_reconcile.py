@@ -9,7 +9,8 @@ import pytest
 
 from workbench.core.compile.steps import full_mesh_shape
 from workbench.core.compile.virtual import cluster_mesh, compile_step
-from workbench.core.cost.ledger import SCORE_BYTES, activation_bytes, attention_backward_bytes, ledger, libtpu_version
+from workbench.core.cost.activations import SCORE_BYTES, activation_bytes, attention_backward_bytes
+from workbench.core.cost.ledger import ledger, libtpu_version
 from workbench.core.cost.predicted import predict_step
 from workbench.core.cost.reconcile import collective_roles, reconcile, table
 from workbench.core.cost.step_time import step_time

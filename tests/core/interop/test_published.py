@@ -43,11 +43,11 @@ def test_llama_3_70b_on_a_v5p_pod_predicts_an_mfu_practitioners_recognise():
 def test_the_layouts_real_runs_use_are_priced():
     by_name = {r.name: r for r in published_runs()}
     hybrid = by_name["tpurecipes-llama3.1-405b-2xv6e256"]  # fsdp over 2 slices x 256 chips
-    assert hybrid.cluster.slices == 2 and hybrid.mesh == {"fsdp": 512}
+    assert hybrid.cluster.slices == 2 and hybrid.plan.label() == "fsdp=512"
     split = by_name["tpurecipes-mixtral-8x22b-v6e256"]  # fsdp=64 x ep=4 on one 16x16 torus
-    assert split.mesh == {"fsdp": 64, "ep": 4}
+    assert split.plan.label() == "fsdp=64 x ep=4"
     uneven = by_name["torchtitan-llama3.1-405b-h100x512-fsdp8-tp8-pp8-1f1b-fp8"]  # 126 layers on 8 stages
-    assert uneven.pipeline.uneven and uneven.pipeline.stage_layers(126) == 16
+    assert uneven.plan.pipeline.uneven and uneven.plan.pipeline.stage_layers(126) == 16
     for run in (hybrid, split, uneven):
         assert price(run).time_s > 0
 

@@ -12,62 +12,39 @@ Parts, per device (every device holds the same; specs divide their dimensions):
   moment, plus a count and two one-element placeholders per parameter (optax's state, in the params' dtype);
   arrays shaped like their parameter split over ``dp`` as well with ZeRO-1 (``zero_stage=1``,
   :mod:`workbench.core.zero`);
-- ``activations``: what the forward keeps for the backward, per layer, times the layers (the layer scan stacks
-  them; a MoE's leading dense layers are a stack of their own). With ``b`` token rows and ``t`` positions per
-  device (the batch split over the data axes, the sequence over ``sp``), per row of one layer
-  (:func:`layer_set`; widths on one device: a kernel ``(L, ..., in, out)`` gives ``out`` times its leading dims,
-  each divided by the model-parallel axes that split it, not by data axes: FSDP gathers weights, it does not
-  split activations; ``H_l`` heads, ``t_kv`` keys):
-
-  * ``remat="full"`` keeps the layer's input: ``D``;
-  * ``"dots_saveable"`` keeps the input and every matmul output the backward needs, in the model's dtype: q, k,
-    v, the attention's ``PV`` (``H_l Dh``), ``o_proj``'s output (the residual sum the next norm reads is
-    recomputed from it), the MLP's gate and up (a dense MLP's ``down_proj`` only where a norm follows it,
-    Gemma's sandwich: otherwise it feeds the next layer's input, kept already), and ``QK^T`` in float32
-    (``H_l t_kv``: the logits are computed in float32, ``accumulation_dtype``). MLA (DeepSeek-V3, absorbed
-    form): the q LoRA and latent projections, ``q_nope W_uk`` and ``PV`` (``H_l C`` each), ``PV W_uv``
-    (``H_l V``); ``kv_b_proj`` never multiplies activations. A MoE keeps per expert row (``E / ep`` per token
-    with the dense strategy, see :func:`_expert_rows`) gate, up and the expert's output (the combine's backward
-    reads it), plus the router logits and combine weights, and a shared expert's gate and up;
-  * ``"none"`` keeps what jax's autodiff saves for every op (counted from ``jax.ad_checkpoint``'s saved
-    residuals and matched buffer by buffer with the scan's stacked outputs on XLA:CPU and XLA:TPU): per norm
-    ``NORM_RESIDUALS`` (RMSNorm the float32 normalised input and its cast; Gemma's ``1 + w`` RMSNorm two
-    float32 arrays; LayerNorm three) plus the output of each norm that feeds a matmul; the rotated q and k
-    (after q/k norms, which keep what a norm keeps), v, the attention output, the probabilities twice in
-    float32 and once in the model's dtype (``H_l t_kv`` each); the MLP's ``ACTIVATION_RESIDUALS`` arrays of
-    its width (SwiGLU 6, GeGLU 8, GPT-2's GELU 6, GPT-OSS's clamped SwiGLU 9, gate and up included), per
-    expert row for a MoE, plus the experts' outputs; MLA its two latent norms, the key ``[c ; k_pe]``, the
-    value ``c``, the query, ``q_nope``, ``PV`` and its output;
+- ``activations``: what the forward keeps for the backward, per layer, times the layers
+  (:func:`~workbench.core.cost.activations.activation_bytes`; what each remat policy keeps is counted in
+  :mod:`workbench.core.cost.activations`);
 
 - ``temporaries``: what lives only inside the step; the largest of three phases, since the loss's buffers are gone
-  before the layers' backward starts (a Llama with an 8192-word vocabulary peaks at the loss at every remat
-  policy): the loss's logits (``LOGITS_COPIES`` float32 copies of ``b t V_l 4`` bytes: XLA:CPU two, the logits
-  and their softmax, the cotangent taking the logits' buffer; XLA:TPU 1.6, the slope of its HBM peak over the
-  vocabulary, 6.4 bytes a logit, measured on a two-layer bfloat16 Llama at 16k, 32k and 64k words on v5p
-  ``fsdp=8``), one layer's backward, or its attention's backward. One layer's backward
-  holds one layer's weights all-gathered over the data axes and their unreduced gradient (twice the layer's
-  bytes with the FSDP split undone), and a working set of cotangents and recomputed values that depends on the
-  compiler: measured, not derived, in units of the layer's ``"dots_saveable"`` set (``WORKING_SET``; XLA's
-  buffer assignment at 4 and 8 layers, whose difference isolates the per-layer part from the rest, over the
-  dense and MoE families): XLA:TPU fuses the elementwise chains and holds about one set (half without remat,
-  one and a half with ``remat="full"``, which recomputes the matmuls), XLA:CPU (which compiles GPU and CPU
-  clusters in the worker) about two (2.75 with ``"full"``). With remat, a model with two stacks (a MoE's dense
-  leading layers) recomputes in each stack's backward loop apart: their sets add up. Layers of several kinds
-  (Gemma 3's and GPT-OSS's alternating sliding and full attention) run as a ``lax.switch`` in the scan, and XLA
-  keeps the other branches' buffers too: measured about one layer's ``"none"`` set per further kind (XLA:TPU at
-  every policy, XLA:CPU without remat; XLA:CPU's full-remat backward holds about a third of it). Mixed
-  precision (float32 parameters, a bfloat16 ``dtype``) on XLA:TPU adds the parameters' bfloat16 copy, alive
-  through every phase (:func:`cast_bytes`), and the layer's gathered weights and gradient are that copy's, in
-  bfloat16 (measured: a 4-layer Llama at every remat policy on dp, ZeRO-1 and fsdp within 7.4 % of the compiled
-  peak, from -11.9 % to +22.1 % when they were counted in float32 and the copy not at all). The attention's
-  backward (:func:`attention_backward_bytes`) holds arrays the size of the layer's scores, ``H_l t_kv`` a row, one
-  of them being the peak with long sequences and many heads on a device: XLA:TPU makes two float32 ones (the
-  softmax's backward) and the causal mask as one byte a score (``pred``), 9 bytes a score, and with
-  ``remat="full"`` the recomputed float32 logits besides, 13 (:data:`SCORE_BYTES`; the scores ``"none"`` and
-  ``"dots_saveable"`` save are ``activations``), beside about one layer's gathered weights. Seen in the buffer
-  assignment (``--xla_dump_to``) of Llama-3-70B on v5p ``fsdp=1024``, 4096 positions, ``remat="full"``: three
-  ``f32[64, 4096, 4096]`` (4 GiB each) and a ``pred`` one live at its 19.55 GiB peak, where the two other phases
-  gave 15.77 GiB (-19.4 %). Short sequences (the families' tests, 256 positions) peak in the other phases;
+  before the layers' backward starts (a Llama with an 8192-word vocabulary peaks at the loss at every remat policy):
+  the loss's logits (``LOGITS_COPIES`` float32 copies of ``b t V_l 4`` bytes: XLA:CPU two, the logits and their
+  softmax, the cotangent taking the logits' buffer; XLA:TPU 1.6, the slope of its HBM peak over the vocabulary, 6.4
+  bytes a logit, measured on a two-layer bfloat16 Llama at 16k, 32k and 64k words on v5p ``fsdp=8``), one layer's
+  backward, or its attention's backward. One layer's backward holds one layer's weights all-gathered over the data
+  axes and their unreduced gradient (twice the layer's bytes with the FSDP split undone), and a working set of
+  cotangents and recomputed values that depends on the compiler: measured, not derived, in units of the layer's
+  ``"dots_saveable"`` set (:data:`~workbench.core.cost.activations.WORKING_SET`; XLA's buffer assignment at 4 and 8
+  layers, whose difference isolates the per-layer part from the rest, over the dense and MoE families): XLA:TPU
+  fuses the elementwise chains and holds about one set (half without remat, one and a half with ``remat="full"``,
+  which recomputes the matmuls), XLA:CPU (which compiles GPU and CPU clusters in the worker) about two (2.75 with
+  ``"full"``). With remat, a model with two stacks (a MoE's dense leading layers) recomputes in each stack's
+  backward loop apart: their sets add up. Layers of several kinds (Gemma 3's and GPT-OSS's alternating sliding and
+  full attention) run as a ``lax.switch`` in the scan, and XLA keeps the other branches' buffers too: measured about
+  one layer's ``"none"`` set per further kind (XLA:TPU at every policy, XLA:CPU without remat; XLA:CPU's full-remat
+  backward holds about a third of it). Mixed precision (float32 parameters, a bfloat16 ``dtype``) on XLA:TPU adds
+  the parameters' bfloat16 copy, alive through every phase (:func:`cast_bytes`), and the layer's gathered weights
+  and gradient are that copy's, in bfloat16 (measured: a 4-layer Llama at every remat policy on dp, ZeRO-1 and fsdp
+  within 7.4 % of the compiled peak, from -11.9 % to +22.1 % when they were counted in float32 and the copy not at
+  all). The attention's backward (:func:`~workbench.core.cost.activations.attention_backward_bytes`) holds arrays
+  the size of the layer's scores, ``H_l t_kv`` a row, one of them being the peak with long sequences and many heads
+  on a device: XLA:TPU makes two float32 ones (the softmax's backward) and the causal mask as one byte a score
+  (``pred``), 9 bytes a score, and with ``remat="full"`` the recomputed float32 logits besides, 13
+  (:data:`~workbench.core.cost.activations.SCORE_BYTES`; the scores ``"none"`` and ``"dots_saveable"`` save are
+  ``activations``), beside about one layer's gathered weights. Seen in the buffer assignment (``--xla_dump_to``) of
+  Llama-3-70B on v5p ``fsdp=1024``, 4096 positions, ``remat="full"``: three ``f32[64, 4096, 4096]`` (4 GiB each) and
+  a ``pred`` one live at its 19.55 GiB peak, where the two other phases gave 15.77 GiB (-19.4 %). Short sequences
+  (the families' tests, 256 positions) peak in the other phases;
 - with ZeRO-1 on XLA:TPU from libtpu 0.0.50 on, a train step's ``temporaries`` also hold a working copy of the
   parameters whose update is gathered back over ``dp`` (:func:`zero_parameter_copy_bytes`). The compiled step (the
   same HLO with libtpu 0.0.42 and 0.0.50) copies each such parameter on entry, the forward and backward read the
@@ -113,11 +90,20 @@ import typing as tp
 
 import numpy as np
 
-from workbench.core.axes import BATCH, LENGTH, MODE_DECODE, MODE_TRAIN, PartitionAxis, shard_shape
+from workbench.core.axes import MODE_DECODE, MODE_TRAIN, PartitionAxis, shard_shape
+from workbench.core.cost.activations import (
+    activation_bytes,
+    cast_bytes,
+    gathered_layer_bytes,
+    layer_set,
+    layer_stacks,
+    logits_bytes,
+    moe_strategy_of,
+    tokens_per_device,
+)
 from workbench.core.pipeline_schedule import activation_stash_bytes
-from workbench.core.shapes import capacity
 from workbench.core.units import format_bytes
-from workbench.core.vocab import OPTIMIZERS, REMATS, TASKS
+from workbench.core.vocab import OPTIMIZERS, TASKS
 from workbench.core.zero import state_split
 
 # A resolved workbench.core.sharding.plan.Layout: the ledger reads its parameters' blocks and its mesh; it is not
@@ -126,14 +112,6 @@ Layout = tp.Any
 
 # The loss phase's logits, in float32 copies of them, by compiler: measured (see the module doc).
 LOGITS_COPIES = {"tpu": 1.6, "cpu": 2.0}
-# One layer's backward working set, in units of the layer's dots_saveable set (its matmul outputs), by compiler
-# and remat policy: measured (see the module doc), not derived.
-WORKING_SET = {"tpu": {"none": 0.5, "dots_saveable": 1.0, "full": 1.5},
-               "cpu": {"none": 2.0, "dots_saveable": 2.0, "full": 2.75}}
-# Bytes a score (one query's logit for one key, per head) that a layer's attention backward holds beyond what the
-# forward kept, by compiler and remat policy: measured on XLA:TPU (see the module doc and attention_backward_bytes);
-# XLA:CPU is not measured and counts no such phase.
-SCORE_BYTES = {"tpu": {"none": 9, "dots_saveable": 9, "full": 13}, "cpu": {}}
 ADAFACTOR_MIN_DIM = 128  # optax.adafactor's min_dim_size_to_factor
 # The libtpu from which XLA:TPU keeps a donated parameter's buffer reserved while a ZeRO-1 step works on a copy of
 # the parameter: measured on 0.0.42.1 (lends it to other values) and 0.0.50.1 (see the module doc).
@@ -269,269 +247,6 @@ def kv_cache_bytes(layout: Layout, batch: int, max_length: int, dtype: tp.Any) -
     return arrays * layout.config.num_hidden_layers * math.prod(block) * np.dtype(dtype).itemsize
 
 
-def _tokens_per_device(layout: Layout, batch: tuple[int, int], mode: str) -> tuple[int, int, int]:
-    """``(b, t, data shards)``: rows and positions of the batch one device holds, and the batch's data split."""
-    sizes = dict(layout.mesh.shape)
-    decisions = layout.token_decisions(tuple(batch), mode)
-    split = [math.prod(sizes[a] for a in d.chosen) for d in decisions]
-    return batch[0] // split[0], batch[1] // split[1], split[0]
-
-
-def _model_split(param: tp.Any, dim: int, data_axes: set[str], sizes: dict[str, int]) -> int:
-    """How many ways the model-parallel axes (not the data axes) split dimension ``dim`` of ``param``."""
-    return math.prod(sizes[a] for a in param.decisions[dim].chosen if a not in data_axes)
-
-
-# Arrays of the width of one MLP activation that the backward keeps per token (or per expert row) without
-# remat, gate and up projections included: what jax's autodiff saves of each activation (counted with
-# jax.ad_checkpoint's saved residuals). SwiGLU silu(g) * u: g, u, three of silu's and the product; GeGLU: g, u,
-# five of the tanh GELU's (3 g^2, the tanh, the cdf, ...) and the product; GPT-2's GELU: up and the same five;
-# the exact GELU three; GPT-OSS's clamped SwiGLU with its clip and min masks nine.
-ACTIVATION_RESIDUALS = {("swiglu", "silu"): 6, ("swiglu", "gelu_pytorch_tanh"): 8, ("gelu", "gelu_new"): 6,
-                        ("gelu", "gelu_pytorch_tanh"): 6, ("gelu", "gelu"): 4, ("moe", "silu"): 6,
-                        ("moe", "clamped_swiglu"): 9}
-# Float32 (and model dtype) arrays a norm's backward keeps per normalised element: RMSNorm the float32
-# x * rsqrt and its cast; Gemma's (1 + w) RMSNorm, which scales in float32, two float32 arrays; LayerNorm the
-# centred input, the normalised and the scaled values, in float32. A norm whose output feeds a matmul keeps
-# that output too (the matmul's weight gradient reads it).
-NORM_RESIDUALS = {"rms": (1, 1), "rms_unit_offset": (2, 0), "layer": (3, 0)}
-
-
-@dataclasses.dataclass(frozen=True)
-class LayerSet:
-    """What one layer keeps per token row for its backward under each remat policy, as ``(elements in the
-    model's dtype, float32 elements)`` (see the module doc)."""
-
-    full: tuple[float, float]
-    dots_saveable: tuple[float, float]
-    none: tuple[float, float]
-
-    def bytes_per_row(self, remat: str, itemsize: int) -> float:
-        model_dtype, f32 = getattr(self, remat)
-        return model_dtype * itemsize + f32 * 4
-
-
-def _width(layout: Layout, path: str, data_axes: set[str], sizes: dict[str, int]) -> float:
-    """Output elements per token of the stacked kernel ``path`` ``(L, ..., in, out)`` on one device: ``out``
-    times the leading dims (experts), each divided by the model-parallel axes that split it."""
-    p = layout[path]
-    out = p.shape[-1] / _model_split(p, len(p.shape) - 1, data_axes, sizes)
-    return out * math.prod(n / _model_split(p, i, data_axes, sizes) for i, n in enumerate(p.shape[1:-2], 1))
-
-
-def _norm_kind(c: tp.Any) -> str:
-    return "layer" if c.norm_type == "layer" else "rms_unit_offset" if c.norm_unit_offset else "rms"
-
-
-def _expert_rows(layout: Layout, prefix: str, strategy: str, data_axes: set[str], sizes: dict[str, int],
-                 tokens: int, capacity_factor: float | None) -> float:
-    """Expert rows per local token a MoE layer computes: ``dense`` runs each of the device's ``E / ep``
-    experts on every token; ``alltoall`` packs each device's share ``n`` of the tokens into ``E`` buffers of ``C``
-    slots (``capacity``) and gets as many rows back for its ``E / ep`` experts, so ``E C / tokens`` rows per token
-    (``E / ep`` without a capacity factor); ``ragged`` sorts the ``k`` copies of every token of the batch (GSPMD
-    gathers the data axes for the global sort), as TPU and GPU kernels run ``ragged_dot`` (XLA:CPU lowers it to a
-    masked dot over every expert, which this does not count)."""
-    c = layout.config
-    gate = layout[prefix + "mlp/gate_proj"]
-    if strategy == "alltoall":
-        # the ep devices that hold the same tokens (the batch not split over ep) each dispatch 1/ep of them
-        ep_axis = layout.partition_axis.expert_parallel_axis
-        token_axes = {a for d in layout.partition_axis.explain((BATCH, LENGTH), layout.mode, mesh=layout.mesh)
-                      for a in d.chosen}
-        share = tokens / (sizes.get(ep_axis, 1) if ep_axis not in token_axes else 1)
-        slots = capacity(math.ceil(share), c.num_experts_per_tok, c.num_local_experts, capacity_factor)
-        return c.num_local_experts * slots / tokens
-    if strategy == "ragged":
-        return c.num_experts_per_tok * math.prod(sizes[a] for a in data_axes)
-    return c.num_local_experts / _model_split(gate, 1, data_axes, sizes)
-
-
-def layer_set(layout: Layout, prefix: str = "layers/", *, t_kv: int, moe_strategy: str = "dense",
-              tokens: int = 1, capacity_factor: float | None = None) -> LayerSet:
-    """Per token row, what one layer of the stack under ``prefix`` keeps for its backward (see the module
-    doc for the three policies); ``t_kv`` keys per query, ``tokens`` the device's tokens (a MoE's capacity)."""
-    sizes = dict(layout.mesh.shape)
-    data_axes = set(_data_axes(layout))
-    c = layout.config
-    width = lambda name: _width(layout, prefix + name, data_axes, sizes)
-    has = lambda name: prefix + name in layout.paths
-    d = c.hidden_size
-    # -- attention: heads on this device, its dot outputs and what its elementwise ops keep
-    if c.mla:
-        q_path = "self_attn/q_b_proj/kernel" if has("self_attn/q_b_proj/kernel") else "self_attn/q_proj/kernel"
-        heads = c.num_attention_heads / _model_split(layout[prefix + q_path], 2, data_axes, sizes)
-        lat, rope = c.kv_lora_rank, c.qk_rope_head_dim
-        q_lora = width("self_attn/q_a_proj/kernel") if has("self_attn/q_a_proj/kernel") else 0
-        # absorbed form (mla.py): kv_b_proj's halves act per head, q_nope -> q_lat (H C) and PV (H C) -> (H V);
-        # every head reads one key [c ; k_pe] and one value c
-        attn_dots = q_lora + width(q_path) + width("self_attn/kv_a_proj_with_mqa/kernel") + heads * lat \
-            + heads * lat + heads * c.v_head_dim + d
-        rms_f32, rms_dt = NORM_RESIDUALS["rms"]
-        attn_none = ((rms_dt + 1) * q_lora + rms_dt * lat + (lat + rope) + lat + heads * (lat + rope)
-                     + heads * c.qk_nope_head_dim + heads * lat + heads * c.v_head_dim + heads * t_kv,
-                     rms_f32 * (q_lora + lat))
-    else:
-        q, k, v = (width(f"self_attn/{n}_proj/kernel") for n in "qkv")
-        heads = c.num_attention_heads / _model_split(layout[prefix + "self_attn/q_proj/kernel"], 2, data_axes, sizes)
-        attn_dots = q + k + v + heads * c.head_dim + d  # PV, o_proj's output (the residual sum's operand)
-        qk_f32, qk_dt = NORM_RESIDUALS[_norm_kind(c)] if c.qk_norm else (0, 0)
-        # rotated q and k, v, the attention output, the probabilities in the model's dtype (+ two float32 below)
-        attn_none = (q + k + v + heads * c.head_dim + heads * t_kv + qk_dt * (q + k), qk_f32 * (q + k))
-    attn_f32 = heads * t_kv  # QK^T: float32 logits (accumulation_dtype), then the float32 softmax
-    # -- MLP: a dense one (swiglu / gelu), or experts
-    moe = c.mlp_type == "moe" and prefix == "layers/"
-    if moe:
-        rows = _expert_rows(layout, prefix, moe_strategy, data_axes, sizes, tokens, capacity_factor)
-        gate = layout[prefix + "mlp/gate_proj"]  # (L, E, D, F)
-        per_row = gate.shape[-1] / _model_split(gate, 3, data_axes, sizes)
-        experts = c.num_local_experts
-        # gate and up per expert row, the experts' outputs (the combine reads them), router logits and weights
-        mlp_dots = rows * (2 * per_row + d) + 2 * experts
-        mlp_none = rows * (ACTIVATION_RESIDUALS[("moe", c.moe_activation)] * per_row + d) + 2 * experts
-        if has("mlp/shared_gate"):
-            shared = width("mlp/shared_gate")
-            mlp_dots += 2 * shared
-            mlp_none += ACTIVATION_RESIDUALS[("swiglu", "silu")] * shared
-    else:
-        up = width("mlp/up_proj/kernel")
-        gated = has("mlp/gate_proj/kernel")
-        mlp_type = "swiglu" if gated else c.mlp_type
-        mlp_dots = (2 if gated else 1) * up + (d if c.sandwich_norms else 0)  # down_proj feeds the post-MLP norm
-        mlp_none = ACTIVATION_RESIDUALS[(mlp_type, c.hidden_act)] * up
-    # -- norms over D: their residuals, and the outputs that feed the attention's and the MLP's matmuls
-    norms = 4 if c.sandwich_norms else 2
-    n_f32, n_dt = NORM_RESIDUALS[_norm_kind(c)]
-    dots = (d + attn_dots + mlp_dots, attn_f32)
-    none = (attn_none[0] + mlp_none + (norms * n_dt + 2) * d, attn_none[1] + 2 * attn_f32 + norms * n_f32 * d)
-    return LayerSet(full=(d, 0), dots_saveable=dots, none=none)
-
-
-def _stacks(layout: Layout) -> list[tuple[str, int]]:
-    """The stacked layers: ``(path prefix, layers)``; a MoE's leading dense layers stack apart."""
-    c = layout.config
-    k = c.first_dense_layers
-    return [(prefix, n) for prefix, n in (("dense_layers/", k), ("layers/", c.num_hidden_layers - k)) if n]
-
-
-def moe_strategy_of(model: tp.Any, layout: Layout) -> tuple[str, float | None]:
-    """The MoE strategy a model's layers run on the layout's mesh (``auto``: all-to-all on an ``ep`` axis of
-    size > 1, else dense) and its capacity factor."""
-    mlp = getattr(getattr(model, "layers", None), "mlp", None)
-    strategy = getattr(mlp, "strategy", "auto")
-    if strategy == "auto":
-        ep = dict(layout.mesh.shape).get(layout.partition_axis.expert_parallel_axis, 1)
-        strategy = "alltoall" if ep > 1 else "dense"
-    return strategy, getattr(mlp, "capacity_factor", None)
-
-
-def _gathered_layer_bytes(layout: Layout, prefix: str, dtype: tp.Any = None) -> float:
-    """Bytes of one layer of the stack under ``prefix`` on a device once its weights are all-gathered over the
-    data axes (FSDP): the layer's block with the data splits undone, the model-parallel ones kept; in ``dtype``
-    where given (XLA:TPU casts each device's block to the compute dtype, then gathers the cast: a bfloat16
-    all-gather of float32 master weights, see :func:`cast_bytes`), else in the parameters' own."""
-    sizes = dict(layout.mesh.shape)
-    data_axes = set(_data_axes(layout))
-    total = 0.0
-    for p in layout.params:
-        if p.path.startswith(prefix):
-            data = math.prod(sizes[a] for d in p.decisions for a in d.chosen if a in data_axes)
-            item = p.dtype.itemsize if dtype is None else np.dtype(dtype).itemsize
-            total += p.bytes_per_device / p.dtype.itemsize * item / p.shard_shape[0] * data
-    return total
-
-
-def cast_bytes(layout: Layout, dtype: tp.Any) -> int:
-    """Bytes per device of the parameters cast to the compute ``dtype`` where theirs differs (mixed precision:
-    float32 master weights, ``dtype=bfloat16``): 2 bytes a parameter on top of the float32 ones. The layers cast
-    their weights per use, but XLA:TPU hoists each stacked weight's cast out of the layer scan: it converts the
-    device's whole block once, before the forward loop, and keeps the copy until the backward loop ends (seen in
-    the compiled train step's HLO on dp and fsdp); FSDP then all-gathers one layer of the copy at a time.
-    XLA:CPU, which has no bfloat16 arithmetic, keeps no such copy and gathers the float32 weights. 0 when the
-    parameters are already in ``dtype``."""
-    item = np.dtype(dtype).itemsize
-    return sum(p.bytes_per_device // p.dtype.itemsize * item for p in layout.params if p.dtype != np.dtype(dtype))
-
-
-def _layer_kinds(layout: Layout, prefix: str) -> int:
-    """How many kinds of layer (sliding window, rotary table) the stack under ``prefix`` switches between."""
-    c = layout.config
-    k = c.first_dense_layers
-    layers = range(k) if prefix == "dense_layers/" else range(k, c.num_hidden_layers)
-    return len({c.layer_kind(i) for i in layers})
-
-
-def activation_bytes(layout: Layout, batch: tuple[int, int], remat: str, dtype: tp.Any, compiler: str = "tpu",
-                     moe_strategy: str = "dense", capacity_factor: float | None = None) -> tuple[int, int]:
-    """``(kept for the backward, the backward's working set)`` in bytes per device (see the module doc);
-    ``compiler`` ("tpu" or "cpu") is the XLA backend whose working set to estimate."""
-    if remat not in REMATS:
-        raise ValueError(f"remat must be one of {REMATS} for the ledger; got {remat!r}")
-    if compiler not in WORKING_SET:
-        raise ValueError(f"compiler must be one of {tuple(WORKING_SET)}; got {compiler!r}")
-    b, t, _ = _tokens_per_device(layout, batch, layout.mode)
-    item = np.dtype(dtype).itemsize
-    rows = b * t
-    stacks = [(prefix, n, layer_set(layout, prefix, t_kv=batch[1], moe_strategy=moe_strategy, tokens=rows,
-                                    capacity_factor=capacity_factor)) for prefix, n in _stacks(layout)]
-    kept = sum(n * s.bytes_per_row(remat, item) for _, n, s in stacks) * rows
-    dots = [s.bytes_per_row("dots_saveable", item) * rows for _, _, s in stacks]
-    recompute = sum(dots) if remat != "none" else max(dots)  # with remat each stack's loop recomputes apart
-    switch = max((_layer_kinds(layout, prefix) - 1) * s.bytes_per_row("none", item) * rows
-                 for prefix, _, s in stacks)
-    cast_dtype = dtype if compiler == "tpu" else None  # XLA:TPU gathers the compute-dtype copy (cast_bytes)
-    gathered = max(_gathered_layer_bytes(layout, prefix, cast_dtype) for prefix, _, _ in stacks)
-    working = 2 * gathered + WORKING_SET[compiler][remat] * recompute + switch
-    attention = attention_backward_bytes(layout, batch, remat, dtype, compiler)
-    return int(kept), int(max(working, attention))
-
-
-def attention_scores(layout: Layout, batch: tuple[int, int], prefix: str = "layers/") -> float:
-    """Score elements (query x key x head) one layer's attention computes on a device: ``b t H_l t_kv``, the heads
-    the model-parallel axes leave on it, every key of the sequence (the scores are materialised in full)."""
-    b, t, _ = _tokens_per_device(layout, batch, layout.mode)
-    c = layout.config
-    q_path = prefix + ("self_attn/q_b_proj/kernel" if prefix + "self_attn/q_b_proj/kernel" in layout.paths
-                       else "self_attn/q_proj/kernel")
-    heads = c.num_attention_heads / _model_split(layout[q_path], 2, set(_data_axes(layout)), dict(layout.mesh.shape))
-    return b * t * heads * batch[1]
-
-
-def attention_backward_bytes(layout: Layout, batch: tuple[int, int], remat: str, dtype: tp.Any,
-                             compiler: str = "tpu") -> int:
-    """Bytes per device of a train step's attention-backward phase (see the module doc): :data:`SCORE_BYTES` a
-    score of one layer (:func:`attention_scores`) and one layer's gathered weights (in the compute ``dtype`` on
-    XLA:TPU); 0 where the compiler's are not measured (XLA:CPU).
-
-    Measured on XLA:TPU (libtpu 0.0.42), peak minus arguments, kept activations and gradients, against this: a
-    2-layer Llama (hidden 1024, 8 heads of 128, 4096 positions, v5p:2x2x1 ``fsdp=4``) none / dots_saveable / full
-    1.10 / 1.07 / 1.68 GiB against 1.15 / 1.15 / 1.65; Llama-3-70B's layers, ``remat="full"``, one sequence of
-    4096 a device, 14.59 against 15.28 on v5p:2x2x2 ``fsdp=8`` (2 layers), 13.78 on v5p:4x4x4 ``fsdp=64`` (8
-    layers), 14.03 on v5p:8x8x16 ``fsdp=1024`` (80 layers). The whole ledger: -1.6 to +3.4 %, -3.6 %, +5.3 %, +2.9 %
-    (-40.0 to -7.1 %, -26.6 %, -23.1 %, -19.4 % before this phase was counted)."""
-    per_score = SCORE_BYTES[compiler].get(remat, 0)
-    if not per_score:
-        return 0
-    cast_dtype = dtype if compiler == "tpu" else None
-    return int(max(per_score * attention_scores(layout, batch, prefix)
-                   + _gathered_layer_bytes(layout, prefix, cast_dtype) for prefix, _ in _stacks(layout)))
-
-
-def _data_axes(layout: Layout) -> tuple[str, ...]:
-    """The mesh axes the batch dimension of a step's tokens is split over."""
-    (batch_dim, _) = layout.token_decisions()
-    return tuple(batch_dim.chosen)
-
-
-def logits_bytes(layout: Layout, batch: tuple[int, int]) -> int:
-    """One float32 copy of the logits a device computes: ``b t V_l 4``."""
-    b, t, _ = _tokens_per_device(layout, batch, layout.mode)
-    head = "lm_head/kernel" if "lm_head/kernel" in layout.paths else "embed_tokens"
-    p = layout[head]
-    vocab_dim = len(p.shape) - 1 if head == "lm_head/kernel" else 0
-    split = _model_split(p, vocab_dim, set(_data_axes(layout)), dict(layout.mesh.shape))
-    return int(b * t * layout.config.vocab_size / split * 4)
-
-
 # -- the ledger ------------------------------------------------------------------------------------------
 def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[int, int] = (8, 128),
            optimizer: str = "adamw", remat: str | None = None, kv_length: int | None = None,
@@ -552,7 +267,7 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
     dtype = np.dtype(getattr(model, "dtype", np.float32))
     hbm = None if cluster is None else cluster.hbm_per_device
     compiler = "tpu" if cluster is None or cluster.platform == "tpu" else "cpu"
-    ids = int(np.prod(batch)) * 4 // max(1, _tokens_per_device(layout, batch, layout.mode)[2])
+    ids = int(np.prod(batch)) * 4 // max(1, tokens_per_device(layout, batch, layout.mode)[2])
     moe = dict(zip(("moe_strategy", "capacity_factor"), moe_strategy_of(model, layout), strict=True))
     # mixed precision on XLA:TPU: the weights' compute-dtype copy, alive through a train step (cast_bytes)
     cast = cast_bytes(layout, dtype) if compiler == "tpu" else 0
@@ -577,11 +292,11 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
         raise ValueError(f"a decode step's layout is resolved in decode mode; this one is {layout.mode!r}")
     kv = kv_cache_bytes(layout, b, length, dtype)
     step_batch = batch if kind == "prefill" else (b, 1)
-    sb, st, _ = _tokens_per_device(layout, step_batch, layout.mode)
+    sb, st, _ = tokens_per_device(layout, step_batch, layout.mode)
     layers = [(prefix, layer_set(layout, prefix, t_kv=length, moe_strategy=moe["moe_strategy"], tokens=sb * st,
-                                 capacity_factor=moe["capacity_factor"])) for prefix, _ in _stacks(layout)]
+                                 capacity_factor=moe["capacity_factor"])) for prefix, _ in layer_stacks(layout)]
     # one layer's gathered weights and its matmul outputs, then the logits
-    working = max(_gathered_layer_bytes(layout, prefix) + s.bytes_per_row("dots_saveable", dtype.itemsize) * sb * st
+    working = max(gathered_layer_bytes(layout, prefix) + s.bytes_per_row("dots_saveable", dtype.itemsize) * sb * st
                   for prefix, s in layers)
     return Ledger(kind, "none", layout.param_bytes, kv_cache=kv,
                   temporaries=int(working) + logits_bytes(layout, step_batch), inputs=ids, hbm_per_device=hbm)
@@ -601,7 +316,7 @@ def pipeline_activation_bytes(layout: Layout, pipeline: tp.Any, batch: tuple[int
                          "pipeline_partition_axis() (LAYERS over pp)")
     c = layout.config
     big, t = batch
-    data_ways = _tokens_per_device(layout, batch, layout.mode)[2]
+    data_ways = tokens_per_device(layout, batch, layout.mode)[2]
     pipeline.check_batch(big, data_ways)
     item = np.dtype(dtype).itemsize
     stash = activation_stash_bytes(pipeline, batch_size=big, seq_len=t, hidden_size=c.hidden_size, dtype=dtype,
@@ -611,7 +326,7 @@ def pipeline_activation_bytes(layout: Layout, pipeline: tp.Any, batch: tuple[int
     micro = (big // pipeline.num_microbatches, t)
     _, working = activation_bytes(layout, micro, remat, dtype, compiler, moe_strategy, capacity_factor)
     per_stage = pipeline.check_layers(c.num_hidden_layers - c.first_dense_layers)
-    mb, mt, _ = _tokens_per_device(layout, micro, layout.mode)
+    mb, mt, _ = tokens_per_device(layout, micro, layout.mode)
     stage_layer = layer_set(layout, "layers/", t_kv=t, moe_strategy=moe_strategy, tokens=mb * mt,
                             capacity_factor=capacity_factor)
     stage_kept = int(per_stage * stage_layer.bytes_per_row(remat, item) * mb * mt)

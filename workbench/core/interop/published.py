@@ -4,7 +4,7 @@
 README tables on TPU v4, v5e, v5p and v6e; torchtitan, Megatron-Bridge and NeMo on H100 and H200): the model, the
 cluster, the layout, the batch, the recompute, the dtype, the measured step time, and where each was published
 (the raw records, every quote and derivation, are in ``benchmarks/data/published_runs_*.json``).
-:func:`price` predicts one with :func:`~workbench.core.cost.predicted.predict_step`; :func:`accuracy` says how
+:func:`price` predicts one from its plan (:func:`workbench.core.cost.price.price`); :func:`accuracy` says how
 far the predictions were from the measurements, which every view prints beside a prediction.
 
 >>> runs = published_runs()
@@ -21,35 +21,31 @@ import pathlib
 import statistics
 import typing as tp
 
-from workbench.core.cost.predicted import BATCH_AXES, predict_step
+from workbench.core.cost.price import price as price_plan
 from workbench.core.cost.step_time import StepTime
 from workbench.core.hardware.chips import H100, H100_500W, H200
 from workbench.core.hardware.cluster import Cluster
 from workbench.core.models.config import ModelConfig
 from workbench.core.pipeline_schedule import PipelineConfig
+from workbench.core.plan import BATCH_AXES, Plan
 
 RUNS_FILE = pathlib.Path(__file__).with_name("published_runs.json")
 
 
 @dataclasses.dataclass(frozen=True)
 class PublishedRun:
-    """One measured training step and everything needed to price it."""
+    """One measured training step and everything needed to price it: the model, the cluster, the global batch and
+    the :class:`~workbench.core.plan.Plan` it ran as (its recompute the fraction of a layer's forward matmuls the
+    framework's policy recomputes)."""
 
     name: str
     framework: str
     config: ModelConfig
     cluster: Cluster
-    mesh: dict[str, int]
+    plan: Plan
     batch: tuple[int, int]
     measured_s: float
-    recompute: float
-    dtype: str
     source: dict[str, str]
-    pipeline: PipelineConfig | None = None
-    grad_accumulation: int = 1
-    batch_axes: tuple[str, ...] = BATCH_AXES
-    capacity_factor: float | None = None
-    tp_overlap: bool | None = None  # None: predict_step's default for the platform
     remat_note: str = ""
     note: str = ""
 
@@ -59,14 +55,7 @@ class PublishedRun:
 
     @property
     def layout(self) -> str:
-        text = " x ".join(f"{k}={v}" for k, v in self.mesh.items() if v > 1)
-        if self.pipeline is not None:
-            p = self.pipeline
-            text += f", {p.num_microbatches} microbatches {p.schedule}" + (
-                f" v={p.virtual_stages}" if p.virtual_stages > 1 else "")
-        if self.grad_accumulation > 1:
-            text += f", {self.grad_accumulation} accumulated microbatches"
-        return text
+        return self.plan.label()
 
 
 def _config(spec: dict[str, tp.Any]) -> ModelConfig:
@@ -90,11 +79,14 @@ def _run(raw: dict[str, tp.Any]) -> PublishedRun:
         pipeline = PipelineConfig(p["stages"], p["microbatches"], p.get("schedule", "1f1b"),
                                   p.get("virtual_stages") if p.get("schedule") == "interleaved" else None,
                                   uneven=p.get("uneven", False))
-    return PublishedRun(
-        raw["name"], raw["framework"], _config(raw["model"]), _cluster(raw["cluster"]), dict(raw["mesh"]),
-        tuple(raw["batch"]), float(raw["measured_s"]), float(raw["recompute"]), raw["dtype"], raw["source"],
-        pipeline, raw.get("grad_accumulation", 1), tuple(raw.get("batch_axes", BATCH_AXES)),
-        raw.get("capacity_factor"), raw.get("tp_overlap"), raw.get("remat_note", ""), raw.get("note", ""))
+    recompute = float(raw["recompute"])
+    plan = Plan(dict(raw["mesh"]), remat="full" if recompute > 0 else "none", recompute=recompute, pipeline=pipeline,
+                dtype=raw["dtype"], batch_axes=tuple(raw.get("batch_axes", BATCH_AXES)),
+                grad_accumulation=raw.get("grad_accumulation", 1), capacity_factor=raw.get("capacity_factor"),
+                tp_overlap=raw.get("tp_overlap"))
+    return PublishedRun(raw["name"], raw["framework"], _config(raw["model"]), _cluster(raw["cluster"]), plan,
+                        tuple(raw["batch"]), float(raw["measured_s"]), raw["source"], raw.get("remat_note", ""),
+                        raw.get("note", ""))
 
 
 @functools.cache
@@ -104,12 +96,8 @@ def published_runs() -> tuple[PublishedRun, ...]:
 
 
 def price(run: PublishedRun) -> StepTime:
-    """``run``'s step as :func:`~workbench.core.cost.predicted.predict_step` predicts it."""
-    return predict_step(run.config, run.cluster, run.mesh, batch=run.batch, task="train",
-                        remat="full" if run.recompute > 0 else "none", recompute=run.recompute,
-                        pipeline=run.pipeline, dtype=run.dtype, batch_axes=run.batch_axes,
-                        grad_accumulation=run.grad_accumulation, capacity_factor=run.capacity_factor,
-                        tp_overlap=run.tp_overlap)
+    """``run``'s step as the step model predicts it (:func:`workbench.core.cost.price.price` of its plan)."""
+    return price_plan(run.plan, run.config, run.cluster, run.batch, "train")
 
 
 @dataclasses.dataclass(frozen=True)

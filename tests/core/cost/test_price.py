@@ -1,0 +1,30 @@
+"""price(plan, ...) is predict_step with the plan's fields: the same step, whichever record the plan came from."""
+
+import pytest
+
+from workbench.core.cost.predicted import predict_step
+from workbench.core.cost.price import price
+from workbench.core.hardware.cluster import Cluster
+from workbench.core.models.presets import full_config
+from workbench.core.pipeline_schedule import PipelineConfig
+from workbench.core.plan import Plan
+
+
+@pytest.mark.parametrize("plan, batch, task", [
+    (Plan({"fsdp": 16, "tp": 4}, remat="full", zero_stage=0), (256, 4096), "train"),
+    (Plan({"dp": 8, "fsdp": 8}, remat="dots_saveable", zero_stage=1, grad_accumulation=4), (512, 4096), "train"),
+    (Plan({"pp": 4, "fsdp": 16}, remat="none", recompute=0.3, pipeline=PipelineConfig(4, 16)), (256, 4096), "train"),
+    (Plan({"tp": 8, "dp": 8}, dtype="fp8", tp_overlap=True), (64, 4096), "decode"),
+])
+def test_price_is_predict_step_with_the_plan_s_fields(plan, batch, task):
+    config, cluster = full_config("llama-3-70b"), Cluster.h100(nodes=8)
+    expected = predict_step(config, cluster, dict(plan.mesh_shape), batch=batch, task=task, remat=plan.remat,
+                            pipeline=plan.pipeline, dtype=plan.dtype, batch_axes=plan.batch_axes,
+                            zero_stage=plan.zero_stage, grad_accumulation=plan.grad_accumulation,
+                            recompute=plan.recompute, tp_overlap=plan.tp_overlap)
+    assert price(plan, config, cluster, batch, task).time_s == expected.time_s
+
+
+def test_price_takes_a_plan():
+    with pytest.raises(TypeError, match="plan is a workbench.core.plan.Plan"):
+        price({"fsdp": 8}, full_config("llama-3-8b"), Cluster.h100(nodes=1), (8, 4096))

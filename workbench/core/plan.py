@@ -1,0 +1,108 @@
+"""How a step runs, as one record: the :class:`Plan` the advisor's candidates, the explorer, the recipe readers and
+writers and the published runs hold, and that :func:`workbench.core.cost.price.price` prices.
+
+A plan is plain data (no model, no devices): the mesh's axis sizes, the remat policy (and the fraction of a
+layer's forward matmuls its backward recomputes, where a framework's policy lies between the named ones), the
+pipeline, the ZeRO stage, the gradient-accumulation microbatches, the mesh axes the batch splits over, the dtype,
+and the options that change what a step's collectives and experts do. A :class:`~workbench.core.sharding.plan.Layout`
+is a plan resolved against a model on a mesh.
+
+>>> plan = Plan({"fsdp": 16, "tp": 4}, remat="full", grad_accumulation=2)
+>>> plan.label()
+'fsdp=16 x tp=4, 2 accumulated microbatches'
+>>> plan.mesh_shape["pp"], plan.devices
+(1, 64)
+>>> Plan({"fsdp": 8}, remat="some")
+Traceback (most recent call last):
+ValueError: remat must be one of ('none', 'dots_saveable', 'full'); got 'some'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing as tp
+
+from workbench.core.checks import positive_int
+from workbench.core.mesh import MESH_AXES, axis_sizes
+from workbench.core.pipeline_schedule import PipelineConfig
+from workbench.core.vocab import REMATS
+from workbench.core.zero import check_zero_stage
+
+BATCH_AXES = ("fsdp", "dp")  # PartitionAxis().batch_axis: the axes a batch splits over by default
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How one step runs on a mesh of ``mesh_shape`` (workbench axes; each of ``MESH_AXES`` 1 where not named).
+
+    ``remat`` is the layers' policy (:data:`~workbench.core.vocab.REMATS`) and ``recompute`` the fraction of a
+    layer's forward matmuls its backward recomputes (None: 1 under ``"full"``, else 0); ``pipeline`` a
+    :class:`~workbench.core.pipeline_schedule.PipelineConfig` over ``pp``; ``zero_stage`` 0 or 1 (ZeRO-1 over
+    ``dp``); ``grad_accumulation`` microbatches run one after another; ``batch_axes`` the mesh axes the batch
+    splits over; ``dtype`` the parameters' and activations' ("bf16", "int8", "fp8"); ``capacity_factor`` pads each
+    expert (None: dropless); ``tp_overlap`` hides tensor parallelism's collectives behind its matmuls (None: the
+    platform's default); ``experts_fsdp=False`` keeps expert weights whole over ``fsdp``.
+    """
+
+    mesh_shape: tp.Mapping[str, int]
+    remat: str = "full"
+    pipeline: PipelineConfig | None = None
+    zero_stage: int = 0
+    grad_accumulation: int = 1
+    batch_axes: tuple[str, ...] = BATCH_AXES
+    dtype: tp.Any = "bf16"
+    recompute: float | None = None
+    capacity_factor: float | None = None
+    tp_overlap: bool | None = None
+    experts_fsdp: bool = True
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "mesh_shape", types.MappingProxyType(axis_sizes(self.mesh_shape, "a plan's mesh")))
+        if self.remat not in REMATS:
+            raise ValueError(f"remat must be one of {REMATS}; got {self.remat!r}")
+        set_(self, "zero_stage", check_zero_stage(self.zero_stage))
+        set_(self, "grad_accumulation", positive_int("grad_accumulation", self.grad_accumulation))
+        set_(self, "batch_axes", tuple(self.batch_axes))
+        unknown = sorted(set(self.batch_axes) - set(MESH_AXES))
+        if unknown:
+            raise ValueError(f"batch_axes names axes {unknown}; the workbench's mesh axes are {MESH_AXES}")
+        pp = self.mesh_shape["pp"]
+        if self.pipeline is not None and not isinstance(self.pipeline, PipelineConfig):
+            raise TypeError(f"pipeline is a PipelineConfig or None; got {type(self.pipeline).__name__}")
+        if (self.pipeline.num_stages if self.pipeline else 1) != pp:
+            raise ValueError(f"a mesh with pp={pp} needs a pipeline of {pp} stages; got "
+                             f"{self.pipeline.num_stages if self.pipeline else 'no pipeline'}")
+
+    def __hash__(self) -> int:
+        return hash((tuple(self.mesh_shape.items()), *(getattr(self, f.name) for f in dataclasses.fields(self)[1:])))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Plan):
+            return NotImplemented
+        return all(dict(getattr(self, f.name)) == dict(getattr(other, f.name)) if f.name == "mesh_shape"
+                   else getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self))
+
+    @property
+    def devices(self) -> int:
+        return math.prod(self.mesh_shape.values())
+
+    def replace(self, **changes: tp.Any) -> Plan:
+        """A new plan with ``changes`` (a field's name and its new value), checked as a new one is."""
+        return dataclasses.replace(self, **changes)
+
+    def label(self) -> str:
+        """``"fsdp=16 x tp=4"``, then the pipeline and the accumulated microbatches where there are any."""
+        text = " x ".join(f"{a}={n}" for a, n in self.mesh_shape.items() if n > 1) or "one device"
+        if self.pipeline is not None:
+            p = self.pipeline
+            text += f", {p.num_microbatches} microbatches {p.schedule}" + (
+                f" v={p.virtual_stages}" if p.virtual_stages > 1 else "")
+        if self.grad_accumulation > 1:
+            text += f", {self.grad_accumulation} accumulated microbatches"
+        return text
+
+
+__all__ = ["BATCH_AXES", "Plan"]
