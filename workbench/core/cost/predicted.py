@@ -90,7 +90,6 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     the mesh does not divide, and for ``pp > 1`` without a matching ``pipeline``.
     """
     sizes = _check(task, remat, batch, batch_axes, mesh_shape, cluster)
-    sizes = _check(task, remat, batch, batch_axes, mesh_shape, cluster)
     zero = check_zero_stage(zero_stage) == 1 and task == "train" and sizes["dp"] > 1
     shapes = model_shapes(config)
     rate = rate_dtype(dtype)
@@ -112,6 +111,7 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
 
 def _check(task: str, remat: str, batch: tp.Any, batch_axes: tp.Sequence[str], mesh_shape: tp.Mapping[str, int],
            cluster: Cluster) -> dict[str, int]:
+    """The task, remat policy, batch and batch axes, each on its own; the mesh's axis sizes."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}; got {task!r}")
     if remat not in REMATS:

@@ -2,10 +2,10 @@
 
 One function per kind (:func:`attention_work`, :func:`mlp_work`, :func:`experts_work`,
 :func:`embedding_head_work`, :func:`optimizer_work`) counts into a :class:`~.step_counts.StepCounts` and returns
-the kind's :class:`~.step_counts.WeightGroup` s, whose collectives :mod:`~workbench.core.cost.parallel.data`
-counts. Notation: ``n`` tokens a device holds, ``D`` hidden, ``F`` MLP width, ``H`` heads of ``h`` dims, ``K``
-key/value heads, ``V`` vocabulary, ``T`` sequence, ``m`` microbatches; every dimension a mesh axis splits is
-divided by its size.
+the kind's weight groups (:class:`~.step_counts.WeightGroup`), whose collectives
+:mod:`~workbench.core.cost.parallel.data` counts. Notation: ``n`` tokens a device holds, ``D`` hidden, ``F`` MLP
+width, ``H`` heads of ``h`` dims, ``K`` key/value heads, ``V`` vocabulary, ``T`` sequence, ``m`` microbatches;
+every dimension a mesh axis splits is divided by its size.
 
 **Where the work goes.** Tokens split over the batch axes (``batch_axes``, default ``("fsdp", "dp")``, the
 default ``PartitionAxis.batch_axis``) and the sequence over ``sp``; ``tp`` splits heads, MLP widths and the
