@@ -83,9 +83,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 LAYERS = (
     # the shared vocabulary: units, checks, tables, tasks/remats/optimizers, the program cache, XLA's log
     {"_lazy", "core", "core.units", "core.checks", "core.tables", "core.vocab", "core.programs", "core.xla_log"},
-    # semantic axes and meshes, HLO text, attention kernels, parallel layers, schedules as data, ZeRO, shape rules
+    # semantic axes and meshes, HLO text, attention kernels, parallel layers, schedules as data, ZeRO, shape rules,
+    # the plan record
     {"core.axes", "core.mesh", "core.hlo", "core.operations", "core.linear", "core._collective_matmul",
-     "core.matmul_sharding", "core.pipeline_schedule", "core.zero", "core.shapes"},
+     "core.matmul_sharding", "core.pipeline_schedule", "core.zero", "core.shapes", "core.plan"},
     {"core.hardware"},  # chips, calibration evidence, clusters and their networks
     {"core.cost"},  # arithmetic over shapes: no flax, no optax
     {"core.models", "core.sharding", "core.pipeline", "core.compile"},

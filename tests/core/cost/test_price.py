@@ -26,5 +26,5 @@ def test_price_is_predict_step_with_the_plan_s_fields(plan, batch, task):
 
 
 def test_price_takes_a_plan():
-    with pytest.raises(TypeError, match="plan is a workbench.core.plan.Plan"):
+    with pytest.raises(TypeError, match=r"plan is a workbench\.core\.plan\.Plan"):
         price({"fsdp": 8}, full_config("llama-3-8b"), Cluster.h100(nodes=1), (8, 4096))

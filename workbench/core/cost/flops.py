@@ -45,7 +45,7 @@ from workbench.core.vocab import REMATS, TASKS
 @dataclasses.dataclass(frozen=True)
 class ModelShapes:
     """Per-layer sizes of a config in elements, undivided by any mesh axis: what the FLOPs here and
-    :func:`~workbench.core.cost.predicted.predict_step` count (its module doc says what each is)."""
+    :func:`~workbench.core.cost.predicted.predict_step` count (:mod:`workbench.core.cost.work` says what each is)."""
 
     hidden: int
     vocab: int
