@@ -80,6 +80,7 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
 
 # -- the request ------------------------------------------------------------------------------------------------
 def _check_choices(task: str, optimizer: str, cluster: tp.Any) -> None:
+    """A ValueError naming the choices where the task or optimizer is unknown or the cluster has no chip numbers."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}; got {task!r}")
     if optimizer not in OPTIMIZERS:
