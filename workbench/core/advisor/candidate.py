@@ -1,0 +1,101 @@
+"""One layout the advisor weighed (:class:`Candidate`): its mesh, remat policy, pipeline and ZeRO stage, its ledger and
+predicted step, its label, and the layout itself resolved on a model."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import typing as tp
+
+from workbench.core.axes import MODE_DECODE, MODE_TRAIN, PartitionAxis
+from workbench.core.hardware.cluster import cluster_mesh
+from workbench.core.mesh import MESH_AXES
+from workbench.core.sharding.plan import Layout
+from workbench.core.units import format_bytes
+
+gib = functools.partial(format_bytes, unit="GiB")  # the advisor's figures to compare, all in GiB
+
+
+def layout_mesh(mesh_shape: tp.Mapping[str, int], cluster: tp.Any = None) -> tp.Any:
+    """The mesh of ``mesh_shape`` over :data:`MESH_AXES`: on ``cluster``'s devices (``cluster_mesh``) with a
+    cluster, else an ``AbstractMesh``."""
+    from jax.sharding import AbstractMesh, AxisType
+
+    shape = tuple(int(mesh_shape.get(a, 1)) for a in MESH_AXES)
+    if cluster is not None:
+        return cluster_mesh(cluster, shape, MESH_AXES)
+    return AbstractMesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(shape))
+
+
+@dataclasses.dataclass
+class Candidate:
+    """One layout: the mesh's axis sizes, the remat policy, pipeline and ZeRO stage, its ledger and predicted step,
+    whether it fits, the reason in words, and after :meth:`Advice.confirm` the compiled analysis."""
+
+    mesh_shape: dict[str, int]
+    remat: str
+    pipeline: tp.Any
+    partition_axis: PartitionAxis
+    rules: tuple[tuple[str, tp.Any], ...]
+    ledger: tp.Any
+    price: tp.Callable[[str], tp.Any]  # remat policy -> the predicted step (priced when first asked for)
+    fits: bool
+    zero_stage: int = 0
+    reason: str = ""
+    grad_accumulation: int = 1  # microbatches per step, run one after another
+    experts_fsdp: bool = True  # with ep and fsdp: the experts split over fsdp too (False: whole over it)
+    cluster: tp.Any = None  # the part of the cluster it runs on, when it leaves chips idle
+    idle: int = 0  # devices of the cluster it leaves idle
+    compiled: tp.Any = None  # virtual.CompiledAnalysis after confirm
+    compiled_step: tp.Any = None  # cost.StepTime of the compiled program
+    reconciled: list = dataclasses.field(default_factory=list)  # cost.reconcile rows: predicted vs compiled, why
+    confirm_note: str = ""
+
+    @functools.cached_property
+    def step(self) -> tp.Any:
+        """The predicted step (:func:`~workbench.core.cost.predicted.predict_step`): priced on first use, so a
+        layout that does not fit costs the search its ledger only."""
+        return self.price(self.remat)
+
+    @functools.cached_property
+    def recompute_s(self) -> float:
+        """Compute seconds the remat policy adds to the step."""
+        if self.remat == "none" or self.ledger.kind != "train":
+            return 0.0
+        return self.step.compute_s - self.price("none").compute_s
+
+    @property
+    def mesh_label(self) -> str:
+        parts = [f"{a}={n}" for a, n in self.mesh_shape.items() if n > 1]
+        return (" × ".join(parts) or "one device") + ("" if self.experts_fsdp else " (experts whole over fsdp)")
+
+    @property
+    def label(self) -> str:
+        pl = self.pipeline
+        pipe = "" if pl is None else f", {pl.schedule}{f' v={pl.virtual_stages}' if pl.virtual_stages > 1 else ''} " \
+            f"m={pl.num_microbatches}{' uneven stages' if pl.uneven else ''}"
+        used = f" on {math.prod(self.mesh_shape.values()):,} devices ({self.idle:,} idle)" if self.idle else ""
+        if self.ledger.kind != "train":  # no backward: no remat, optimizer, ZeRO or accumulation to name
+            return self.mesh_label + used
+        accumulate = f", {self.grad_accumulation} microbatches accumulated" if self.grad_accumulation > 1 else ""
+        return (f"{self.mesh_label}{used}, remat {self.remat}{pipe}{accumulate}"
+                + (", ZeRO-1" if self.zero_stage else ""))
+
+    @property
+    def time_s(self) -> float:
+        return self.step.time_s
+
+    @property
+    def split_axes(self) -> int:
+        return sum(n > 1 for n in self.mesh_shape.values())
+
+    def layout(self, model: tp.Any, cluster: tp.Any = None) -> tp.Any:
+        """This layout resolved on ``model`` (on ``cluster_mesh(cluster, ...)`` with a cluster, else an
+        ``AbstractMesh``), carrying its remat policy and pipeline."""
+        if cluster is not None and self.cluster is not None:
+            cluster = self.cluster
+        mesh = layout_mesh(self.mesh_shape, cluster)
+        mode = MODE_DECODE if self.ledger.kind == "decode" else MODE_TRAIN
+        return Layout.of(model, mesh, self.partition_axis, self.rules, mode, remat=self.remat, pipeline=self.pipeline,
+                         zero_stage=self.zero_stage)

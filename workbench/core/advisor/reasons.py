@@ -1,0 +1,173 @@
+"""The words: why each layout ranks where it does (:func:`reason`), each clause with the number that decides it, and
+:func:`explain` filling in every candidate's reason once the ranking is known."""
+
+from __future__ import annotations
+
+import collections
+import math
+import typing as tp
+
+from workbench.core.advisor.advice import Advice
+from workbench.core.advisor.candidate import Candidate, gib
+from workbench.core.advisor.constraints import Constraints
+from workbench.core.advisor.rank import TIE, tie_break
+from workbench.core.hardware.cluster import prime_factors
+from workbench.core.hardware.network import span
+from workbench.core.units import format_seconds
+
+_PART_NAMES = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer state",
+               "activations": "activations", "kv_cache": "KV cache", "temporaries": "temporaries"}
+
+
+def explain(advice: Advice, constraints: Constraints) -> None:
+    """Fill in each candidate's reason (see :func:`reason`)."""
+    fits_by_shape: dict[tuple, list[Candidate]] = {}
+    for c in advice.ranked:
+        fits_by_shape.setdefault(tuple(c.mesh_shape.values()), []).append(c)
+    best = advice.ranked[0] if advice.ranked else None
+    for i, c in enumerate(advice.ranked):
+        c.reason = reason(c, advice.cluster, best=best, batch=advice.batch, task=advice.task,
+                          previous=advice.ranked[i - 1] if i else None,
+                          config=getattr(advice.model, "config", None))
+    for c in advice.rejected:
+        # the fastest fitting layout of the same mesh, with this schedule if one fits, else this remat policy
+        rescued = sorted(fits_by_shape.get(tuple(c.mesh_shape.values()), []),
+                         key=lambda f: (f.pipeline is None or c.pipeline is None
+                                        or f.pipeline.schedule != c.pipeline.schedule, f.remat != c.remat,
+                                        f.zero_stage == c.zero_stage))
+        c.reason = reason(c, advice.cluster, rescued_by=rescued[0] if rescued else None,
+                          headroom=constraints.headroom)
+
+
+def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, rescued_by: Candidate | None = None,
+           batch: tuple[int, int] | None = None, task: str = "train", headroom: float = 0.0,
+           previous: Candidate | None = None, config: tp.Any = None) -> str:
+    """Why ``c`` ranks where it does, in words, each with the number that decides it: what it does not fit by (and
+    which remat would fit), or what bounds its step (the largest collective on its network level, a
+    tensor-parallel group across nodes, too few tokens per chip to hide FSDP's gathers, a pipeline bubble), the
+    chips it leaves idle and why (with ``config``: which of the sequences, heads and layers the idle-making
+    factors do not divide), how far it is from the best, and what broke a tie with the layout ranked before it
+    (``previous``)."""
+    hbm = cluster.hbm_per_device
+    if not c.fits:
+        return _misfit(c, hbm * (1 - headroom), rescued_by)
+    st = c.step
+    words = [_bound(st)]
+    words += [w for w in (_tp_across_nodes(c, cluster), _fsdp_exposed(c, batch, task), _idle(c, cluster, batch, config),
+                          _accumulated(c, batch), _recomputed(c), _bubble(c)) if w]
+    words += _standing(c, best, previous)
+    if hbm is not None:
+        words.append(f"uses {c.ledger.total / hbm:.0%} of HBM")
+    return "; ".join(words)
+
+
+def _misfit(c: Candidate, usable: float, rescued_by: Candidate | None) -> str:
+    """By how much ``c`` overflows the ``usable`` HBM (its largest part named), and what change of the same mesh
+    (``rescued_by``: remat, pipeline microbatches, ZeRO) fits."""
+    parts = c.ledger.parts()
+    big = max(parts, key=parts.get)
+    text = (f"does not fit: {gib(c.ledger.total)} > {gib(usable)} usable HBM "
+            f"({_PART_NAMES.get(big, big)} {gib(parts[big])})")
+    if rescued_by is None:
+        return text
+    change = [f"remat {rescued_by.remat}"] if rescued_by.remat != c.remat else []
+    if rescued_by.pipeline != c.pipeline and rescued_by.pipeline is not None:
+        pl = rescued_by.pipeline
+        same_schedule = c.pipeline is not None and pl.schedule == c.pipeline.schedule
+        change.append(f"{pl.num_microbatches} microbatches" if same_schedule else
+                      f"{pl.schedule} m={pl.num_microbatches}")
+    if rescued_by.zero_stage != c.zero_stage:
+        change.append(f"ZeRO-{rescued_by.zero_stage}" if rescued_by.zero_stage else "no ZeRO")
+    return text + f"; with {' and '.join(change)} it fits ({gib(rescued_by.ledger.total)})"
+
+
+def _bound(st: tp.Any) -> str:
+    """What bounds the step: its largest collective group on its network level, or compute or memory."""
+    groups = st.rows()
+    if st.bound == "communication" and groups:
+        kind, axes, level, _, _, _, seconds = groups[0]
+        return f"{kind}s over {','.join(axes)} on {level}: {format_seconds(seconds)} of {format_seconds(st.time_s)}"
+    return f"{st.bound}-bound ({format_seconds(max(st.compute_s, st.memory_s))} of {format_seconds(st.time_s)})"
+
+
+def _tp_across_nodes(c: Candidate, cluster: tp.Any) -> str:
+    """A tensor-parallel group spanning GPU nodes: its collectives' time on the inter-node network."""
+    tp_size = c.mesh_shape.get("tp", 1)
+    if not (tp_size > 1 and cluster.platform == "gpu" and span(("tp",), c.mesh_shape, cluster).units > 1):
+        return ""
+    st = c.step
+    tp_comm = sum(x.total_s for x in st.collectives if "tp" in x.axes)
+    return (f"tp={tp_size} crosses nodes: its collectives run on the inter-node network, "
+            f"{format_seconds(tp_comm)} of {format_seconds(st.time_s)}")
+
+
+def _fsdp_exposed(c: Candidate, batch: tuple[int, int] | None, task: str) -> str:
+    """Too few tokens per chip for a train step's compute to hide FSDP's all-gathers: how many would."""
+    st = c.step
+    fsdp = c.mesh_shape.get("fsdp", 1)
+    fsdp_comm = sum(x.total_s for x in st.collectives if "fsdp" in x.axes)
+    if not (fsdp > 1 and batch is not None and task == "train" and st.compute_s and fsdp_comm > st.compute_s):
+        return ""
+    devices = math.prod(c.mesh_shape.values())
+    per_chip = batch[0] * batch[1] / devices
+    needed = per_chip * fsdp_comm / st.compute_s
+    axes = [a for a in ("fsdp", "sp") if c.mesh_shape.get(a, 1) > 1]
+    return (f"{per_chip:,.0f} tokens per chip < {needed:,.0f} needed to hide FSDP's all-gathers over "
+            f"{' x '.join(f'{a}={c.mesh_shape[a]}' for a in axes)}")
+
+
+def _idle(c: Candidate, cluster: tp.Any, batch: tuple[int, int] | None, config: tp.Any) -> str:
+    """The chips ``c`` leaves idle, the cluster's device count factored, and which of the sequences, heads and
+    layers (with ``config``) its prime factors of 5 or more divide none of."""
+    if not c.idle:
+        return ""
+    n = cluster.num_devices
+    odd = sorted({p for p in prime_factors(n) if p >= 5})
+    text = f"runs on {n - c.idle:,} of the {n:,} devices ({c.idle:,} idle): {n:,} = {_factorization(n)}"
+    counts = [(f"{batch[0]:,} sequences", batch[0])] if batch is not None else []
+    if config is not None:
+        counts += [(f"{config.num_attention_heads} heads", config.num_attention_heads),
+                   (f"{config.num_hidden_layers} layers", config.num_hidden_layers)]
+    undivided = [name for name, count in counts if all(count % p for p in odd)]
+    if undivided:
+        text += (f", and {' and '.join(map(str, odd))} divide{'s' if len(odd) == 1 else ''} neither "
+                 + " nor ".join(undivided))
+    return text
+
+
+def _factorization(n: int) -> str:
+    counts = collections.Counter(prime_factors(n))  # smallest prime first
+    return " x ".join(f"{p}^{k}" if k > 1 else str(p) for p, k in counts.items())
+
+
+def _accumulated(c: Candidate, batch: tuple[int, int] | None) -> str:
+    if c.grad_accumulation <= 1:
+        return ""
+    rows = f" of {batch[0] // c.grad_accumulation} sequences" if batch else ""
+    return f"{c.grad_accumulation} microbatches{rows} one after another, their gradients summed"
+
+
+def _recomputed(c: Candidate) -> str:
+    if not c.recompute_s > 0.01 * c.step.compute_s:
+        return ""
+    return f"remat {c.remat} recomputes the forward: {format_seconds(c.recompute_s)} of compute more"
+
+
+def _bubble(c: Candidate) -> str:
+    bubble = getattr(c.step, "bubble_fraction", 0.0) or 0.0
+    if c.pipeline is None or not bubble:
+        return ""
+    return f"pipeline bubble {bubble:.0%} (p={c.pipeline.num_stages}, m={c.pipeline.num_microbatches})"
+
+
+def _standing(c: Candidate, best: Candidate | None, previous: Candidate | None) -> list[str]:
+    """How far ``c`` is from the best, and what broke a tie with the layout ranked before it."""
+    if best is not None and c is not best:
+        words = [f"{c.time_s / best.time_s:.2f}x the best"]
+        why_after = tie_break(c, previous) if previous is not None else ""
+        if why_after:
+            words.append(f"ties with the row above (within {TIE:.0%}), ranked after it for {why_after}")
+        return words
+    if best is c:
+        return ["the fastest that fits"]
+    return []
