@@ -63,10 +63,10 @@ def test_rows_and_cells_carry_attributes_and_styles():
                       cell=cell_style("1px 6px"), style="border-collapse:collapse")
     assert text.startswith('<table style="border-collapse:collapse"><thead>')
     assert '<tr class="wb-row" data-path="p/&lt;q&gt;" style=";background:#fff3c4">' in text
-    assert (f'<td class="wb-b" title="say &quot;x&quot;" style="{cell_style("1px 6px")};white-space:nowrap">b</td>'
+    assert (f'<td class="wb-b" style="{cell_style("1px 6px")};white-space:nowrap" title="say &quot;x&quot;">b</td>'
             in text)
-    assert f'<td colspan="2" style="{cell_style("1px 6px")}"><b>d</b></td>' in text
-    assert f'<th title="why" style="{cell_style("1px 6px")};font-weight:600">y</th>' in text
+    assert f'<td style="{cell_style("1px 6px")}" colspan="2"><b>d</b></td>' in text
+    assert f'<th style="{cell_style("1px 6px")};font-weight:600" title="why">y</th>' in text
     parser = _Cells()
     parser.feed(text)
     assert parser.cells == ["x", "y", "a<", "b", "c", "d"]

@@ -36,7 +36,8 @@ TABLE_STYLE = "border-collapse:collapse;font-size:12px"
 @dataclasses.dataclass(frozen=True)
 class Cell:
     """A cell with its own ``style`` (added after the table's cell style) and ``attrs`` (``class``, ``title``,
-    ``colspan``, ``data-...``; values escaped) on its ``<td>`` (or ``<th>`` in a header)."""
+    ``colspan``, ``data-...``; values escaped; None leaves one out) on its ``<td>`` (or ``<th>`` in a header),
+    written ``class``, ``style``, then the rest in the order given."""
 
     value: tp.Any
     style: str = ""
@@ -78,8 +79,9 @@ def _cell(tag: str, value: tp.Any, style: str) -> str:
     if isinstance(value, Cell):
         style = ";".join(s for s in (style, value.style) if s)
         value, attrs = value.value, value.attrs
-    attrs = {**attrs, "style": style} if style else attrs
-    return f"<{tag}{_attrs(attrs)}>{_escape(value)}</{tag}>"
+    # class first, then style, then the rest as given: the order the widgets' tables always wrote
+    ordered = {"class": attrs.get("class"), "style": style or None, **{k: v for k, v in attrs.items() if k != "class"}}
+    return f"<{tag}{_attrs(ordered)}>{_escape(value)}</{tag}>"
 
 
 def _attrs(attrs: tp.Mapping[str, tp.Any]) -> str:

@@ -30,7 +30,7 @@ _HEAD_CELL = "padding:2px 4px;border-bottom:1px solid #ddd;text-align:left;verti
 _WRAPS = (0, 3, 4)  # path (after a /), semantic axes, PartitionSpec: the columns that may wrap
 _NOWRAP = "white-space:nowrap"
 _HEAD = ("path", "shape", "dtype", "semantic axes", "PartitionSpec", "type", "shard", "bytes/device")
-_CLASSES = ("wb-path", None, None, None, "wb-spec", "wb-type", "wb-shard", "wb-bytes", "wb-reason")
+_CLASSES = ("wb-path", "", "", "", "wb-spec", "wb-type", "wb-shard", "wb-bytes", "wb-reason")
 CHART_PX = 560  # the memory chart's width (memory_figure)
 _PARTS = (("params", "parameters", "#4c78a8"), ("optimizer", "optimizer state (AdamW)", "#f58518"),
           ("kv_cache", "KV cache", "#54a24b"))
