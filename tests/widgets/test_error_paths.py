@@ -18,7 +18,7 @@ from workbench.core.hardware.cluster import Cluster
 from workbench.core.mesh import make_mesh
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import tiny, tiny_config
-from workbench.core.views import explore
+from workbench.core.views import explore, explore_step
 from workbench.widgets import attention_lab as attention_lab_module
 from workbench.widgets import pipeline_view as pipeline_view_module
 from workbench.widgets import sharding_explorer as sharding_explorer_module
@@ -221,7 +221,7 @@ def test_explorer_on_a_cluster_ledger_and_predicted_step_errors(monkeypatch, laz
     cleared(ex)
     assert ex._ledger_out.value
 
-    monkeypatch.setattr(sharding_explorer_module, "predict_step", raises(ValueError("no <prediction>")))
+    monkeypatch.setattr(explore_step, "predict_step", raises(ValueError("no <prediction>")))
     ex._task.value = "prefill"
     shown(ex, "predicted step: no <prediction>")
     assert ex._predicted_out.value == ""

@@ -184,7 +184,7 @@ def test_the_predicted_step_per_layer_kind_follows_every_edit(llama_70b):
     expected = predict_step(llama_70b.config, cluster, dict(ex.mesh.shape), batch=(16, 2048), remat="full")
     shown = html.unescape(ex._predicted_out.value)
     assert "predicted step: " + format_seconds(expected.time_s) in shown
-    kinds = re.findall(r"<tr class='wb-step-kind'><td[^>]*>([^<]*)</td>", ex._predicted_out.value)
+    kinds = re.findall(r'<tr class="wb-step-kind"><td[^>]*>([^<]*)</td>', ex._predicted_out.value)
     assert kinds == list(expected.by_kind()) and "attention" in kinds and "mlp" in kinds
     ex._mesh_choice.value = "dp=2 × fsdp=8 × tp=4"
     moved = predict_step(llama_70b.config, cluster, dict(ex.mesh.shape), batch=(16, 2048), remat="full")

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from workbench.core.tables import Cell, Row, html_table
 from workbench.core.units import format_bytes
 from workbench.core.views.cache_fill import ContiguousFill, PagedFill
 from workbench.widgets._html import escape
@@ -71,15 +72,15 @@ def cache_html(fill: ContiguousFill | PagedFill, *, prompt_len: int, source: str
             page = int(fill.page_table_BP[b, p])
             text = "" if p >= held_B[b] else str(page) if fill.known and page >= 0 else "·"
             shade = "#f4f4f4" if n == 0 else f"rgba(119,198,138,{0.35 + 0.65 * n / fill.page_size:.2f})"
-            cells.append(f'<td class="wb-page" title="row {b}, logical page {p}: {n}/{fill.page_size} tokens" '
-                         f'style="border:1px solid #fff;background:{shade};min-width:26px;text-align:center">'
-                         f"{text}</td>")
-        body.append(f'<tr class="wb-page-row" data-row="{b}" data-length="{int(fill.lengths_B[b])}">'
-                    f'<td style="padding-right:6px">row {b}</td>{"".join(cells)}'
-                    f'<td style="padding-left:6px">{int(fill.lengths_B[b])} tokens</td></tr>')
+            cells.append(Cell(text, f"border:1px solid #fff;background:{shade};min-width:26px;text-align:center",
+                              {"class": "wb-page", "title": f"row {b}, logical page {p}: {n}/{fill.page_size} tokens"}))
+        length = int(fill.lengths_B[b])
+        body.append(Row([Cell(f"row {b}", "padding-right:6px"), *cells, Cell(f"{length} tokens", "padding-left:6px")],
+                        {"class": "wb-page-row", "data-row": b, "data-length": length}))
     more = f" (first {shown} of {width} logical pages per row)" if shown < width else ""
     ids = "physical page ids" if fill.known else "pages held (physical ids are known when the run ends)"
     head = (f"paged KV cache ({escape(source)}): page_size {fill.page_size} · {fill.pages_in_use} of "
             f"{fill.num_pages} pages in use · {fill.num_free} free{size}; cells: {ids}{more}")
     return (f'<div class="wb-cache wb-cache-paged" data-in-use="{fill.pages_in_use}" data-free="{fill.num_free}" '
-            f'style="{_MONO}"><div>{head}</div><table style="border-collapse:collapse">{"".join(body)}</table></div>')
+            f'style="{_MONO}"><div>{head}</div>'
+            f'{html_table(body, css_class=None, cell="", style="border-collapse:collapse")}</div>')

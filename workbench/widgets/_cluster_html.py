@@ -11,6 +11,7 @@ import typing as tp
 
 from workbench.core.interop.published import accuracy_text
 from workbench.core.mesh import MESH_AXES
+from workbench.core.tables import Row, cell_style, html_table
 from workbench.core.units import format_bytes, format_seconds
 from workbench.widgets._html import escape
 
@@ -28,6 +29,7 @@ _BAR_PX, _STEP_LABEL_PX = 520, 150
 # the width step_time_html's bar rows need (label, bar, gaps, the time beside it): a column narrower than this cuts
 # their text off
 STEP_ROW_PX = _STEP_LABEL_PX + _BAR_PX + 2 * 6 + 70
+_STEP_CELL = cell_style("1px 6px")  # the step panel's tables: a line each, tighter than the explorer's
 
 
 # -- mesh shapes ---------------------------------------------------------------------------------------------
@@ -149,29 +151,23 @@ def step_time_html(st: tp.Any, *, width_px: int = _BAR_PX, top: int = 8) -> str:
             f"</div><div style='color:#555'>{escape(how)}{escape(xla)}</div>")
     kinds = ""
     if st.parts:
-        cell = "padding:1px 6px;border-bottom:1px solid #ddd;text-align:left"
         rows_ = []
         for kind, v in st.by_kind().items():
             parts = {"compute": v["compute_s"], "memory": v["memory_s"], "communication": v["comm_s"]}
-            rows_.append(f"<tr class='wb-step-kind'><td style='{cell}'>{escape(kind)}</td>"
-                         + "".join(f"<td style='{cell}'>{escape(format_seconds(s))}</td>" for s in parts.values())
-                         + f"<td style='{cell}'>{max(parts, key=parts.get)}</td></tr>")
-        heads = "".join(f"<th style='{cell}'>{h}</th>" for h in ("layer kind", "compute", "HBM traffic",
-                                                                "communication", "bound by"))
-        kinds = f"<table style='border-collapse:collapse;margin-top:4px'><tr>{heads}</tr>{''.join(rows_)}</table>"
+            rows_.append(Row([kind, *map(format_seconds, parts.values()), max(parts, key=parts.get)],
+                             {"class": "wb-step-kind"}))
+        kinds = html_table(rows_, ("layer kind", "compute", "HBM traffic", "communication", "bound by"),
+                           css_class=None, cell=_STEP_CELL, head=_STEP_CELL,
+                           style="border-collapse:collapse;margin-top:4px")
     groups = st.rows()[:top]
     table = ""
     if groups:
-        cell = "padding:1px 6px;border-bottom:1px solid #ddd;text-align:left"
-        body = "".join(f"<tr><td style='{cell}'>{escape(k)}</td><td style='{cell}'>{escape(','.join(a) or '-')}</td>"
-                       f"<td style='{cell}'>{escape(lv)}</td><td style='{cell}'>{escape(b)}</td><td style='{cell}'>"
-                       f"{runs}</td><td style='{cell}'>{escape(format_bytes(nb))}</td><td style='{cell}'>"
-                       f"{escape(format_seconds(t))}</td></tr>" for k, a, lv, b, runs, nb, t in groups)
-        heads = "".join(f"<th style='{cell}'>{h}</th>" for h in ("collective", "mesh axes", "network", "bound by",
-                                                                "runs", "bytes/device", "time"))
+        body = [(k, ",".join(a) or "-", lv, b, runs, format_bytes(nb), format_seconds(t))
+                for k, a, lv, b, runs, nb, t in groups]
         table = (f"<div style='margin-top:4px;color:#555'>longest collectives ({len(groups)} of "
-                 f"{len(st.rows())} groups)</div><table style='border-collapse:collapse'><tr>{heads}</tr>{body}"
-                 f"</table>")
+                 f"{len(st.rows())} groups)</div>"
+                 + html_table(body, ("collective", "mesh axes", "network", "bound by", "runs", "bytes/device", "time"),
+                              css_class=None, cell=_STEP_CELL, head=_STEP_CELL, style="border-collapse:collapse"))
     return f'<div class="wb-step-time" style="font-size:12px">{head}{rows}{kinds}{table}</div>'
 
 

@@ -10,11 +10,14 @@ import colorsys
 import html
 import typing as tp
 
-__all__ = ["device_background", "device_color", "device_colors", "error_html", "escape", "ids_text",
+from workbench.core.tables import cell_style
+
+__all__ = ["CELL", "device_background", "device_color", "device_colors", "error_html", "escape", "ids_text",
            "typed_html"]
 
 _GOLDEN = 0.618033988749895
 TEXT_COLOR = "#1b1b1b"
+CELL = cell_style("2px 6px")  # a cell of the widgets' tables (html_table's cell=), denser than the core reprs'
 
 
 def escape(value: tp.Any) -> str:

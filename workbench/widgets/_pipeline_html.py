@@ -7,6 +7,7 @@ from __future__ import annotations
 import typing as tp
 
 from workbench.core.pipeline_schedule import BACKWARD, FORWARD
+from workbench.core.tables import Cell, html_table
 from workbench.core.units import format_bytes
 from workbench.widgets._html import escape
 
@@ -24,7 +25,7 @@ def schedule_html(schedule: tp.Any, *, microbatch_bytes: int | None = None, cell
            f"text-align:center;font-size:{max(7, cell // 2 - 1)}px;line-height:{cell - 1}px")
     rows = []
     for d in range(p):
-        tds = [f'<td style="padding:0 6px 0 0;white-space:nowrap;font-size:11px">device {d}</td>']
+        tds = [Cell(f"device {d}", "padding:0 6px 0 0;white-space:nowrap;font-size:11px")]
         for t in range(ticks):
             kind = int(schedule.grid[t, d])
             color = {FORWARD: FORWARD_COLOR, BACKWARD: BACKWARD_COLOR}.get(kind, IDLE_COLOR)
@@ -37,11 +38,11 @@ def schedule_html(schedule: tp.Any, *, microbatch_bytes: int | None = None, cell
                     text += "abcdefgh"[int(schedule.stage[t, d]) // p]
             else:
                 title, text = f"tick {t}, device {d}: idle", ""
-            tds.append(f'<td class="wb-pp-cell" title="{escape(title)}" style="{box};background:{color}">'
-                       f"{escape(text)}</td>")
-        rows.append("<tr>" + "".join(tds) + "</tr>")
-    grid = (f'<table class="wb-pp-timeline" style="border-collapse:collapse;font-family:monospace">'
-            f'{"".join(rows)}</table><div style="font-size:11px;color:#555">time (ticks) →</div>')
+            tds.append(Cell(text, f"{box};background:{color}", {"class": "wb-pp-cell", "title": title}))
+        rows.append(tds)
+    grid = (html_table(rows, css_class="wb-pp-timeline", cell="",
+                       style="border-collapse:collapse;font-family:monospace")
+            + '<div style="font-size:11px;color:#555">time (ticks) →</div>')
     in_flight = schedule.in_flight()
     held = ", ".join(str(int(n)) for n in in_flight)
     memory = ""

@@ -11,14 +11,14 @@ import ipywidgets as widgets
 from workbench.core.advisor import Advice, Candidate, Constraints, advise
 from workbench.core.compile.steps import OPTIMIZERS
 from workbench.core.cost.ledger import TASKS
+from workbench.core.tables import Cell, Html, Row, html_table
 from workbench.core.units import format_bytes, format_seconds
 from workbench.widgets._errors import InlineError
-from workbench.widgets._html import error_html, escape
+from workbench.widgets._html import CELL, error_html, escape
 from workbench.widgets.sharding_explorer import ShardingExplorer
 
 __all__ = ["LayoutAdvisor", "advice_html", "batch_label", "convert_batch", "length_label"]
 
-_CELL = "padding:2px 6px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top"
 _PHASES = (("compute", "#4c78a8"), ("memory", "#72b7b2"), ("communication", "#f58518"), ("bubble", "#bab0ac"))
 
 
@@ -70,18 +70,16 @@ def advice_html(advice: Advice, *, top: int = 10, rejected: int = 5, selected: i
         mark = ";background:#eef5ff" if selected == i else ""
         cells = (str(i), c.label, f"{format_bytes(c.ledger.total)}{use}", format_seconds(c.time_s),
                  f"{tokens / c.time_s:,.0f}", c.step.mfu_text(), c.step.bound)
-        rows.append(f'<tr class="wb-advice-row" data-rank="{i}" style="{mark}">'
-                    + "".join(f'<td style="{_CELL};white-space:nowrap">{escape(v)}</td>' for v in cells)
-                    + f'<td style="{_CELL}">{_breakdown_bar(c, scale)}</td>'
-                    + f'<td class="wb-advice-reason" style="{_CELL}">{escape(c.reason)}'
-                    + (f'<div class="wb-advice-confirmed" style="color:#1a7f37">{escape(c.confirm_note)}</div>'
-                       if c.confirm_note else "") + "</td></tr>")
+        reason = escape(c.reason) + (f'<div class="wb-advice-confirmed" style="color:#1a7f37">'
+                                     f"{escape(c.confirm_note)}</div>" if c.confirm_note else "")
+        rows.append(Row([*(Cell(v, "white-space:nowrap") for v in cells), Html(_breakdown_bar(c, scale)),
+                         Cell(Html(reason), attrs={"class": "wb-advice-reason"})],
+                        {"class": "wb-advice-row", "data-rank": i, "style": mark}))
     legend = " ".join(f'<span style="white-space:nowrap"><span style="display:inline-block;width:10px;height:10px;'
                       f'background:{color}"></span> {name}</span>' for name, color in _PHASES
                       if train or name != "bubble")  # a bubble is a pipeline's: train steps only
-    table = (f'<table class="wb-advice-table" style="border-collapse:collapse">'
-             f'<tr>{"".join(f"<th style={chr(34)}{_CELL}{chr(34)}>{h}</th>" for h in head)}</tr>{"".join(rows)}'
-             f"</table>") if rows else error_html(advice.why_none())
+    table = html_table(rows, head, "wb-advice-table", cell=CELL, head=CELL, style="border-collapse:collapse") \
+        if rows else error_html(advice.why_none())
     misses = "".join(f'<li class="wb-advice-rejected">{escape(c.label)}: {escape(c.reason)}</li>'
                      for c in advice.rejected[:rejected])
     missed = (f'<div style="margin-top:4px;font-weight:600">closest that do not fit ({len(advice.rejected)} in all)'
@@ -316,9 +314,7 @@ def _confirmed_html(c: Candidate, task: str = "train") -> str:
                  ("compute", format_seconds(c.step.compute_s), format_seconds(c.compiled_step.compute_s)),
                  ("HBM traffic", format_seconds(c.step.memory_s), format_seconds(c.compiled_step.memory_s)),
                  ("communication", format_seconds(c.step.comm_s), format_seconds(c.compiled_step.comm_s))]
-    body = "".join(f'<tr><td style="{_CELL}">{escape(a)}</td><td style="{_CELL}">{escape(b)}</td>'
-                   f'<td style="{_CELL}">{escape(d)}</td></tr>' for a, b, d in rows)
+    table = html_table(rows, ("", "predicted", "compiled"), css_class=None, cell=CELL, head=CELL,
+                       style="border-collapse:collapse")
     return (f'<div class="wb-advisor-confirmed" style="font-size:12px"><div style="font-weight:600">'
-            f"{escape(c.label)}: predicted vs compiled</div><table style='border-collapse:collapse'><tr>"
-            f"<th style='{_CELL}'></th><th style='{_CELL}'>predicted</th><th style='{_CELL}'>compiled</th></tr>{body}"
-            f"</table><div>{escape(c.reason)}</div></div>")
+            f"{escape(c.label)}: predicted vs compiled</div>{table}<div>{escape(c.reason)}</div></div>")

@@ -1,0 +1,95 @@
+"""The ShardingExplorer on a virtual cluster: the mesh choice, the memory ledger of one step against HBM, the step
+predicted from the shapes, and what a compiled step adds to them.
+
+A mixin of :class:`~workbench.widgets.sharding_explorer.ShardingExplorer` (it reads the explorer's layout and
+controls): the numbers come from :mod:`workbench.core.views.explore_step`, the pictures from
+:mod:`workbench.widgets._cluster_html`.
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+import numpy as np
+
+from workbench.core.cost import ledger as ledgers
+from workbench.core.views.explore_step import batch_split, compiled_step_time, predicted_step, step_ledger
+from workbench.widgets._cluster_html import ledger_html, mesh_label, parse_mesh_label, step_time_html
+
+__all__ = ["ClusterPanels"]
+
+
+class ClusterPanels:
+    """The explorer's cluster panels (``_ledger_out``, ``_predicted_out``, ``_mesh_choice``), drawn by
+    :meth:`_render_ledger` on every edit."""
+
+    layout: tp.Any
+    cluster: tp.Any
+    model: tp.Any
+    collectives: tp.Any
+    _compiled_key: tuple | None
+
+    def ledger(self) -> ledgers.Ledger:
+        """The memory ledger of one step as the controls say (task, optimizer, remat, batch), against the
+        cluster's HBM; on a mesh with ``pp > 1`` the layout's pipeline, by default 1F1B
+        (:func:`workbench.core.pipeline.default_config`)."""
+        return step_ledger(self.model, self.layout, self.cluster, task=self._task.value, batch=self._batch(),
+                           optimizer=self._optimizer_name.value, remat=self._remat.value)
+
+    def _step_key(self) -> tuple:
+        """What a compiled step was compiled for: when any of it changes, its panels are stale."""
+        return (self.layout, self._kind.value, self._attention.value, self._optimizer_name.value, self._remat.value,
+                self._batch_b.value, self._batch_t.value)
+
+    def _compiled_step_time(self, analysis: tp.Any) -> tp.Any:
+        """The step just compiled on the cluster, timed on its network (None, saying why, on simulated CPUs)."""
+        if self.cluster.platform == "cpu":
+            self._step_out.value = ('<div style="font-size:12px;color:#555">simulated CPU devices have no chip or '
+                                    "network numbers: no step time (use Cluster.tpu(...) or Cluster.h100(...))</div>")
+            return None
+        return compiled_step_time(analysis, self.layout, self.cluster, kind=self._kind.value, batch=self._batch())
+
+    def predicted_step(self) -> tp.Any:
+        """The step the controls describe, timed from the model's shapes on the cluster
+        (:func:`workbench.core.cost.predicted.predict_step`): compute, HBM traffic and each collective per layer
+        kind, before any compile."""
+        return predicted_step(self.layout, self.cluster, task=self._task.value, batch=self._batch(),
+                              remat=self._remat.value)
+
+    def _render_predicted(self) -> None:
+        if self.cluster.chip is None:
+            self._predicted_out.value = ('<div style="font-size:12px;color:#555">simulated CPU devices have no chip '
+                                         "or network numbers: no step time</div>")
+            return
+        with self._guard("predicted step", catch=ValueError, clear="own") as failed:
+            self._predicted_out.value = step_time_html(self.predicted_step(), top=4)
+        if failed:
+            self._predicted_out.value = ""
+
+    def _render_ledger(self) -> None:
+        self._render_predicted()
+        with self._guard("ledger", catch=ValueError, clear="own") as failed:
+            led = self.ledger()
+        if failed:
+            self._ledger_out.value = ""
+            return
+        compiled, note = None, ""
+        analysis = getattr(self.collectives, "analysis", None)
+        if analysis is not None and self._compiled_key == self._step_key() and self._task.value == "train" \
+                and self._kind.value == "train":
+            compiled = analysis.memory.total
+            if self.cluster.platform != "tpu":
+                note = ("; XLA:CPU's buffer assignment from the worker, which widens bfloat16 math to float32"
+                        if np.dtype(getattr(self.model, "dtype", np.float32)) != np.float32 else
+                        "; XLA:CPU's buffer assignment from the worker")
+            else:
+                note = "; XLA:TPU's peak"
+        self._ledger_out.value = ledger_html(led, n_devices=self.layout.mesh.size, compiled_total=compiled,
+                                             compiled_note=note,
+                                             tokens=batch_split(self.layout, self._task.value, self._batch()))
+
+    def _on_mesh_choice(self, change: dict[str, tp.Any]) -> None:
+        text = change["new"]
+        if text not in self._mesh_choice.options or text == mesh_label(dict(self.layout.mesh.shape)):
+            return
+        self.set_mesh(parse_mesh_label(text))
