@@ -84,8 +84,9 @@ def main() -> None:
     jax.config.update("jax_enable_compilation_cache", False)
     from workbench.core.compile import virtual
     from workbench.core.compile.steps import full_mesh_shape
-    from workbench.core.compile.virtual import cluster_mesh, compile_step
+    from workbench.core.compile.virtual import compile_step
     from workbench.core.cost.ledger import ledger
+    from workbench.core.hardware.cluster import cluster_mesh
     from workbench.core.mesh import MESH_AXES
     from workbench.core.models.presets import full_config
     from workbench.core.views.explore import Layout
@@ -194,8 +195,7 @@ def compile_child(layers: int) -> None:
     import jax
 
     from workbench.core.compile.steps import abstract_step, full_mesh_shape
-    from workbench.core.compile.virtual import cluster_mesh
-    from workbench.core.hardware.cluster import Cluster
+    from workbench.core.hardware.cluster import Cluster, cluster_mesh
     from workbench.core.mesh import MESH_AXES
 
     model = model_of("llama-3-70b", layers)

@@ -14,10 +14,10 @@ from jax.sharding import PartitionSpec as P
 
 from workbench.core.advisor import Constraints, advise
 from workbench.core.compile.steps import full_mesh_shape
-from workbench.core.compile.virtual import TPU_HBM_ONLY, cluster_mesh, compile_step
+from workbench.core.compile.virtual import TPU_HBM_ONLY, compile_step
 from workbench.core.cost.ledger import ledger, libtpu_version
 from workbench.core.cost.predicted import predict_step
-from workbench.core.hardware.cluster import Cluster
+from workbench.core.hardware.cluster import Cluster, cluster_mesh
 from workbench.core.mesh import MESH_AXES, make_mesh
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import full_config, tiny, tiny_config

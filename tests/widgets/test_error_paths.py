@@ -221,7 +221,7 @@ def test_explorer_on_a_cluster_ledger_and_predicted_step_errors(monkeypatch, laz
     cleared(ex)
     assert ex._ledger_out.value
 
-    monkeypatch.setattr(explore_step, "predict_step", raises(ValueError("no <prediction>")))
+    monkeypatch.setattr(explore_step, "price", raises(ValueError("no <prediction>")))
     ex._task.value = "prefill"
     shown(ex, "predicted step: no <prediction>")
     assert ex._predicted_out.value == ""

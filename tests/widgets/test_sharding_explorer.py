@@ -198,8 +198,7 @@ def test_on_a_virtual_cluster_the_collectives_compile_for_its_devices():
     """A 16-device CPU cluster (more than the notebook's 8): the layout sits on an AbstractMesh and the
     "collectives" and "experts" buttons compile in the cluster's worker; the HLO's groups span 16 devices."""
     from workbench.core.compile.steps import full_mesh_shape
-    from workbench.core.compile.virtual import cluster_mesh
-    from workbench.core.hardware.cluster import Cluster
+    from workbench.core.hardware.cluster import Cluster, cluster_mesh
     from workbench.core.mesh import MESH_AXES
 
     cluster = Cluster.cpu(16)

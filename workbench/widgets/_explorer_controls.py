@@ -7,10 +7,9 @@ import typing as tp
 
 import ipywidgets as widgets
 
-from workbench.core.compile.steps import OPTIMIZERS
-from workbench.core.cost import ledger as ledgers
 from workbench.core.operations import OperationRegistry
 from workbench.core.views import explore
+from workbench.core.vocab import OPTIMIZERS, REMATS, TASKS
 from workbench.widgets._cluster_html import mesh_options
 
 __all__ = ["attention_options", "collectives_controls", "export_controls", "html_pane", "memory_controls",
@@ -42,11 +41,11 @@ def memory_controls(optimizer: bool, kv_on: bool, kv_b: int, kv_s: int) -> tuple
 def step_controls(task: str, remat: str, batch: tuple[int, int]) -> tuple[widgets.Widget, ...]:
     """``(task, optimizer, remat, B, T, kind)``: the step the ledger counts, the predicted step times and
     "collectives" compiles (``kind``: forward or train)."""
-    return (widgets.Dropdown(options=ledgers.TASKS, value=task, description="step", layout=_W(width="150px"),
+    return (widgets.Dropdown(options=TASKS, value=task, description="step", layout=_W(width="150px"),
                              style={"description_width": "35px"}),
             widgets.Dropdown(options=OPTIMIZERS, value="adamw", description="optimizer", layout=_W(width="170px"),
                              style={"description_width": "62px"}),
-            widgets.Dropdown(options=ledgers.REMATS, value=remat if remat in ledgers.REMATS else "none",
+            widgets.Dropdown(options=REMATS, value=remat if remat in REMATS else "none",
                              description="remat", layout=_W(width="170px"), style={"description_width": "40px"}),
             widgets.BoundedIntText(batch[0], min=1, max=1 << 24, description="B", layout=_W(width="100px"),
                                    style={"description_width": "15px"}),

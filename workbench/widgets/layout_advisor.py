@@ -9,10 +9,9 @@ import typing as tp
 import ipywidgets as widgets
 
 from workbench.core.advisor import Advice, Candidate, Constraints, advise
-from workbench.core.compile.steps import OPTIMIZERS
-from workbench.core.cost.ledger import TASKS
 from workbench.core.tables import Cell, Html, Row, html_table
 from workbench.core.units import format_bytes, format_seconds
+from workbench.core.vocab import OPTIMIZERS, TASKS
 from workbench.widgets._errors import InlineError
 from workbench.widgets._html import CELL, error_html, escape
 from workbench.widgets.sharding_explorer import ShardingExplorer

@@ -26,6 +26,7 @@ from workbench.core.mesh import describe_mesh
 from workbench.core.views import explore
 from workbench.core.views.expert_dispatch import expert_parallel_summary
 from workbench.core.views.explore_step import explorer_mesh, pipelined, resolve_on, step_model, step_pipeline
+from workbench.core.vocab import REMATS, TASKS
 from workbench.widgets._cluster_html import STEP_ROW_PX, collective_seconds, ledger_html, mesh_label, step_time_html
 from workbench.widgets._errors import InlineError
 from workbench.widgets._experts import ExpertsPanel, experts_html
@@ -92,8 +93,8 @@ class ShardingExplorer(ClusterPanels, InlineError):
                  batch: tuple[int, int] = (8, 64), cluster: tp.Any = None, task: str = "train"):
         self.model = model
         self.cluster = cluster  # a virtual Cluster: "collectives" and "experts" compile for its devices
-        if task not in ledgers.TASKS:
-            raise ValueError(f"task must be one of {ledgers.TASKS}; got {task!r}")
+        if task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}; got {task!r}")
         # raises on a bad start
         if isinstance(mesh, explore.Layout):  # a planned layout (e.g. an advised one): all it carries
             if partition_axis is not None or rules is not None:
@@ -173,8 +174,8 @@ class ShardingExplorer(ClusterPanels, InlineError):
         last valid layout kept) when it does not fit this model or cluster."""
         def build() -> explore.Layout:
             new = resolve_on(layout, self.model, self.layout, self.cluster)
-            if self.cluster is not None and new.remat is not None and new.remat not in ledgers.REMATS:
-                raise ValueError(f"remat {new.remat!r}: the ledger counts {ledgers.REMATS}")
+            if self.cluster is not None and new.remat is not None and new.remat not in REMATS:
+                raise ValueError(f"remat {new.remat!r}: the ledger counts {REMATS}")
             return new
 
         if not self._try(build, what="layout"):

@@ -12,9 +12,9 @@ import pytest
 from jax.sharding import AbstractMesh, AxisType
 
 from workbench.core.compile.steps import full_mesh_shape, optimizer
-from workbench.core.compile.virtual import TPU_HBM_ONLY, cluster_mesh, compile_step
+from workbench.core.compile.virtual import TPU_HBM_ONLY, compile_step
 from workbench.core.cost.ledger import ledger, libtpu_version, optimizer_bytes
-from workbench.core.hardware.cluster import Cluster
+from workbench.core.hardware.cluster import Cluster, cluster_mesh
 from workbench.core.mesh import MESH_AXES
 from workbench.core.models.stack import REMAT_POLICIES
 from workbench.core.views.explore import Layout

@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import pytest
 
 from workbench.core.compile.steps import full_mesh_shape
-from workbench.core.compile.virtual import TPU_HBM_ONLY, cluster_mesh, compile_step
+from workbench.core.compile.virtual import TPU_HBM_ONLY, compile_step
 from workbench.core.cost.ledger import LIBTPU_HOLDS_DONATED_PARAMETERS, ledger, libtpu_version
-from workbench.core.hardware.cluster import Cluster
+from workbench.core.hardware.cluster import Cluster, cluster_mesh
 from workbench.core.mesh import MESH_AXES
 from workbench.core.views.explore import Layout
 from workbench.core.vocab import REMATS

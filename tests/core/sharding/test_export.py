@@ -23,8 +23,7 @@ from workbench.core.axes import (
     DynamicShardingAxes,
     PartitionAxis,
 )
-from workbench.core.compile.virtual import cluster_mesh
-from workbench.core.hardware.cluster import Cluster
+from workbench.core.hardware.cluster import Cluster, cluster_mesh
 from workbench.core.mesh import MESH_AXES, make_mesh
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import FAMILIES, tiny_config

@@ -6,9 +6,9 @@ import types
 import pytest
 
 from workbench.core.axes import EMPTY, MODE_DECODE, TP, PartitionAxis
-from workbench.core.cluster import Cluster
 from workbench.core.cost.ledger import ledger
 from workbench.core.cost.predicted import predict_step
+from workbench.core.hardware.cluster import Cluster
 from workbench.core.mesh import make_mesh
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import tiny_config

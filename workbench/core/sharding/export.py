@@ -344,7 +344,7 @@ def to_code(layout: LayoutFields, *, cluster: Cluster | None = None, model_expr:
     if cluster is not None:
         spec = cluster_spec(cluster, layout.mesh)
         imports += ["from workbench.core.hardware.cluster import Cluster",
-                    "from workbench.core.compile.virtual import cluster_mesh"]
+                    "from workbench.core.hardware.cluster import cluster_mesh"]
         body += [f"cluster = {_cluster_code(spec)}",
                  f"mesh = cluster_mesh(cluster, {tuple(sizes.values())!r}, {tuple(sizes)!r})"]
     elif tuple(sizes) == MESH_AXES and len(set(types)) == 1:

@@ -19,14 +19,15 @@ from __future__ import annotations
 import typing as tp
 
 from workbench.core.axes import BATCH, LENGTH, PartitionAxis
-from workbench.core.cluster import cluster_mesh
 from workbench.core.compile.steps import full_mesh_shape
 from workbench.core.cost import ledger as ledgers
 from workbench.core.cost.flops import model_flops
-from workbench.core.cost.predicted import predict_step
+from workbench.core.cost.price import price
 from workbench.core.cost.step_time import StepTime, step_time
+from workbench.core.hardware.cluster import cluster_mesh
 from workbench.core.mesh import MESH_AXES
 from workbench.core.pipeline import PipelineConfig, default_config, pipeline_partition_axis
+from workbench.core.plan import Plan
 from workbench.core.sharding import export as layout_export
 from workbench.core.sharding.plan import Layout
 from workbench.core.units import format_bytes
@@ -64,11 +65,11 @@ def step_ledger(model: tp.Any, layout: Layout, cluster: tp.Any, *, task: str, ba
 
 def predicted_step(layout: Layout, cluster: tp.Any, *, task: str, batch: tuple[int, int], remat: str) -> StepTime:
     """One ``task`` step of ``batch = (B, T)`` on ``layout`` timed from the model's shapes on ``cluster``
-    (:func:`workbench.core.cost.predicted.predict_step`: the advisor's step model), before any compile."""
+    (:func:`workbench.core.cost.price.price`: the advisor's step model), before any compile."""
     rows, kv_length = step_batch(task, batch)
-    return predict_step(layout.config, cluster, dict(layout.mesh.shape), batch=rows, task=task, remat=remat,
-                        pipeline=step_pipeline(layout, batch[0]) if task == "train" else None, kv_length=kv_length,
-                        zero_stage=layout.zero_stage)
+    plan = Plan(dict(layout.mesh.shape), remat=remat, zero_stage=layout.zero_stage,
+                pipeline=step_pipeline(layout, batch[0]) if task == "train" else None)
+    return price(plan, layout.config, cluster, rows, task, kv_length=kv_length)
 
 
 def step_model(model: tp.Any, attention: str = "", remat: str | None = None) -> tp.Any:
