@@ -11,6 +11,7 @@ import typing as tp
 from workbench.core.axes import MODE_DECODE, MODE_TRAIN, PartitionAxis
 from workbench.core.hardware.cluster import cluster_mesh
 from workbench.core.mesh import MESH_AXES
+from workbench.core.plan import Plan
 from workbench.core.sharding.plan import Layout
 from workbench.core.units import format_bytes
 
@@ -30,27 +31,31 @@ def layout_mesh(mesh_shape: tp.Mapping[str, int], cluster: tp.Any = None) -> tp.
 
 @dataclasses.dataclass
 class Candidate:
-    """One layout: the mesh's axis sizes, the remat policy, pipeline and ZeRO stage, its ledger and predicted step,
-    whether it fits, the reason in words, and after :meth:`Advice.confirm` the compiled analysis."""
+    """One layout: its :class:`~workbench.core.plan.Plan` (the mesh's axis sizes, the remat policy, pipeline, ZeRO
+    stage and accumulation), how it resolves (partition axis, rules), its ledger and predicted step, whether it fits,
+    the reason in words, and after :meth:`Advice.confirm` the compiled analysis."""
 
-    mesh_shape: dict[str, int]
-    remat: str
-    pipeline: tp.Any
+    plan: Plan  # how the step runs: mesh, remat, pipeline, ZeRO, accumulation, batch axes, experts over fsdp
     partition_axis: PartitionAxis
     rules: tuple[tuple[str, tp.Any], ...]
     ledger: tp.Any
     price: tp.Callable[[str], tp.Any]  # remat policy -> the predicted step (priced when first asked for)
     fits: bool
-    zero_stage: int = 0
     reason: str = ""
-    grad_accumulation: int = 1  # microbatches per step, run one after another
-    experts_fsdp: bool = True  # with ep and fsdp: the experts split over fsdp too (False: whole over it)
     cluster: tp.Any = None  # the part of the cluster it runs on, when it leaves chips idle
     idle: int = 0  # devices of the cluster it leaves idle
     compiled: tp.Any = None  # virtual.CompiledAnalysis after confirm
     compiled_step: tp.Any = None  # cost.StepTime of the compiled program
     reconciled: list = dataclasses.field(default_factory=list)  # cost.reconcile rows: predicted vs compiled, why
     confirm_note: str = ""
+
+    # the plan's fields, as the rows, reasons and widgets read them
+    mesh_shape = property(lambda self: dict(self.plan.mesh_shape))
+    remat = property(lambda self: self.plan.remat)
+    pipeline = property(lambda self: self.plan.pipeline)
+    zero_stage = property(lambda self: self.plan.zero_stage)
+    grad_accumulation = property(lambda self: self.plan.grad_accumulation)  # microbatches run one after another
+    experts_fsdp = property(lambda self: self.plan.experts_fsdp)  # with ep and fsdp: experts split over fsdp too
 
     @functools.cached_property
     def step(self) -> tp.Any:

@@ -1,5 +1,5 @@
 """Pricing and ranking layouts: each layout's step priced by the analytic step model
-(:func:`~workbench.core.cost.predicted.predict_step`), those that fit ranked by step time, and ties (within
+(:func:`~workbench.core.cost.price.price`), those that fit ranked by step time, and ties (within
 :data:`TIE`) broken by what a practitioner prefers next (:data:`_TIE_BREAKS`), which :func:`tie_break` names."""
 
 from __future__ import annotations
@@ -9,21 +9,21 @@ import math
 import typing as tp
 
 from workbench.core.advisor.candidate import Candidate
-from workbench.core.cost.predicted import predict_step
+from workbench.core.cost.price import price
+from workbench.core.plan import Plan
 
 
-def pricer(config: tp.Any, cluster: tp.Any, shape: dict[str, int], batch: tuple[int, int], task: str,
-           pipeline: tp.Any, kv_length: int | None, efficiency: float | None, zero: int, accumulation: int,
-           batch_axes: tuple[str, ...], experts_fsdp: bool = True) -> tp.Callable[[str], tp.Any]:
-    """remat policy -> :func:`predict_step` of one layout, each policy priced once."""
+def pricer(config: tp.Any, cluster: tp.Any, plan: Plan, batch: tuple[int, int], task: str, kv_length: int | None,
+           efficiency: float | None) -> tp.Callable[[str], tp.Any]:
+    """remat policy -> the predicted step of ``plan`` under that policy (:func:`~workbench.core.cost.price.price`),
+    each policy priced once."""
 
     @functools.cache
-    def price(remat: str) -> tp.Any:
-        return predict_step(config, cluster, shape, batch=batch, task=task, remat=remat, pipeline=pipeline,
-                            kv_length=kv_length, efficiency=efficiency, zero_stage=zero,
-                            grad_accumulation=accumulation, batch_axes=batch_axes, experts_fsdp=experts_fsdp)
+    def price_at(remat: str) -> tp.Any:
+        return price(plan.replace(remat=remat), config, cluster, batch, task, kv_length=kv_length,
+                     efficiency=efficiency)
 
-    return price
+    return price_at
 
 
 TIE = 0.01  # step times within 1 % are a tie: the ranking then prefers what a practitioner would

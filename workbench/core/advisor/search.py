@@ -35,6 +35,7 @@ from workbench.core.mesh import MESH_AXES
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.sharding import flat_params, path_str, remembered_params
 from workbench.core.pipeline import pipeline_partition_axis
+from workbench.core.plan import Plan
 from workbench.core.sharding.plan import Layout
 from workbench.core.vocab import OPTIMIZERS, REMATS, TASKS
 
@@ -206,12 +207,21 @@ def _layouts(rq: _Request, part: tp.Any, shape: dict[str, int]) -> tp.Iterator[C
         ledger_at = functools.partial(_microbatch_ledger, model, layouts[depth, experts_fsdp], rq.task, rq.batch,
                                       optimizer=rq.optimizer, cluster=part, pipeline=pipeline,
                                       kv_length=rq.kv_length, zero_stage=zero)
-        candidate = functools.partial(Candidate, shape, pipeline=pipeline, partition_axis=shape_pa,
-                                      rules=shape_rules, zero_stage=zero, cluster=part if idle else None,
-                                      idle=idle, experts_fsdp=experts_fsdp)
-        price_at = functools.partial(pricer, rq.config, part, shape, rq.batch, rq.task, pipeline, rq.kv_length,
-                                     rq.efficiency, zero, batch_axes=batch_axes, experts_fsdp=experts_fsdp)
+        plan = Plan(shape, pipeline=pipeline, zero_stage=zero, batch_axes=batch_axes, experts_fsdp=experts_fsdp)
+        candidate = functools.partial(_candidate, plan, partition_axis=shape_pa, rules=shape_rules,
+                                      cluster=part if idle else None, idle=idle)
+        price_at = functools.partial(_price_at, rq, part, plan)
         yield from _held(ledger_at, candidate, price_at, accumulations, rq.remats, rq.usable)
+
+
+def _candidate(plan: Plan, *, remat: str, grad_accumulation: int, **fields: tp.Any) -> Candidate:
+    return Candidate(plan.replace(remat=remat, grad_accumulation=grad_accumulation), **fields)
+
+
+def _price_at(rq: _Request, part: tp.Any, plan: Plan, accumulation: int) -> tp.Callable[[str], tp.Any]:
+    """remat policy -> the step of ``plan`` with ``accumulation`` microbatches on the cluster ``part``."""
+    return pricer(rq.config, part, plan.replace(grad_accumulation=accumulation), rq.batch, rq.task, rq.kv_length,
+                  rq.efficiency)
 
 
 def _held(ledger_at: tp.Callable[[int, str], tp.Any], candidate: tp.Callable[..., Candidate],

@@ -20,11 +20,12 @@ import typing as tp
 
 from workbench.core.axes import DP, EP, FSDP, MODE_TRAIN, SP, TP, PartitionAxis, semantic_names
 from workbench.core.checks import is_positive_int
-from workbench.core.cost.predicted import predict_step
+from workbench.core.cost.price import price as price_plan
 from workbench.core.hardware.cluster import cluster_mesh
 from workbench.core.mesh import MESH_AXES, axis_sizes
 from workbench.core.pipeline import pipeline_partition_axis
 from workbench.core.pipeline_schedule import PipelineConfig
+from workbench.core.plan import Plan
 from workbench.core.sharding.plan import Layout
 from workbench.core.vocab import REMATS
 
@@ -208,18 +209,27 @@ class TrainingRecipe:
         over ``dp``), else 0 (ZeRO-3 is the ``fsdp`` axis itself)."""
         return 1 if self.zero_stage in (1, 2) and self.mesh_shape["dp"] > 1 else 0
 
+    @property
+    def plan(self) -> Plan:
+        """How the workbench runs this recipe's step: its :class:`~workbench.core.plan.Plan` (the mesh, remat,
+        pipeline, ZeRO stage as a Layout takes it, accumulation and batch axes)."""
+        return Plan(self.mesh_shape, remat=self.remat, pipeline=self.pipeline, zero_stage=self.workbench_zero_stage,
+                    grad_accumulation=self.grad_accumulation, batch_axes=self.batch_axes)
+
     def price(self, model_config: tp.Any, cluster: tp.Any, **kwargs: tp.Any) -> tp.Any:
-        """The predicted train step (:func:`~workbench.core.cost.predicted.predict_step`) of ``model_config`` on
-        ``cluster`` under this recipe; ``kwargs`` go to predict_step (``efficiency``, ``dtype`` ...)."""
+        """The predicted train step of ``model_config`` on ``cluster`` under this recipe
+        (:func:`workbench.core.cost.price.price` of :attr:`plan`); ``kwargs`` set the plan's other fields
+        (``dtype``, ``recompute``, ``tp_overlap`` ...) or go to the pricer (``efficiency``, ``overlap``)."""
         self.check_cluster(cluster)
         if self.pipeline is not None and self.grad_accumulation > 1:
             raise ValueError(f"the recipe pipelines {self.pipeline.num_microbatches} microbatches and accumulates "
                              f"{self.grad_accumulation} steps; the step model prices one of the two: fold the "
                              f"accumulation into the pipeline's microbatches (num_microbatches="
                              f"{self.pipeline.num_microbatches * self.grad_accumulation})")
-        return predict_step(model_config, cluster, self.mesh_shape, batch=self.batch, task="train", remat=self.remat,
-                            pipeline=self.pipeline, zero_stage=self.workbench_zero_stage,
-                            grad_accumulation=self.grad_accumulation, batch_axes=self.batch_axes, **kwargs)
+        plan_fields = {f.name for f in dataclasses.fields(Plan)}
+        plan = self.plan.replace(**{k: v for k, v in kwargs.items() if k in plan_fields})
+        options = {k: v for k, v in kwargs.items() if k not in plan_fields}
+        return price_plan(plan, model_config, cluster, self.batch, "train", **options)
 
     def _shape_text(self, shape: tp.Mapping[str, int] | None = None) -> str:
         shape = self.mesh_shape if shape is None else shape
