@@ -14,6 +14,7 @@ from workbench.core.cost.flops import mfu, model_flops, train_flops
 from workbench.core.cost.predicted import predict_step
 from workbench.core.cost.step_time import step_time
 from workbench.core.hardware.calibration import calibration
+from workbench.core.hardware.chips import H100
 from workbench.core.hardware.cluster import Cluster
 from workbench.core.hlo.graph import matmul_flops
 from workbench.core.models.config import ModelConfig
@@ -105,7 +106,7 @@ def test_remat_full_hfu_over_mfu_is_the_recompute():
     # the default: the chip's measured GEMM efficiency (calibration), a prediction, not a bound
     measured = step_time(cluster=h100, mesh_shape={}, flops=step.roofline.flops, hbm_bytes=0.0, collectives=[],
                          model_flops=step.model_flops)
-    assert measured.hfu == pytest.approx(calibration("H100 SXM").gemm.value) and not measured.ideal
+    assert measured.hfu == pytest.approx(calibration(H100).gemm.value) and not measured.ideal
     # without the model's FLOPs a compiled step has an HFU and no MFU
     assert step_time(cluster=h100, mesh_shape={}, flops=step.roofline.flops, hbm_bytes=0.0, collectives=[]).mfu is None
 

@@ -2,6 +2,7 @@
 tolerance: the H100 figures in benchmarks/data/h100_measured_2026-11-27.json (benchmarks/gpu_constants.py on a
 lent H100 SXM), and every constant either sourced or saying it is not."""
 
+import dataclasses
 import json
 import pathlib
 import statistics
@@ -72,7 +73,9 @@ def test_the_one_gpu_llama_1b_train_step_within_25_percent():
 
 
 def test_every_constant_is_sourced_or_says_it_is_not():
-    for name, cal in CALIBRATIONS.items():
+    for chip, cal in CALIBRATIONS.items():
+        name = chip.name
+        assert cal.chip == name
         for field in ("gemm", "attention", "hbm", "fusion", "network"):
             evidence = getattr(cal, field)
             assert evidence.source, (name, field)
@@ -80,9 +83,11 @@ def test_every_constant_is_sourced_or_says_it_is_not():
                 path = evidence.source.split(" in this repository")[0]
                 assert path.startswith("benchmarks/data/") and (ROOT / path).is_file(), (name, field)
             assert 0 < evidence.value <= (4 if field == "fusion" else 1), (name, field)
-    assert calibration("H100 SXM").gemm.sourced
+    assert calibration(H100).gemm.sourced
     with pytest.raises(ValueError, match="calibrated chips"):
-        calibration("TPU v9")
+        calibration(dataclasses.replace(H100, name="TPU v9"))
+    with pytest.raises(TypeError, match="not str 'H100 SXM'"):
+        calibration("H100 SXM")  # a chip, not its name: renaming a chip cannot unlink its calibration
 
 
 def test_simulated_cpu_devices_have_no_step_time():

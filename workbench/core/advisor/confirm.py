@@ -11,6 +11,7 @@ from workbench.core.compile.virtual import compile_step
 from workbench.core.cost.ledger import libtpu_version, zero_parameter_copy_bytes
 from workbench.core.cost.reconcile import reconcile
 from workbench.core.cost.step_time import step_time
+from workbench.core.hardware.calibration import calibration
 from workbench.core.units import format_seconds
 
 
@@ -36,7 +37,10 @@ def confirm_candidate(c: Candidate, model: tp.Any, cluster: tp.Any, *, task: str
                               pipeline=c.pipeline, zero_stage=c.zero_stage)
     # a decode step compiles as a one-token forward without a cache: not the predicted step's model FLOPs
     model_flops = None if task == "decode" else c.step.model_flops / c.grad_accumulation
-    c.compiled_step = step_time(c.compiled, efficiency=c.step.efficiency, model_flops=model_flops)
+    # priced as the prediction was: its matmuls' efficiency, and (the measured model) links at the attained fraction
+    network = calibration(part.chip).network.value if c.step.measured_model else None
+    c.compiled_step = step_time(c.compiled, efficiency=c.step.efficiency, model_flops=model_flops,
+                                network_efficiency=network)
     c.reconciled = reconcile(c.step, c.compiled_step, c.ledger, c.compiled, seq_len=batch[1])
     total, hbm = c.compiled.memory.total, cluster.hbm_per_device
     here = _ledger_total_compiled_here(c, model, cluster, task)

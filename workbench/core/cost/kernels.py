@@ -23,7 +23,7 @@ def _padded(x: float, tile: int) -> float:
 
 
 def _cal(chip: Hardware | ChipCalibration) -> ChipCalibration:
-    return chip if isinstance(chip, ChipCalibration) else calibration(chip.name)
+    return chip if isinstance(chip, ChipCalibration) else calibration(chip)
 
 
 def gemm_efficiency(m: float, k: float, n: float, chip: Hardware | ChipCalibration, dtype: str = "bf16") -> float:

@@ -70,7 +70,7 @@ class _Kernels:
 
     def __init__(self, cluster: Cluster, rate: str):
         check_chip(cluster)
-        self.cal = calibration(cluster.chip.name)
+        self.cal = calibration(cluster.chip)
         self.rate = rate
         self.peaks = {name: cluster.chip.peak_flops(name) / cluster.devices_per_chip for name in {rate, "bf16"}}
         self.bandwidth = cluster.chip.hbm_bandwidth / cluster.devices_per_chip
@@ -128,7 +128,7 @@ def _timed_collectives(counts: StepCounts, step: StepSizes, cluster: Cluster, ne
     mesh, timed, role_s, role_runs, staged_s = dict(step.sizes), [], {}, {}, 0.0
     for (part, kind, axes, nbytes, name), (runs, pipelined, role) in counts.comms.items():
         t = transfer(kind, nbytes, axes, mesh, cluster)
-        seconds = max(t.bandwidth_s / network, t.latency_s)
+        seconds = t.attained(network)
         timed.append(CollectiveTime(kind, axes, nbytes, runs, seconds, t.level, t.bound, name, False, part))
         role_s[role] = role_s.get(role, 0.0) + seconds * runs
         role_runs[role] = role_runs.get(role, 0) + runs

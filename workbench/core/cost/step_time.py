@@ -282,7 +282,7 @@ def step_time(analysis: tp.Any = None, cluster: Cluster | None = None, mesh_shap
               *, efficiency: float | None = None, dtype: tp.Any = "bf16", overlap: bool = True,
               flops: float | None = None,
               hbm_bytes: float | None = None, collectives: tp.Iterable[tp.Any] | None = None,
-              model_flops: float | None = None) -> StepTime:
+              model_flops: float | None = None, network_efficiency: float | None = None) -> StepTime:
     """The predicted time of a compiled step (a :class:`~workbench.core.compile.virtual.CompiledAnalysis`) on
     ``cluster`` (default: the one it was compiled for) with its mesh (or ``mesh_shape``, name -> size).
 
@@ -290,7 +290,9 @@ def step_time(analysis: tp.Any = None, cluster: Cluster | None = None, mesh_shap
     of ``dtype`` (default: the fraction large GEMMs reach on the chip, measured or fitted in
     :mod:`~workbench.core.hardware.calibration`; 1 gives the ideal roofline); memory its HBM bytes
     (``analysis.hbm_bytes``, at the bandwidth fusions reach unless ``efficiency`` is given); communication every
-    collective (:func:`collective_time`) times its loop trips. ``flops``, ``hbm_bytes`` and ``collectives`` (records
+    collective (:func:`collective_time`) times its loop trips, its links at ``network_efficiency`` of their bandwidth
+    (default: the fraction real collectives reach on the chip, as the predicted step prices them, unless
+    ``efficiency`` is given; then 1). ``flops``, ``hbm_bytes`` and ``collectives`` (records
     or ``(kind, bytes, axes[, runs])`` tuples) replace the analysis's. The dots are hardware FLOPs (a recomputed
     forward included): they give the step's HFU; its MFU needs ``model_flops``, a device's share of the step's model
     FLOPs (:func:`~workbench.core.cost.flops.model_flops` over the devices). Collectives run one after another,
@@ -318,15 +320,19 @@ def step_time(analysis: tp.Any = None, cluster: Cluster | None = None, mesh_shap
             if record.mesh_axes is None:
                 raise ValueError(f"collective {record.name} has no mesh axes; compile with a mesh")
             kind, nbytes, axes, runs, name = record.kind, record.bytes, record.mesh_axes, record.trips, record.name
-        t = transfer(kind, nbytes, tuple(axes), mesh, cluster)
-        timed.append(CollectiveTime(kind, tuple(axes), int(nbytes), int(runs), t.seconds, t.level, t.bound, name))
-    if collectives is None and getattr(analysis, "hlo_text", ""):
-        timed = _pair_opposite_permutes(timed, analysis.collectives, analysis.hlo_text)
-    xla = getattr(analysis, "xla_seconds", None) if cluster == getattr(analysis, "cluster", None) else None
+        timed.append((kind, tuple(axes), int(nbytes), int(runs), transfer(kind, nbytes, tuple(axes), mesh, cluster),
+                      name))
     hbm_efficiency = 1.0
     if efficiency is None:
         check_chip(cluster)
-        cal = calibration(cluster.chip.name)
+        cal = calibration(cluster.chip)
         efficiency, hbm_efficiency = cal.gemm.value, cal.hbm.value
+        network_efficiency = cal.network.value if network_efficiency is None else network_efficiency
+    network = 1.0 if network_efficiency is None else network_efficiency
+    timed = [CollectiveTime(kind, axes, nbytes, runs, t.attained(network), t.level, t.bound, name)
+             for kind, axes, nbytes, runs, t, name in timed]
+    if collectives is None and getattr(analysis, "hlo_text", ""):
+        timed = _pair_opposite_permutes(timed, analysis.collectives, analysis.hlo_text)
+    xla = getattr(analysis, "xla_seconds", None) if cluster == getattr(analysis, "cluster", None) else None
     line = roofline(flops, hbm_bytes, cluster, dtype, efficiency, hbm_efficiency)
     return StepTime(cluster, mesh, line, tuple(timed), efficiency, overlap, xla, model_flops=model_flops)

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from workbench.core.hardware.chips import H100, H100_500W, H200, TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, Hardware
+
 H100_MEASURED = ("benchmarks/data/h100_measured_2026-11-27.json in this repository (benchmarks/gpu_constants.py "
                  "on one H100 SXM 80GB, JAX 0.11.2, CUDA 13; commit fd0b56c)")
 
@@ -104,19 +106,20 @@ def _tpu(chip: str, gemm: float, tile: int, attention: float, hbm: float, fusion
         network=Evidence(network, f"{_TPU_FIT}"))
 
 
-CALIBRATIONS: dict[str, ChipCalibration] = {
-    "H100 SXM": _H100,
-    "H200 SXM": dataclasses.replace(_H100, chip="H200 SXM"),  # the same SMs and NVLink; HBM from the datasheet
+# keyed by the chip itself (a Hardware), never by its name: renaming a chip cannot unlink its calibration
+CALIBRATIONS: dict[Hardware, ChipCalibration] = {
+    H100: _H100,
+    H200: dataclasses.replace(_H100, chip="H200 SXM"),  # the same SMs and NVLink; HBM from the datasheet
     # 500 W instead of 700: the clock a power cap leaves, if power goes as the cube of the clock near the top of
     # the voltage-frequency curve, is (500 / 700) ** (1 / 3) = 0.89 of it; not measured.
-    "H100 96GB HBM2e 500 W": dataclasses.replace(
+    H100_500W: dataclasses.replace(
         _H100, chip="H100 96GB HBM2e 500 W",
         gemm=Evidence(round(0.70 * _POWER_500W, 3), "not sourced: the H100 SXM's measured 0.70 times (500/700)^(1/3)"),
         attention=Evidence(round(0.59 * _POWER_500W, 3), "not sourced: the H100 SXM's 0.59 times (500/700)^(1/3)")),
-    "TPU v4": _tpu("TPU v4", 0.80, 128, 0.55, 0.85, 1.0, 0.80),
-    "TPU v5e": _tpu("TPU v5e", 0.80, 128, 0.55, 0.85, 1.0, 0.80),
-    "TPU v5p": _tpu("TPU v5p", 0.85, 128, 0.55, 0.85, 1.0, 0.80),
-    "TPU v6e": _tpu("TPU v6e", 0.66, 256, 0.55, 0.85, 1.0, 0.80),
+    TPU_V4: _tpu("TPU v4", 0.80, 128, 0.55, 0.85, 1.0, 0.80),
+    TPU_V5E: _tpu("TPU v5e", 0.80, 128, 0.55, 0.85, 1.0, 0.80),
+    TPU_V5P: _tpu("TPU v5p", 0.85, 128, 0.55, 0.85, 1.0, 0.80),
+    TPU_V6E: _tpu("TPU v6e", 0.66, 256, 0.55, 0.85, 1.0, 0.80),
 }
 
 # Framework-level facts, each measured or counted elsewhere.
@@ -124,11 +127,15 @@ ADAMW_F32_BYTES = 28  # a parameter's AdamW update with f32 master weights and m
 FLASH_BACKWARD = 2.5  # a flash kernel's backward FLOPs over its forward's (recomputes the scores: 5 matmuls vs 2)
 
 
-def calibration(chip_name: str) -> ChipCalibration:
-    """The calibration of the chip called ``chip_name`` (a :class:`~workbench.core.hardware.chips.Hardware`'s name)."""
-    if chip_name not in CALIBRATIONS:
-        raise ValueError(f"no measured efficiencies for {chip_name!r}; calibrated chips: {sorted(CALIBRATIONS)}")
-    return CALIBRATIONS[chip_name]
+def calibration(chip: Hardware) -> ChipCalibration:
+    """The calibration of ``chip`` (a :class:`~workbench.core.hardware.chips.Hardware`, e.g. ``cluster.chip``)."""
+    if not isinstance(chip, Hardware):
+        raise TypeError(f"calibration takes a chip (a workbench.core.hardware.chips.Hardware such as cluster.chip), "
+                        f"not {type(chip).__name__} {chip!r}")
+    if chip not in CALIBRATIONS:
+        raise ValueError(f"no measured efficiencies for {chip.name!r}; calibrated chips: "
+                         f"{sorted(c.name for c in CALIBRATIONS)}")
+    return CALIBRATIONS[chip]
 
 
 __all__ = ["ADAMW_F32_BYTES", "CALIBRATIONS", "FLASH_BACKWARD", "ChipCalibration", "Evidence", "calibration"]

@@ -126,6 +126,12 @@ class Transfer:
     level: str
     bound: str
 
+    def attained(self, network_efficiency: float) -> float:
+        """Seconds when the links run at ``network_efficiency`` of their bandwidth, as real collectives do (the
+        chip's :attr:`~workbench.core.hardware.calibration.ChipCalibration.network`); the latency as it is. The
+        predicted and the compiled step both price a collective so."""
+        return max(self.bandwidth_s / network_efficiency, self.latency_s)
+
 
 def _outer(cluster: Cluster) -> tuple[str, float, float] | None:
     """The network between nodes / slices: its name, bytes/s one way per device (the unit's NICs shared by its
