@@ -22,6 +22,7 @@ batch's total token count, so loss and gradients equal the plain step's (``tests
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import typing as tp
 
@@ -129,15 +130,21 @@ def _check_model(model: nnx.Module, config: PipelineConfig) -> int:
     return config.check_layers(n)
 
 
-def _run_pipeline(parts: _Parts, schedule: PipelineSchedule, mesh: jax.sharding.Mesh, x_mBTD: Array,
-                  mask_mBT: Array | None, labels_mBT: Array | None, num_tokens: Array, *, train: bool):
-    """The shard_map: ``(loss, grads of rest, grads of the staged layers, grads of x)`` when ``train``,
-    else the last stage's hidden states ``(m, mb, T, D)``."""
-    config = schedule.config
-    p = config.num_stages
-    tables, n_f, n_b = executor_tables(schedule)
-    model0 = _model(parts, parts.rest, parts.layers)
-    c = model0.config
+class _StageRunner(tp.NamedTuple):
+    """How a stage runs its slice of the stack, the same on every device and tick: the layers' graph, their
+    kinds, and each stage's kind and global index per layer ``(V, L / V)``."""
+
+    layers_gd: nnx.GraphDef
+    kinds: tp.Any
+    kind_VL: Array
+    layer_VL: Array
+    scan: bool
+    remat: tp.Any
+
+
+def _stage_runner(model: nnx.Module, config: PipelineConfig) -> _StageRunner:
+    """The pipelined stack of ``model`` (its layers past the leading dense ones) as ``config``'s stages run it."""
+    c = model.config
     first = c.first_dense_layers
     per_stage = config.check_layers(c.num_hidden_layers - first)
     kinds_all = [c.layer_kind(i) for i in range(first, c.num_hidden_layers)]
@@ -146,20 +153,24 @@ def _run_pipeline(parts: _Parts, schedule: PipelineSchedule, mesh: jax.sharding.
     kind_VL = jnp.asarray(kind_L.reshape(config.total_stages, per_stage))
     layer_VL = jnp.asarray(first + np.arange(c.num_hidden_layers - first, dtype=np.int32)
                            .reshape(config.total_stages, per_stage))
-    layers_gd = nnx.graphdef(model0.layers)
-    staged = _stage_layers(parts.layers, config)
-    scan, remat = model0.scan_layers, model0.remat
+    return _StageRunner(nnx.graphdef(model.layers), kinds, kind_VL, layer_VL, model.scan_layers, model.remat)
 
-    act_spec = (model0.partition_axis or PartitionAxis()).resolve(ACTIVATION_AXES, shape=x_mBTD.shape[1:], mesh=mesh)
-    act_spec = _drop_unit_axes(act_spec, mesh)
 
-    # dp is manual too (when it has more than one device): each data-parallel replica runs its own rows and
-    # accumulates its own gradients, summed over dp once after the loop, as data parallelism does (left
-    # automatic, XLA all-reduces each tick's gradient over dp). The buffers of stage inputs and gradients
-    # are made here, outside the shard_map, split like the microbatches (made inside, XLA would replicate
-    # them over the automatic axes).
-    manual = (PP, DP_AXIS) if mesh.shape.get(DP_AXIS, 1) > 1 else (PP,)
-    rows_spec = P(None, DP_AXIS) if DP_AXIS in manual else P()
+def _manual_axes(mesh: jax.sharding.Mesh) -> tuple[str, ...]:
+    """The shard_map's manual axes: pp, and dp when it has more than one device.
+
+    dp is manual too: each data-parallel replica runs its own rows and accumulates its own gradients, summed
+    over dp once after the loop, as data parallelism does (left automatic, XLA all-reduces each tick's gradient
+    over dp)."""
+    return (PP, DP_AXIS) if mesh.shape.get(DP_AXIS, 1) > 1 else (PP,)
+
+
+def _place_inputs(mesh: jax.sharding.Mesh, act_spec: P, x_mBTD: Array, mask_mBT: Array | None,
+                  labels_mBT: Array | None, n_f: int, n_b: int, *, train: bool):
+    """The microbatches split like the activations, and the buffers of stage inputs, outputs and gradients.
+    The buffers are made here, outside the shard_map, split like the microbatches (made inside, XLA would
+    replicate them over the automatic axes); each has a spare last row that takes the writes that should not
+    happen."""
     mb_shape = x_mBTD.shape[1:]
     split = NamedSharding(mesh, P(None, *act_spec))
     x_mBTD = jax.lax.with_sharding_constraint(x_mBTD, split)
@@ -170,95 +181,30 @@ def _run_pipeline(parts: _Parts, schedule: PipelineSchedule, mesh: jax.sharding.
     buffers = dict(fbuf=buffer(n_f + 1), out=buffer(x_mBTD.shape[0] + 1))
     if train:
         buffers["bbuf"] = buffer(n_b + 1)
+    return x_mBTD, mask_mBT, labels_mBT, buffers
+
+
+def _run_pipeline(parts: _Parts, schedule: PipelineSchedule, mesh: jax.sharding.Mesh, x_mBTD: Array,
+                  mask_mBT: Array | None, labels_mBT: Array | None, num_tokens: Array, *, train: bool):
+    """The shard_map: ``(loss, grads of rest, grads of the staged layers, grads of x)`` when ``train``,
+    else the last stage's hidden states ``(m, mb, T, D)``."""
+    config = schedule.config
+    tables, n_f, n_b = executor_tables(schedule)
+    model0 = _model(parts, parts.rest, parts.layers)
+    runner = _stage_runner(model0, config)
+    staged = _stage_layers(parts.layers, config)
+
+    act_spec = (model0.partition_axis or PartitionAxis()).resolve(ACTIVATION_AXES, shape=x_mBTD.shape[1:], mesh=mesh)
+    act_spec = _drop_unit_axes(act_spec, mesh)
+    manual = _manual_axes(mesh)
+    rows_spec = P(None, DP_AXIS) if DP_AXIS in manual else P()
+    x_mBTD, mask_mBT, labels_mBT, buffers = _place_inputs(mesh, act_spec, x_mBTD, mask_mBT, labels_mBT, n_f, n_b,
+                                                          train=train)
 
     def body(rest, staged_local, x_mBTD, mask_mBT, labels_mBT, num_tokens, buffers):
-        d = jax.lax.axis_index(PP)
-        vary = lambda tree: jax.tree.map(lambda a: _vary(a, manual), tree)
-        # every device differentiates its own copy of the replicated parameters (no implicit psum inside a
-        # branch only some devices take); the psums after the loop add them up
-        rest = vary(rest)
-        model = _model(parts, rest, jax.tree.map(lambda a: a[0, 0], staged_local))
-        layers_v = vary(jax.tree.map(lambda a: a[:, 0], staged_local))  # (v, L/V, ...)
-        mb_shape = x_mBTD.shape[1:]
-
-        def stage(layers_j, x_BTD, i, k):
-            mask_BT = None if mask_mBT is None else mask_mBT[i]
-            positions_BT, mask_B1TS = model.positions(jnp.zeros(mb_shape[:2], jnp.int32), mask_BT)
-            out, _, _ = run_stack(layers_gd, layers_j, x_BTD, model.rope_tables(positions_BT), mask_B1TS,
-                                  kinds=kinds, kind_L=kind_VL[k], layer_L=layer_VL[k], scan=scan, remat=remat,
-                                  constrain=None)
-            return out
-
-        def head_loss(rest_, y_BTD, i):
-            m_ = _model(parts, rest_, jax.tree.map(lambda a: a[0], layers_v))
-            logits = m_.head(m_.norm(y_BTD)).astype(m_.logits_dtype)
-            return causal_lm_loss(logits, labels_mBT[i], num_items_in_batch=num_tokens)[0]
-
-        zeros_like = lambda tree: vary(jax.tree.map(jnp.zeros_like, tree))
-        carry = vary(buffers)
-        if train:
-            carry.update( loss=vary(jnp.zeros((), jnp.float32)),
-                         g_rest=zeros_like(rest), g_layers=zeros_like(layers_v))
-
-        def tick(carry, table):
-            action, i, j, k, fs, bs, recv_f, recv_b = (table[r, d] for r in range(8))
-            layers_j = jax.tree.map(lambda a: a[j], layers_v)
-            x_in = jnp.where(k == 0, x_mBTD[i], carry["fbuf"][fs])
-            g_in = carry["bbuf"][bs] if train else None
-            none = vary(jnp.zeros(mb_shape, x_mBTD.dtype))
-            no_loss = vary(jnp.zeros((), jnp.float32))
-            no_rest = zeros_like(rest) if train else None
-            no_layer = zeros_like(layers_j) if train else None
-
-            # Each branch returns (activation sent forward, gradient sent back, the last stage's output, its
-            # loss, d loss / d rest, d loss / d this stage's layers); the buffers are written after the switch,
-            # so each lives once in the loop's carry instead of once per branch.
-            def idle():
-                return none, none, none, no_loss, no_rest, no_layer
-
-            def forward():
-                return stage(layers_j, x_in, i, k), none, none, no_loss, no_rest, no_layer
-
-            def forward_last():
-                y = stage(layers_j, x_in, i, k)
-                if not train:
-                    return none, none, y, no_loss, no_rest, no_layer
-                loss, (g_rest, dy) = jax.value_and_grad(head_loss, argnums=(0, 1))(rest, y, i)
-                return none, none, dy, loss, g_rest, no_layer
-
-            def backward():
-                _, vjp = jax.vjp(lambda lj, x: stage(lj, x, i, k), layers_j, x_in)
-                g_layers_j, dx = vjp(g_in)
-                return none, dx, none, no_loss, no_rest, g_layers_j
-
-            branches = [idle, forward, forward_last, backward] if train else [idle, forward, forward_last]
-            send_f, send_b, y_last, loss, g_rest, g_layers_j = jax.lax.switch(action, branches)
-            ring = [(s, (s + 1) % p) for s in range(p)]
-            # a write that should not happen goes to the buffer's spare last row (no read-modify-write, so
-            # XLA updates the loop's buffers in place)
-            put = lambda buf, slot, value, when: buf.at[jnp.where(when, slot, buf.shape[0] - 1)].set(value)
-            got_f = jax.lax.ppermute(send_f, PP, ring)
-            carry = dict(carry, fbuf=put(carry["fbuf"], jnp.maximum(recv_f, 0), got_f, recv_f >= 0))
-            if not train:
-                carry["out"] = put(carry["out"], i, y_last, action == _FWD_LAST)
-                return carry, None
-            got_b = jax.lax.ppermute(send_b, PP, [(b, a) for a, b in ring])
-            bbuf = put(carry["bbuf"], bs, y_last, action == _FWD_LAST)  # the seed of this microbatch's backward
-            carry["bbuf"] = put(bbuf, jnp.maximum(recv_b, 0), got_b, recv_b >= 0)
-            carry["out"] = put(carry["out"], i, send_b, (action == _BWD) & (k == 0))  # stage 0: d loss / d x
-            carry["loss"] = carry["loss"] + loss
-            carry["g_rest"] = jax.tree.map(jnp.add, carry["g_rest"], g_rest)
-            carry["g_layers"] = jax.tree.map(lambda g, gj: g.at[j].add(gj), carry["g_layers"], g_layers_j)
-            return carry, None
-
-        carry, _ = jax.lax.scan(tick, carry, jnp.asarray(tables))
-        # one device holds each of these; the sum over pp hands them to all
-        out = jax.lax.psum(carry["out"][:-1], PP)
-        if not train:
-            return out
-        data = tuple(a for a in manual if a != PP)
-        g_layers = jax.tree.map(lambda a: (jax.lax.psum(a, data) if data else a)[:, None], carry["g_layers"])
-        return jax.lax.psum(carry["loss"], manual), jax.lax.psum(carry["g_rest"], manual), g_layers, out
+        loop = _DeviceLoop.start(parts, runner, manual, config.num_stages, train, rest, staged_local,
+                                 _Microbatches(x_mBTD, mask_mBT, labels_mBT, num_tokens))
+        return loop.run(buffers, tables)
 
     layer_spec = jax.tree.map(lambda _: P(None, PP), staged)
     rest_spec = jax.tree.map(lambda _: P(), parts.rest)
@@ -266,6 +212,151 @@ def _run_pipeline(parts: _Parts, schedule: PipelineSchedule, mesh: jax.sharding.
     out_specs = (P(), rest_spec, layer_spec, rows_spec) if train else rows_spec
     run = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=set(manual))
     return run(parts.rest, staged, x_mBTD, mask_mBT, labels_mBT, num_tokens, buffers)
+
+
+class _Microbatches(tp.NamedTuple):
+    """One device's rows of every microbatch: ``x (m, mb, T, D)``, its mask and labels, and the batch's token
+    count (the loss's divisor)."""
+
+    x_mBTD: Array
+    mask_mBT: Array | None
+    labels_mBT: Array | None
+    num_tokens: Array
+
+
+@dataclasses.dataclass(frozen=True)
+class _DeviceLoop:
+    """One pipeline device inside the shard_map: its stages' layers and its microbatches, and the ``lax.scan``
+    over ticks that plays its column of the executor tables."""
+
+    parts: _Parts
+    runner: _StageRunner
+    manual: tuple[str, ...]
+    num_stages: int
+    train: bool
+    device: Array  # this device's index along pp
+    rest: nnx.State  # typed as varying over the manual axes
+    model: nnx.Module
+    layers_v: tp.Any  # this device's v stages' layers (v, L/V, ...)
+    data: _Microbatches
+
+    @classmethod
+    def start(cls, parts: _Parts, runner: _StageRunner, manual: tuple[str, ...], num_stages: int, train: bool,
+              rest: nnx.State, staged_local: tp.Any, data: _Microbatches) -> _DeviceLoop:
+        device = jax.lax.axis_index(PP)
+        # every device differentiates its own copy of the replicated parameters (no implicit psum inside a
+        # branch only some devices take); the psums after the loop add them up
+        rest = _vary_tree(rest, manual)
+        model = _model(parts, rest, jax.tree.map(lambda a: a[0, 0], staged_local))
+        layers_v = _vary_tree(jax.tree.map(lambda a: a[:, 0], staged_local), manual)  # (v, L/V, ...)
+        return cls(parts, runner, manual, num_stages, train, device, rest, model, layers_v, data)
+
+    def vary(self, tree: tp.Any) -> tp.Any:
+        return _vary_tree(tree, self.manual)
+
+    def zeros_like(self, tree: tp.Any) -> tp.Any:
+        return self.vary(jax.tree.map(jnp.zeros_like, tree))
+
+    def stage(self, layers_j: tp.Any, x_BTD: Array, i: Array, k: Array) -> Array:
+        """Stage ``k``'s layers ``layers_j`` over microbatch ``i``'s activations ``x_BTD``."""
+        mask_BT = None if self.data.mask_mBT is None else self.data.mask_mBT[i]
+        positions_BT, mask_B1TS = self.model.positions(jnp.zeros(self.data.x_mBTD.shape[1:3], jnp.int32), mask_BT)
+        r = self.runner
+        out, _, _ = run_stack(r.layers_gd, layers_j, x_BTD, self.model.rope_tables(positions_BT), mask_B1TS,
+                              kinds=r.kinds, kind_L=r.kind_VL[k], layer_L=r.layer_VL[k], scan=r.scan, remat=r.remat,
+                              constrain=None)
+        return out
+
+    def head_loss(self, rest: nnx.State, y_BTD: Array, i: Array) -> Array:
+        """The final norm, LM head and microbatch ``i``'s summed token losses over the batch's token count."""
+        m_ = _model(self.parts, rest, jax.tree.map(lambda a: a[0], self.layers_v))
+        logits = m_.head(m_.norm(y_BTD)).astype(m_.logits_dtype)
+        return causal_lm_loss(logits, self.data.labels_mBT[i], num_items_in_batch=self.data.num_tokens)[0]
+
+    def run(self, buffers: dict[str, Array], tables: np.ndarray):
+        """The loop over ticks, then the results summed over the manual axes (one device holds each)."""
+        carry = self.vary(buffers)
+        if self.train:
+            carry.update(loss=self.vary(jnp.zeros((), jnp.float32)),
+                        g_rest=self.zeros_like(self.rest), g_layers=self.zeros_like(self.layers_v))
+        carry, _ = jax.lax.scan(self.tick, carry, jnp.asarray(tables))
+        # one device holds each of these; the sum over pp hands them to all
+        out = jax.lax.psum(carry["out"][:-1], PP)
+        if not self.train:
+            return out
+        data_axes = tuple(a for a in self.manual if a != PP)
+        g_layers = jax.tree.map(lambda a: (jax.lax.psum(a, data_axes) if data_axes else a)[:, None],
+                                carry["g_layers"])
+        return jax.lax.psum(carry["loss"], self.manual), jax.lax.psum(carry["g_rest"], self.manual), g_layers, out
+
+    def tick(self, carry: dict[str, tp.Any], table: Array) -> tuple[dict[str, tp.Any], None]:
+        """One tick: this device's action (idle, a forward, the last stage's forward and loss, or a backward),
+        then the exchange with its neighbours."""
+        row = tuple(table[r, self.device] for r in range(8))
+        action, i, j, k, fs, bs, _, _ = row
+        layers_j = jax.tree.map(lambda a: a[j], self.layers_v)
+        x_in = jnp.where(k == 0, self.data.x_mBTD[i], carry["fbuf"][fs])
+        g_in = carry["bbuf"][bs] if self.train else None
+        sent = jax.lax.switch(action, self.branches(layers_j, x_in, g_in, i, k))
+        return self.exchange(carry, row, sent), None
+
+    def branches(self, layers_j: tp.Any, x_in: Array, g_in: Array | None, i: Array, k: Array) -> list:
+        """The switch's branches, one per executor action. Each returns (activation sent forward, gradient sent
+        back, the last stage's output, its loss, d loss / d rest, d loss / d this stage's layers); the buffers
+        are written after the switch, so each lives once in the loop's carry instead of once per branch."""
+        none = self.vary(jnp.zeros(self.data.x_mBTD.shape[1:], self.data.x_mBTD.dtype))
+        no_loss = self.vary(jnp.zeros((), jnp.float32))
+        no_rest = self.zeros_like(self.rest) if self.train else None
+        no_layer = self.zeros_like(layers_j) if self.train else None
+
+        def idle():
+            return none, none, none, no_loss, no_rest, no_layer
+
+        def forward():
+            return self.stage(layers_j, x_in, i, k), none, none, no_loss, no_rest, no_layer
+
+        def forward_last():
+            y = self.stage(layers_j, x_in, i, k)
+            if not self.train:
+                return none, none, y, no_loss, no_rest, no_layer
+            loss, (g_rest, dy) = jax.value_and_grad(self.head_loss, argnums=(0, 1))(self.rest, y, i)
+            return none, none, dy, loss, g_rest, no_layer
+
+        def backward():
+            _, vjp = jax.vjp(lambda lj, x: self.stage(lj, x, i, k), layers_j, x_in)
+            g_layers_j, dx = vjp(g_in)
+            return none, dx, none, no_loss, no_rest, g_layers_j
+
+        return [idle, forward, forward_last, backward] if self.train else [idle, forward, forward_last]
+
+    def exchange(self, carry: dict[str, tp.Any], row: tuple[Array, ...], sent: tuple) -> dict[str, tp.Any]:
+        """Activations move one device forward and gradients one device back (``ppermute`` over pp, a ring), and
+        the tick's results land in the carry's buffers and sums."""
+        action, i, j, k, _, bs, recv_f, recv_b = row
+        send_f, send_b, y_last, loss, g_rest, g_layers_j = sent
+        p = self.num_stages
+        ring = [(s, (s + 1) % p) for s in range(p)]
+        # a write that should not happen goes to the buffer's spare last row (no read-modify-write, so
+        # XLA updates the loop's buffers in place)
+        put = lambda buf, slot, value, when: buf.at[jnp.where(when, slot, buf.shape[0] - 1)].set(value)
+        got_f = jax.lax.ppermute(send_f, PP, ring)
+        carry = dict(carry, fbuf=put(carry["fbuf"], jnp.maximum(recv_f, 0), got_f, recv_f >= 0))
+        if not self.train:
+            carry["out"] = put(carry["out"], i, y_last, action == _FWD_LAST)
+            return carry
+        got_b = jax.lax.ppermute(send_b, PP, [(b, a) for a, b in ring])
+        bbuf = put(carry["bbuf"], bs, y_last, action == _FWD_LAST)  # the seed of this microbatch's backward
+        carry["bbuf"] = put(bbuf, jnp.maximum(recv_b, 0), got_b, recv_b >= 0)
+        carry["out"] = put(carry["out"], i, send_b, (action == _BWD) & (k == 0))  # stage 0: d loss / d x
+        carry["loss"] = carry["loss"] + loss
+        carry["g_rest"] = jax.tree.map(jnp.add, carry["g_rest"], g_rest)
+        carry["g_layers"] = jax.tree.map(lambda g, gj: g.at[j].add(gj), carry["g_layers"], g_layers_j)
+        return carry
+
+
+def _vary_tree(tree: tp.Any, axes: tuple[str, ...]) -> tp.Any:
+    """Every array of ``tree`` typed as varying over the manual ``axes`` (see :func:`_vary`)."""
+    return jax.tree.map(lambda a: _vary(a, axes), tree)
 
 
 def _vary(a: Array, axes: tuple[str, ...]) -> Array:
