@@ -1,4 +1,4 @@
-"""Predicted step time of a Llama-3-70B train step on virtual clusters (`workbench.core.cost.step_time.step_time`).
+"""Predicted step time of a Llama-3-70B train step on virtual clusters (`workbench.core.cost.compiled_step.step_time`).
 
     python benchmarks/step_time.py [--batch 16 2048]
     python benchmarks/step_time.py --predict [--batch 512 4096]
@@ -81,9 +81,9 @@ def main() -> None:
     import jax.numpy as jnp
 
     from workbench.core.compile.virtual import compile_step
+    from workbench.core.cost.compiled_step import step_time
     from workbench.core.cost.flops import model_flops
     from workbench.core.cost.predicted import predict_step
-    from workbench.core.cost.step_time import step_time
     from workbench.core.hardware.cluster import Cluster
     from workbench.core.models.presets import full_config
     from workbench.models import CausalLM

@@ -15,7 +15,7 @@ HOMES = {
     "html_table": "core/tables.py",
     "collective_time": "core/hardware/network.py", "transfer": "core/hardware/network.py",
     "array_bytes": "core/hardware/network.py",
-    "roofline": "core/cost/roofline.py", "step_time": "core/cost/step_time.py",
+    "roofline": "core/cost/roofline.py", "step_time": "core/cost/compiled_step.py",
     "mfu": "core/cost/flops.py", "hfu": "core/cost/flops.py",
     "parse": "core/hlo/text.py", "element_bits": "core/hlo/text.py",
     "positive_int": "core/checks.py",

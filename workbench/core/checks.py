@@ -30,6 +30,21 @@ def positive_int(name: str, value: tp.Any, *, least: int = 1, what: str = "a pos
     return int(value)
 
 
+def one_of(name: str, value: tp.Any, choices: tp.Sequence[tp.Any], *, what: str = "") -> tp.Any:
+    """``value`` if it is one of ``choices``, or a ValueError ``"<name> must be one of <choices><what>; got <value>"``:
+    the one check of a choice (a task, a remat policy, an optimizer ...).
+
+    >>> one_of("remat", "full", ("none", "full"))
+    'full'
+    >>> one_of("task", "serve", ("train", "decode"))
+    Traceback (most recent call last):
+    ValueError: task must be one of ('train', 'decode'); got 'serve'
+    """
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}{what}; got {value!r}")
+    return value
+
+
 def batch_shape(batch: tp.Any) -> tuple[int, int]:
     """``batch`` as ``(sequences, length)``, or a ValueError that says it is two positive ints."""
     if not isinstance(batch, tuple | list) or len(batch) != 2 or not all(is_positive_int(b) for b in batch):

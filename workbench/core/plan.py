@@ -24,7 +24,7 @@ import math
 import types
 import typing as tp
 
-from workbench.core.checks import positive_int
+from workbench.core.checks import one_of, positive_int
 from workbench.core.mesh import MESH_AXES, axis_sizes
 from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.vocab import REMATS
@@ -61,8 +61,7 @@ class Plan:
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "mesh_shape", types.MappingProxyType(axis_sizes(self.mesh_shape, "a plan's mesh")))
-        if self.remat not in REMATS:
-            raise ValueError(f"remat must be one of {REMATS}; got {self.remat!r}")
+        one_of("remat", self.remat, REMATS)
         set_(self, "zero_stage", check_zero_stage(self.zero_stage))
         set_(self, "grad_accumulation", positive_int("grad_accumulation", self.grad_accumulation))
         set_(self, "batch_axes", tuple(self.batch_axes))

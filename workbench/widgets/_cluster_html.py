@@ -125,7 +125,7 @@ def ledger_html(ledger: tp.Any, *, n_devices: int, compiled_total: int | None = 
 
 # -- the step time -----------------------------------------------------------------------------------------
 def step_time_html(st: tp.Any, *, width_px: int = _BAR_PX, top: int = 8) -> str:
-    """A :class:`~workbench.core.cost.step_time.StepTime` as bars: compute, HBM traffic and communication per network
+    """A :class:`~workbench.core.cost.step.StepTime` as bars: compute, HBM traffic and communication per network
     level (each on the same scale; with overlap the step takes the longest), the bounding resource, MFU and HFU, XLA's
     own estimate where there is one, and the longest collective groups."""
     levels = [(level, s) for level, s in st.by_level().items() if s > 0]

@@ -21,6 +21,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from workbench.core.axes import MODE_TRAIN, PartitionAxis, label
+from workbench.core.checks import one_of
 from workbench.core.cost import ledger as ledgers
 from workbench.core.mesh import describe_mesh
 from workbench.core.views import explore
@@ -75,7 +76,7 @@ class ShardingExplorer(ClusterPanels, InlineError):
     layout, task and batch); ``task`` ("train", "prefill" or "decode", a control too) is the step they count, with
     ``batch = (B, T)``: for decode ``B`` sequences each decoding one token against a KV cache of ``T``. "collectives"
     compiles the step for the cluster's devices and adds the compiled step's time
-    (:func:`workbench.core.cost.step_time.step_time`), each collective's time on the cluster's network and the
+    (:func:`workbench.core.cost.compiled_step.step_time`), each collective's time on the cluster's network and the
     compiled memory beside the ledger.
 
     ``mesh`` may also be a :class:`~workbench.core.views.explore.Layout` (e.g. ``candidate.layout(model, cluster)``
@@ -93,8 +94,7 @@ class ShardingExplorer(ClusterPanels, InlineError):
                  batch: tuple[int, int] = (8, 64), cluster: tp.Any = None, task: str = "train"):
         self.model = model
         self.cluster = cluster  # a virtual Cluster: "collectives" and "experts" compile for its devices
-        if task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}; got {task!r}")
+        one_of("task", task, TASKS)
         # raises on a bad start
         if isinstance(mesh, explore.Layout):  # a planned layout (e.g. an advised one): all it carries
             if partition_axis is not None or rules is not None:

@@ -10,9 +10,9 @@ from flax import nnx
 
 import workbench as wb
 from workbench.core.compile import steps
+from workbench.core.cost.compiled_step import step_time
 from workbench.core.cost.flops import mfu, model_flops, train_flops
 from workbench.core.cost.predicted import predict_step
-from workbench.core.cost.step_time import step_time
 from workbench.core.hardware.calibration import calibration
 from workbench.core.hardware.chips import H100
 from workbench.core.hardware.cluster import Cluster

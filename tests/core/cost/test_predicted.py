@@ -9,8 +9,8 @@ import math
 import pytest
 from flax import nnx
 
+from workbench.core.cost.compiled_step import step_time
 from workbench.core.cost.predicted import predict_step
-from workbench.core.cost.step_time import step_time
 from workbench.core.hardware.cluster import Cluster
 from workbench.core.hardware.network import transfer
 from workbench.core.models import CausalLM, ModelConfig, tiny_config

@@ -10,10 +10,10 @@ import pytest
 from workbench.core.compile.steps import full_mesh_shape
 from workbench.core.compile.virtual import compile_step
 from workbench.core.cost.activations import SCORE_BYTES, activation_bytes, attention_backward_bytes
+from workbench.core.cost.compiled_step import step_time
 from workbench.core.cost.ledger import ledger, libtpu_version
 from workbench.core.cost.predicted import predict_step
 from workbench.core.cost.reconcile import collective_roles, reconcile, table
-from workbench.core.cost.step_time import step_time
 from workbench.core.hardware.cluster import Cluster, cluster_mesh
 from workbench.core.hlo.graph import hbm_bytes, hbm_traffic
 from workbench.core.mesh import MESH_AXES

@@ -9,9 +9,9 @@ import statistics
 
 import pytest
 
+from workbench.core.cost.compiled_step import step_time
 from workbench.core.cost.kernels import attention_efficiency, gemm_efficiency, memory_seconds
 from workbench.core.cost.predicted import predict_step
-from workbench.core.cost.step_time import step_time
 from workbench.core.hardware.calibration import CALIBRATIONS, calibration
 from workbench.core.hardware.chips import H100
 from workbench.core.hardware.cluster import Cluster

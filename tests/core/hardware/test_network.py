@@ -14,8 +14,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from workbench.core.cost.compiled_step import step_time
 from workbench.core.cost.roofline import rate_dtype, roofline
-from workbench.core.cost.step_time import step_time
 from workbench.core.hardware.cluster import Cluster
 from workbench.core.hardware.network import collective_time, span, torus_assignment, transfer
 

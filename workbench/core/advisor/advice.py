@@ -73,7 +73,7 @@ class Advice:
     # -- display ------------------------------------------------------------------------------------------------
     def rows(self, top: int = 10) -> list[tuple[str, ...]]:
         """``(rank, layout, memory/device, HBM use, step, tokens/s, MFU, bound, reason)`` of the top ``top``; MFU
-        (:attr:`StepTime.mfu <workbench.core.cost.step_time.StepTime.mfu>`) is marked ``≤`` where it is an upper
+        (:attr:`StepTime.mfu <workbench.core.cost.step.StepTime.mfu>`) is marked ``≤`` where it is an upper
         bound (no efficiency factor)."""
         hbm = self.cluster.hbm_per_device
         tokens = self.batch[0] * (1 if self.task == "decode" else self.batch[1])

@@ -8,9 +8,9 @@ import typing as tp
 
 from workbench.core.advisor.candidate import Candidate, gib
 from workbench.core.compile.virtual import compile_step
+from workbench.core.cost.compiled_step import step_time
 from workbench.core.cost.ledger import libtpu_version, zero_parameter_copy_bytes
 from workbench.core.cost.reconcile import reconcile
-from workbench.core.cost.step_time import step_time
 from workbench.core.hardware.calibration import calibration
 from workbench.core.units import format_seconds
 

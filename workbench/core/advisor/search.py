@@ -29,7 +29,7 @@ from workbench.core.advisor.constraints import (
 from workbench.core.advisor.rank import pricer, ranked_and_rejected
 from workbench.core.advisor.reasons import explain
 from workbench.core.axes import EMPTY, EP, FSDP, MODE_DECODE, MODE_TRAIN, SP, DynamicShardingAxes, PartitionAxis
-from workbench.core.checks import positive_int
+from workbench.core.checks import one_of, positive_int
 from workbench.core.cost.ledger import ledger
 from workbench.core.mesh import MESH_AXES
 from workbench.core.models import CausalLM, ModelConfig
@@ -82,10 +82,8 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
 # -- the request ------------------------------------------------------------------------------------------------
 def _check_choices(task: str, optimizer: str, cluster: tp.Any) -> None:
     """A ValueError naming the choices where the task or optimizer is unknown or the cluster has no chip numbers."""
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}; got {task!r}")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}; got {optimizer!r}")
+    one_of("task", task, TASKS)
+    one_of("optimizer", optimizer, OPTIMIZERS)
     if cluster.chip is None:
         raise ValueError(f"{cluster.name} has no chip numbers (simulated CPU devices): advise on Cluster.tpu(...), "
                          f"Cluster.h100(...) or Cluster.h200(...)")

@@ -38,6 +38,7 @@ import typing as tp
 import numpy as np
 
 from workbench.core.axes import BATCH, LENGTH
+from workbench.core.checks import one_of
 from workbench.core.shapes import capacity
 from workbench.core.vocab import REMATS
 
@@ -249,8 +250,7 @@ def activation_bytes(layout: Layout, batch: tuple[int, int], remat: str, dtype: 
                      moe_strategy: str = "dense", capacity_factor: float | None = None) -> tuple[int, int]:
     """``(kept for the backward, the backward's working set)`` in bytes per device (see the module doc);
     ``compiler`` ("tpu" or "cpu") is the XLA backend whose working set to estimate."""
-    if remat not in REMATS:
-        raise ValueError(f"remat must be one of {REMATS} for the ledger; got {remat!r}")
+    one_of("remat", remat, REMATS, what=" for the ledger")
     if compiler not in WORKING_SET:
         raise ValueError(f"compiler must be one of {tuple(WORKING_SET)}; got {compiler!r}")
     b, t, _ = tokens_per_device(layout, batch, layout.mode)

@@ -23,7 +23,7 @@ read (XLA removes its recompute); the head is outside the remat. ``"dots_saveabl
 ran them; **HFU** (:func:`hfu`) the same with the hardware FLOPs. PaLM (section 4.1, appendix B) reports MFU: it
 does not reward recomputation, and it compares implementations fairly. The dots of a compiled step are hardware
 FLOPs (a recomputed forward is in the program): they give HFU, never MFU. These two functions are the only place
-either is computed; :class:`~workbench.core.cost.step_time.StepTime` and the advisor call them.
+either is computed; :class:`~workbench.core.cost.step.StepTime` and the advisor call them.
 
 A forward step (prefill, decode: :func:`model_flops`) has no backward and no recompute: ``2N`` a token for the
 layers' weights and the attention scores over its context, the head at each sequence's last position only.
@@ -38,7 +38,7 @@ import dataclasses
 import functools
 import typing as tp
 
-from workbench.core.checks import batch_shape
+from workbench.core.checks import batch_shape, one_of
 from workbench.core.vocab import REMATS, TASKS
 
 
@@ -181,8 +181,7 @@ def train_flops(config: tp.Any, batch: tuple[int, int], *, remat: str = "none") 
     >>> f.matmul_params, f.attention_per_token  # 2 x (attention 12288 + MLP 24576) + head 16896; 6*2*4*(16+16)*64
     (90624, 98304.0)
     """
-    if remat not in REMATS:
-        raise ValueError(f"remat must be one of {REMATS}; got {remat!r}")
+    one_of("remat", remat, REMATS)
     s = model_shapes(_config(config, batch))
     t = batch[1]
     layers, moe_layers, dense_layers, attention_weights, routed = _layer_weights(s)
@@ -208,8 +207,7 @@ def model_flops(config: tp.Any, batch: tuple[int, int], *, task: str = "train", 
     >>> model_flops(ModelConfig.from_hf(tiny_config("llama")), (1, 64), task="decode")
     214016.0
     """
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}; got {task!r}")
+    one_of("task", task, TASKS)
     if task == "train":
         return train_flops(config, batch).model
     s = model_shapes(_config(config, batch))

@@ -91,6 +91,7 @@ import typing as tp
 import numpy as np
 
 from workbench.core.axes import MODE_DECODE, MODE_TRAIN, PartitionAxis, shard_shape
+from workbench.core.checks import one_of
 from workbench.core.cost.activations import (
     activation_bytes,
     cast_bytes,
@@ -191,8 +192,7 @@ def optimizer_bytes(layout: Layout, name: str, zero_stage: int | None = None) ->
     """Bytes per device of optax's ``name`` state for the parameters of ``layout`` (see the module doc); an array
     shaped like its parameter is split over ``dp`` too at ``zero_stage=1`` (default: the layout's,
     :mod:`workbench.core.zero`)."""
-    if name not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {name!r}; use one of {OPTIMIZERS}")
+    one_of("optimizer", name, OPTIMIZERS)
     like_param = _state_block_bytes(layout, zero_stage)
     count = 4  # int32 step count, replicated
     if name == "adamw":
@@ -261,8 +261,7 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
     ``PipelineConfig``, train steps only) counts a pipelined step (see the module doc); ``zero_stage`` (default the
     layout's) splits the optimizer state over ``dp`` at 1.
     """
-    if kind not in TASKS:
-        raise ValueError(f"kind must be one of {TASKS}; got {kind!r}")
+    one_of("kind", kind, TASKS)
     remat = getattr(model, "remat", "none") if remat is None else remat
     dtype = np.dtype(getattr(model, "dtype", np.float32))
     hbm = None if cluster is None else cluster.hbm_per_device

@@ -4,8 +4,8 @@
 prefill or decode step of a :class:`~workbench.core.models.config.ModelConfig` laid out on a mesh of
 ``(pp, dp, fsdp, ep, tp, sp)`` sizes, and prices them on a :class:`~workbench.core.hardware.cluster.Cluster` with
 :mod:`workbench.core.hardware.network` (the roofline and :func:`~workbench.core.hardware.network.transfer`). It returns
-a :class:`~workbench.core.cost.step_time.StepTime`, the same record a compiled step gets, with the work split by layer
-kind (:meth:`~workbench.core.cost.step_time.StepTime.by_kind`: "attention", "mlp", "experts", "embedding+head",
+a :class:`~workbench.core.cost.step.StepTime`, the same record a compiled step gets, with the work split by layer
+kind (:meth:`~workbench.core.cost.step.StepTime.by_kind`: "attention", "mlp", "experts", "embedding+head",
 "optimizer", "pipeline") and a pipeline's bubble. The references are the chapters of "How to Scale Your
 Model" (Austin et al., https://jax-ml.github.io/scaling-book/): "Transformer Math" (transformers/),
 "Training" (training/), "Training LLaMA 3" (applied-training/), "Inference" (inference/), "Serving LLaMA 3"
@@ -39,15 +39,15 @@ from __future__ import annotations
 import math
 import typing as tp
 
-from workbench.core.checks import batch_shape, positive_int
+from workbench.core.checks import batch_shape, one_of, positive_int
 from workbench.core.cost import work
 from workbench.core.cost.flops import ModelShapes, model_flops, model_shapes
 from workbench.core.cost.parallel import data, expert, sequence, tensor
 from workbench.core.cost.parallel.pipeline import stage_collectives, staged_shares
 from workbench.core.cost.roofline import rate_dtype
+from workbench.core.cost.step import StepTime
 from workbench.core.cost.step_counts import ITEM_BYTES, WORK_KINDS, StepCounts, StepSizes
 from workbench.core.cost.step_pricing import measured_step, roofline_step
-from workbench.core.cost.step_time import StepTime
 from workbench.core.hardware.cluster import Cluster
 from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.plan import BATCH_AXES
@@ -111,10 +111,8 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
 def _check(task: str, remat: str, batch: tp.Any, batch_axes: tp.Sequence[str], mesh_shape: tp.Mapping[str, int],
            cluster: Cluster) -> dict[str, int]:
     """The task, remat policy, batch and batch axes, each on its own; the mesh's axis sizes."""
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}; got {task!r}")
-    if remat not in REMATS:
-        raise ValueError(f"remat must be one of {REMATS}; got {remat!r}")
+    one_of("task", task, TASKS)
+    one_of("remat", remat, REMATS)
     batch_shape(batch)
     sizes = cluster.axis_sizes(mesh_shape)
     bad = sorted(set(batch_axes) - {"dp", "fsdp", "ep"})

@@ -9,7 +9,7 @@ from __future__ import annotations
 import typing as tp
 
 from workbench.core.cost.predicted import predict_step
-from workbench.core.cost.step_time import StepTime
+from workbench.core.cost.step import StepTime
 from workbench.core.hardware.cluster import Cluster
 from workbench.core.plan import Plan
 

@@ -120,9 +120,9 @@ def _zero_filled(op: Instruction, module: tp.Any, defs: dict[str, Instruction]) 
 # -- reconciling ------------------------------------------------------------------------------------------------
 def reconcile(predicted_step: tp.Any, compiled_step: tp.Any, ledger: tp.Any = None, compiled: tp.Any = None, *,
               seq_len: int | None = None) -> list[Row]:
-    """The step model's quantities (``predicted_step``, a :class:`~workbench.core.cost.step_time.StepTime` of
+    """The step model's quantities (``predicted_step``, a :class:`~workbench.core.cost.step.StepTime` of
     :func:`~workbench.core.cost.predicted.predict_step`; ``ledger`` its memory) beside the compiled program's
-    (``compiled_step`` = :func:`~workbench.core.cost.step_time.step_time` of ``compiled``, a
+    (``compiled_step`` = :func:`~workbench.core.cost.compiled_step.step_time` of ``compiled``, a
     :class:`~workbench.core.compile.virtual.CompiledAnalysis`), one :class:`Row` each, with why they differ in
     terms of the compiled HLO. ``seq_len`` names the arrays whose last two dims are ``(seq_len, seq_len)`` as
     attention scores. Without ``compiled`` only the seconds and bytes both steps hold are compared."""

@@ -1,6 +1,6 @@
 """The roofline of one device (the scaling book, "All About Rooflines", jax-ml.github.io/scaling-book/roofline/):
 compute ``FLOPs / C`` against memory ``bytes / W_hbm``, the longer bounding the time. A step adds its
-collectives on the network (:mod:`workbench.core.hardware.network`) in :class:`~workbench.core.cost.step_time.StepTime`.
+collectives on the network (:mod:`workbench.core.hardware.network`) in :class:`~workbench.core.cost.step.StepTime`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One sharded matmul as a step on a cluster: the scaling book's three cases ("Sharded Matrices and How to
 Multiply Them", https://jax-ml.github.io/scaling-book/sharding/) as FLOPs, HBM bytes and collectives per device,
-timed by :func:`~workbench.core.cost.step_time.step_time` (the roofline and the network model).
+timed by :func:`~workbench.core.cost.compiled_step.step_time` (the roofline and the network model).
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import typing as tp
 import jax.numpy as jnp
 import numpy as np
 
-from workbench.core.cost.step_time import StepTime, step_time
+from workbench.core.cost.compiled_step import step_time
+from workbench.core.cost.step import StepTime
 from workbench.core.hardware.cluster import Cluster
 
 

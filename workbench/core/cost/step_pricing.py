@@ -15,8 +15,8 @@ from __future__ import annotations
 from workbench.core.cost.kernels import attention_efficiency, gemm_efficiency, memory_seconds
 from workbench.core.cost.parallel import data, pipeline, sequence, tensor
 from workbench.core.cost.roofline import check_chip, roofline
+from workbench.core.cost.step import CollectiveTime, StepTime, Term, WorkPart
 from workbench.core.cost.step_counts import ITEM_BYTES, LAYER_KINDS, WORK_KINDS, StepCounts, StepSizes
-from workbench.core.cost.step_time import CollectiveTime, StepTime, Term, WorkPart
 from workbench.core.hardware.calibration import ADAMW_F32_BYTES, FLASH_BACKWARD, calibration
 from workbench.core.hardware.cluster import Cluster
 from workbench.core.hardware.network import transfer

@@ -45,7 +45,7 @@ gated activation ``3F``; a train step moves them three times (forward, and the b
 under ``"full"``; the loss reads and writes float32 logits (the ledger's three copies).
 
 Not counted: norm weights and their gradients, the softmax's statistics across ``tp``, the loss's scalars,
-optimizer FLOPs (the roofline counts matmul FLOPs, as :func:`~workbench.core.cost.step_time.step_time` does).
+optimizer FLOPs (the roofline counts matmul FLOPs, as :func:`~workbench.core.cost.compiled_step.step_time` does).
 """
 
 from __future__ import annotations

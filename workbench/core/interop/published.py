@@ -22,7 +22,7 @@ import statistics
 import typing as tp
 
 from workbench.core.cost.price import price as price_plan
-from workbench.core.cost.step_time import StepTime
+from workbench.core.cost.step import StepTime
 from workbench.core.hardware.chips import H100, H100_500W, H200
 from workbench.core.hardware.cluster import Cluster
 from workbench.core.models.config import ModelConfig

@@ -19,7 +19,7 @@ import pathlib
 import typing as tp
 
 from workbench.core.axes import DP, EP, FSDP, MODE_TRAIN, SP, TP, PartitionAxis, semantic_names
-from workbench.core.checks import is_positive_int
+from workbench.core.checks import is_positive_int, one_of
 from workbench.core.cost.price import price as price_plan
 from workbench.core.hardware.cluster import cluster_mesh
 from workbench.core.mesh import MESH_AXES, axis_sizes
@@ -73,8 +73,7 @@ class TrainingRecipe:
             raise ValueError(f"batch is (global sequences per step, sequence length), two positive ints; "
                              f"got {self.batch!r}")
         object.__setattr__(self, "batch", batch)
-        if self.remat not in REMATS:
-            raise ValueError(f"remat must be one of {REMATS}; got {self.remat!r}")
+        one_of("remat", self.remat, REMATS)
         if not is_positive_int(self.grad_accumulation):
             raise ValueError(f"grad_accumulation is a positive int; got {self.grad_accumulation!r}")
         if self.zero_stage not in STATED_ZERO_STAGES or isinstance(self.zero_stage, bool):

@@ -21,9 +21,10 @@ import typing as tp
 from workbench.core.axes import BATCH, LENGTH, PartitionAxis
 from workbench.core.compile.steps import full_mesh_shape
 from workbench.core.cost import ledger as ledgers
+from workbench.core.cost.compiled_step import step_time
 from workbench.core.cost.flops import model_flops
 from workbench.core.cost.price import price
-from workbench.core.cost.step_time import StepTime, step_time
+from workbench.core.cost.step import StepTime
 from workbench.core.hardware.cluster import cluster_mesh
 from workbench.core.mesh import MESH_AXES
 from workbench.core.pipeline import PipelineConfig, default_config, pipeline_partition_axis
