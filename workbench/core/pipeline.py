@@ -40,7 +40,7 @@ from workbench.core.models.causal_lm import SequenceClassifier
 from workbench.core.models.loss import causal_lm_loss, labels_from
 from workbench.core.models.sharding import with_mesh
 from workbench.core.models.stack import layer_kinds, run_layers, run_stack
-from workbench.core.models.training import TrainState, place_batch, prepare_batch
+from workbench.core.models.training import TrainState, advance, checked_state, place_batch, prepare_batch
 from workbench.core.operations import OperationRegistry
 from workbench.core.pipeline_schedule import (
     EXECUTOR_ACTIONS,
@@ -515,23 +515,15 @@ def make_pipeline_train_step(config: PipelineConfig, optimizer: tp.Any = None, *
     """``train_step(state, batch) -> (state, metrics)`` like :func:`training.make_train_step`, with the loss and
     gradients from the pipeline. The state's model must sit on a mesh with ``pp = config.num_stages``; lay it
     with ``model.shard_model(mesh, pipeline_partition_axis())`` so each device stores only its stages."""
-    import optax
-
     partition_axis = pipeline_partition_axis(partition_axis)
 
     def step(state: TrainState, batch: dict[str, Array], mesh) -> tuple[TrainState, dict[str, Array]]:
         loss, num_tokens, grads = pipeline_loss_and_grads(state.graphdef, state.params, state.other, batch, config,
                                                           mesh)
-        updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        new = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
-        return new, {"loss": loss, "num_tokens": num_tokens, "grad_norm": optax.tree.norm(grads)}
+        return advance(state, loss, num_tokens, grads)  # the update of training.make_train_step
 
     def train_step(state: TrainState, batch: dict[str, tp.Any]) -> tuple[TrainState, dict[str, Array]]:
-        if not isinstance(state, TrainState):
-            raise TypeError(f"train_step takes a TrainState (to_state(model, optimizer)); got {type(state).__name__}")
-        if optimizer is not None and state.tx is not optimizer:
-            state = state.replace(tx=optimizer)
+        state = checked_state(state, optimizer)
         mesh = _pipeline_mesh(None, state.params, config)
         batch = place_batch(batch, state, partition_axis)
         _check_batch(batch["input_ids"], config, mesh)

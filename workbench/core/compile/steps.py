@@ -3,14 +3,17 @@
 
 A step is a function and its ``ShapeDtypeStruct`` arguments placed on a mesh (nothing allocated):
 
-- ``"train"``: ``(params, opt_state, other, ids) -> (params, opt_state, loss)``: the causal LM loss, its
-  gradients and the optimizer's update, the state donated (updated in place, as a training loop does);
+- ``"train"``: ``(params, opt_state, other, ids) -> (params, opt_state, loss)``: the loss, its gradients and the
+  optimizer's update, the state donated (updated in place, as a training loop does). Loss, update and the
+  optimizer state's placement are :func:`~workbench.core.models.training.train`'s own (``train_loss``,
+  ``apply_update``, ``opt_state_shardings`` of :mod:`workbench.core.models.training`), so what is compiled and
+  priced is what runs;
 - ``"forward"``: ``(params, other, ids) -> logits``, the forward pass of a prefill without a cache.
 
 On a mesh with ``pp > 1`` both run as the pipeline (:mod:`workbench.core.pipeline`). Parameters are placed as a
 :class:`workbench.core.sharding.plan.Layout` resolves them; optimizer moments shaped like their parameter share its
-sharding, other optimizer state (counts, Adafactor's factored statistics) is replicated; the token ids are split
-as ``(BATCH, LENGTH)`` resolves in the layout's mode.
+sharding (ZeRO-1: split over ``dp`` too), other optimizer state (counts, Adafactor's factored statistics) is
+replicated; the token ids are split as ``(BATCH, LENGTH)`` resolves in the layout's mode.
 """
 
 from __future__ import annotations
@@ -27,22 +30,26 @@ from jax.sharding import NamedSharding, PartitionSpec
 from workbench.core import pipeline as pipelines
 from workbench.core.axes import PartitionAxis
 from workbench.core.hardware.cluster import Cluster
-from workbench.core.models.loss import causal_lm_loss, labels_from
+from workbench.core.models.loss import labels_from
 from workbench.core.models.sharding import path_str, with_mesh
+from workbench.core.models.training import apply_update, make_optimizer, opt_state_shardings, train_loss
 from workbench.core.sharding.plan import INPUT_AXES, Layout
 from workbench.core.vocab import OPTIMIZERS
-from workbench.core.zero import state_sharding
 
 STEP_KINDS = ("forward", "train")
 
 
 def optimizer(name: str, learning_rate: float = 1e-3) -> optax.GradientTransformation:
-    """The optax optimizer of a name: ``"adamw"`` (two moments in the parameters' dtype and an int32 count),
-    ``"adafactor"`` (factored second moments of matrices whose two largest dims are >= 128, else a full one,
-    and a count), ``"sgd"`` (SGD with momentum 0.9: one trace per parameter)."""
+    """The optax optimizer of a name: ``"adamw"`` is the one :func:`~workbench.core.models.training.train` runs
+    (:func:`~workbench.core.models.training.make_optimizer` at a constant ``learning_rate``: gradients clipped to
+    global norm 1, weight decay on matrices only; two moments in the parameters' dtype and an int32 count);
+    ``"adafactor"`` (factored second moments of matrices whose two largest dims are >= 128, else a full one, and a
+    count), ``"sgd"`` (SGD with momentum 0.9: one trace per parameter), both as optax makes them, unclipped, as
+    ``train(optimizer=...)`` runs a given optimizer."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; use one of {OPTIMIZERS}")
-    makers = {"adamw": optax.adamw, "adafactor": optax.adafactor, "sgd": lambda lr: optax.sgd(lr, momentum=0.9)}
+    makers = {"adamw": lambda lr: make_optimizer(lr=lr), "adafactor": optax.adafactor,
+              "sgd": lambda lr: optax.sgd(lr, momentum=0.9)}
     return makers[name](learning_rate)
 
 
@@ -104,19 +111,22 @@ def layout_step(model: nnx.Module, layout: Layout, *, kind: str = "train", batch
         return Step(kind, logits, (params, other, ids), (), None, mesh, batch)
 
     tx = optimizer(optimizer_name)
-    opt_state = _place_like_params(tx, jax.eval_shape(tx.init, params), params, replicated, layout.zero_stage)
+    opt_state = jax.eval_shape(tx.init, params)
+    opt_state = jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+                             opt_state, opt_state_shardings(tx, opt_state, params, mesh, layout.zero_stage))
 
     def loss_and_grads(params, other, ids):
+        batch = {"input_ids": ids, "labels": labels_from(ids)}
         if pipeline is not None:
-            loss, _, grads = pipelines.pipeline_loss_and_grads(graphdef, params, other, {"input_ids": ids}, pipeline,
-                                                               mesh)
+            loss, _, grads = pipelines.pipeline_loss_and_grads(graphdef, params, other, batch, pipeline, mesh)
             return loss, grads
-        return jax.value_and_grad(lambda p: causal_lm_loss(logits(p, other, ids), labels_from(ids))[0])(params)
+        # the loss train() differentiates (its router coefficients: none)
+        loss_of = lambda p: train_loss(graphdef, p, other, batch)[0]
+        return jax.value_and_grad(loss_of)(params)
 
     def train(params, opt_state, other, ids):
         loss, grads = loss_and_grads(params, other, ids)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        return *apply_update(tx, grads, params, opt_state), loss
 
     sharding_of = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
     out = (sharding_of(params), sharding_of(opt_state), replicated)
@@ -138,15 +148,3 @@ def abstract_step(model: nnx.Module, mesh: tp.Any, *, kind: str = "train", batch
     layout = Layout.of(model, mesh, pa, rules, pipeline=pipeline, zero_stage=zero_stage)
     return layout_step(model, layout, kind=kind, batch=batch, optimizer_name=optimizer_name)
 
-
-def _place_like_params(tx: optax.GradientTransformation, opt_state: tp.Any, params: nnx.State,
-                       replicated: NamedSharding, zero_stage: int = 0) -> tp.Any:
-    """Optimizer state leaves shaped like their parameter take its sharding (split over ``dp`` too at
-    ``zero_stage=1``: :func:`workbench.core.zero.state_sharding`); the rest is replicated."""
-
-    def place(state_leaf: tp.Any, param: tp.Any = None) -> jax.ShapeDtypeStruct:
-        same = param is not None and tuple(state_leaf.shape) == tuple(param.shape)
-        sharding = state_sharding(param.sharding, param.shape, zero_stage) if same else replicated
-        return jax.ShapeDtypeStruct(state_leaf.shape, state_leaf.dtype, sharding=sharding)
-
-    return optax.tree_map_params(tx, place, opt_state, params, transform_non_params=place)

@@ -82,6 +82,25 @@ def _copy(tree: tp.Any, mesh) -> tp.Any:
     return jax.tree.map(one, tree)
 
 
+def opt_state_shardings(tx: optax.GradientTransformation, opt_state: tp.Any, params: tp.Any, mesh: tp.Any,
+                        zero_stage: int = 0) -> tp.Any:
+    """Where each leaf of ``tx``'s ``opt_state`` lives (a tree of ``NamedSharding`` shaped like it): a leaf shaped
+    like its parameter takes the parameter's sharding (``zero_stage=1``: split over ``dp`` as well, ZeRO-1,
+    :func:`workbench.core.zero.state_sharding`); the rest (counts, Adafactor's factored statistics) is replicated
+    on ``mesh``. ``opt_state`` and ``params`` are arrays or ``ShapeDtypeStruct`` s (the abstract step's); each
+    parameter carries its ``NamedSharding``. The one placement of optimizer state: :func:`to_state` and
+    :func:`workbench.core.compile.steps.layout_step` use it."""
+    check_zero_stage(zero_stage)
+    replicated = NamedSharding(mesh, P())
+
+    def place(state_leaf: tp.Any, param: tp.Any = None) -> NamedSharding:
+        if param is not None and tuple(state_leaf.shape) == tuple(param.shape):
+            return state_sharding(param.sharding, param.shape, zero_stage)
+        return replicated
+
+    return optax.tree_map_params(tx, place, opt_state, params, transform_non_params=place)
+
+
 def to_state(model: nnx.Module, optimizer: optax.GradientTransformation | None = None, *,
              zero_stage: int = 0) -> TrainState:
     """A :class:`TrainState` at step 0 holding copies of ``model``'s params (the model stays usable).
@@ -98,12 +117,8 @@ def to_state(model: nnx.Module, optimizer: optax.GradientTransformation | None =
     opt_state = optimizer.init(params)
     step = jnp.zeros((), jnp.int32)
     if mesh is not None:
-        replicated = NamedSharding(mesh, P())
-        shardings = jax.tree.map(lambda p: p.sharding, params)
-        place = lambda s, sh: jax.device_put(s, state_sharding(sh, s.shape, zero_stage))
-        opt_state = optax.tree_map_params(optimizer, place, opt_state, shardings,
-                                          transform_non_params=lambda s: jax.device_put(s, replicated))
-        step = jax.device_put(step, replicated)
+        opt_state = jax.device_put(opt_state, opt_state_shardings(optimizer, opt_state, params, mesh, zero_stage))
+        step = jax.device_put(step, NamedSharding(mesh, P()))
     return TrainState(graphdef=graphdef, tx=optimizer, params=params, opt_state=opt_state, step=step, other=other)
 
 
@@ -133,11 +148,16 @@ def prepare_batch(batch: Batch | jax.Array | np.ndarray) -> Batch:
     return out
 
 
-def _loss(state: TrainState, params: nnx.State, batch: Batch, router: tuple[float, float] = (0.0, 0.0)
-          ) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
-    """The loss (cross-entropy, plus the router losses weighted by ``router = (aux, z)`` coefficients) and
-    ``(num_tokens, extra metrics)``: for a MoE model its tokens per expert per layer (``expert_load``)."""
-    model = nnx.merge(state.graphdef, params, state.other)
+def train_loss(graphdef: nnx.GraphDef, params: nnx.State, other: nnx.State, batch: Batch,
+               router: tuple[float, float] = (0.0, 0.0)) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
+    """Traceable: the loss a train step differentiates and ``(num_tokens, extra metrics)``.
+
+    The loss is the causal LM cross-entropy of ``batch`` (``input_ids``, ``labels``, optionally
+    ``attention_mask``: :func:`prepare_batch`), plus a MoE model's router losses weighted by ``router = (aux, z)``
+    (``(0, 0)``, what :func:`train` uses: none). ``extra`` holds a MoE model's tokens per expert per layer
+    (``expert_load``). :func:`make_train_step` and the compiled abstract step
+    (:func:`workbench.core.compile.steps.layout_step`) both differentiate it."""
+    model = nnx.merge(graphdef, params, other)
     mask = batch.get("attention_mask")
     out = model(batch["input_ids"], mask)
     loss, num_tokens = causal_lm_loss(getattr(out, "logits", out), batch["labels"])
@@ -151,14 +171,38 @@ def _loss(state: TrainState, params: nnx.State, batch: Batch, router: tuple[floa
     return loss, (num_tokens, extra)
 
 
+def apply_update(tx: optax.GradientTransformation, grads: tp.Any, params: tp.Any, opt_state: tp.Any
+                 ) -> tuple[tp.Any, tp.Any]:
+    """Traceable: the optimizer update of a train step, ``grads -> (new params, new opt_state)`` by ``tx``.
+
+    The one update: :func:`make_train_step` (through :func:`advance`), the pipeline's train step
+    (:func:`workbench.core.pipeline.make_pipeline_train_step`) and the compiled abstract train step
+    (:func:`workbench.core.compile.steps.layout_step`) all call it."""
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+def advance(state: TrainState, loss: jax.Array, num_tokens: jax.Array, grads: nnx.State,
+            extra: tp.Mapping[str, jax.Array] | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+    """Traceable: ``state`` one step on (``grads`` applied by :func:`apply_update` with ``state.tx``) and the
+    step's metrics: loss, num_tokens, grad_norm (before clipping) and ``extra``."""
+    params, opt_state = apply_update(state.tx, grads, state.params, state.opt_state)
+    new = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
+    return new, {"loss": loss, "num_tokens": num_tokens, "grad_norm": optax.tree.norm(grads), **(extra or {})}
+
+
+def checked_state(state: tp.Any, optimizer: optax.GradientTransformation | None) -> TrainState:
+    """A train step's ``state`` checked to be a :class:`TrainState`, with ``optimizer`` (when given) as its ``tx``."""
+    if not isinstance(state, TrainState):
+        raise TypeError(f"train_step takes a TrainState (to_state(model, optimizer)); got {type(state).__name__}")
+    return state if optimizer is None or state.tx is optimizer else state.replace(tx=optimizer)
+
+
 def _step(state: TrainState, batch: Batch, router: tuple[float, float] = (0.0, 0.0)
           ) -> tuple[TrainState, dict[str, jax.Array]]:
-    loss_of = lambda params: _loss(state, params, batch, router)
+    loss_of = lambda params: train_loss(state.graphdef, params, state.other, batch, router)
     (loss, (num_tokens, extra)), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
-    updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    new = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
-    return new, {"loss": loss, "num_tokens": num_tokens, "grad_norm": optax.tree.norm(grads), **extra}
+    return advance(state, loss, num_tokens, grads, extra)
 
 
 def make_train_step(optimizer: optax.GradientTransformation | None = None, *,
@@ -182,10 +226,7 @@ def make_train_step(optimizer: optax.GradientTransformation | None = None, *,
     router = (router_aux_loss_coef, router_z_loss_coef)
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
-        if not isinstance(state, TrainState):
-            raise TypeError(f"train_step takes a TrainState (to_state(model, optimizer)); got {type(state).__name__}")
-        if optimizer is not None and state.tx is not optimizer:
-            state = state.replace(tx=optimizer)
+        state = checked_state(state, optimizer)
         batch = place_batch(batch, state, partition_axis)
         key = ("train_step", router, signature((state, batch)))
         return PROGRAMS.get(key, lambda: _compile_step(state, batch, router)).value(state, batch)
@@ -206,7 +247,7 @@ def make_eval_step(*, partition_axis: PartitionAxis | None = None
     """``eval_step(state, batch) -> {"loss", "num_tokens"}``, jitted; the state is not donated."""
     partition_axis = PartitionAxis() if partition_axis is None else partition_axis
     def loss_and_tokens(state: TrainState, batch: Batch) -> dict[str, jax.Array]:
-        loss, (num_tokens, _) = _loss(state, state.params, batch)
+        loss, (num_tokens, _) = train_loss(state.graphdef, state.params, state.other, batch)
         return {"loss": loss, "num_tokens": num_tokens}
 
     evaluate = jax.jit(loss_and_tokens)
