@@ -29,6 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from workbench.core import pipeline as pipelines
 from workbench.core.axes import PartitionAxis
+from workbench.core.checks import one_of
 from workbench.core.hardware.cluster import Cluster
 from workbench.core.models.loss import labels_from
 from workbench.core.models.sharding import path_str, with_mesh
@@ -46,8 +47,7 @@ def optimizer(name: str, learning_rate: float = 1e-3) -> optax.GradientTransform
     ``"adafactor"`` (factored second moments of matrices whose two largest dims are >= 128, else a full one, and a
     count), ``"sgd"`` (SGD with momentum 0.9: one trace per parameter), both as optax makes them, unclipped, as
     ``train(optimizer=...)`` runs a given optimizer."""
-    if name not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {name!r}; use one of {OPTIMIZERS}")
+    one_of("optimizer", name, OPTIMIZERS)
     makers = {"adamw": lambda lr: make_optimizer(lr=lr), "adafactor": optax.adafactor,
               "sgd": lambda lr: optax.sgd(lr, momentum=0.9)}
     return makers[name](learning_rate)
@@ -85,8 +85,7 @@ def layout_step(model: nnx.Module, layout: Layout, *, kind: str = "train", batch
     :func:`~workbench.core.pipeline.pipeline_logits`, a train step's loss and gradients through
     :func:`~workbench.core.pipeline.pipeline_loss_and_grads`. A train step's optimizer state is split over ``dp``
     too with the layout's ``zero_stage=1`` (:mod:`workbench.core.zero`)."""
-    if kind not in STEP_KINDS:
-        raise ValueError(f"kind must be one of {STEP_KINDS}; got {kind!r}")
+    one_of("kind", kind, STEP_KINDS)
     mesh, pa = layout.mesh, layout.partition_axis
     graphdef, params, other = nnx.split(with_mesh(model, mesh, pa), nnx.Param, ...)
     if tuple(path_str(p) for p, _ in nnx.to_flat_state(params)) != layout.paths:
