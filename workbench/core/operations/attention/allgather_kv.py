@@ -30,6 +30,7 @@ from workbench.core.operations.attention.ring import (
     broadcast_spec,
     data_axes,
     optional_inputs,
+    over_sequence,
 )
 from workbench.core.operations.attention.ring_kernel import CONTIGUOUS, ZIGZAG, chunk_offsets
 from workbench.core.operations.attention.zigzag import from_zigzag, to_zigzag
@@ -81,9 +82,7 @@ def allgather_kv_attention(call: AttentionCall, mesh: Mesh, axis: str, load_bala
         out_BTHD = outs[0] if parts == 1 else jnp.concatenate(outs, axis=1)
         return from_zigzag(out_BTHD, axis, sp, 1) if load_balance == ZIGZAG else out_BTHD
 
-    fn = jax.shard_map(body, mesh=mesh, in_specs=(seq_spec, seq_spec, seq_spec, {n: specs[n] for n in local}),
-                       out_specs=seq_spec)
-    return fn(call.query, call.key, call.value, local)
+    return over_sequence(body, mesh, call, local, seq_spec, specs)
 
 
 @OperationRegistry.register

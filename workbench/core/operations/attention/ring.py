@@ -110,6 +110,15 @@ def optional_inputs(call: AttentionCall) -> dict[str, Array]:
     return {name: x for name, x in arrays.items() if x is not None}
 
 
+def over_sequence(body: tp.Callable, mesh: tp.Any, call: AttentionCall, local: dict[str, Array], seq_spec: P,
+                  specs: dict[str, P], out_specs: tp.Any = None) -> tp.Any:
+    """``body(q, k, v, local)`` under ``shard_map`` on ``mesh``: the query, key and value split by ``seq_spec``, each
+    optional input in ``local`` by its spec in ``specs``, the output by ``out_specs`` (default ``seq_spec``)."""
+    fn = jax.shard_map(body, mesh=mesh, in_specs=(seq_spec, seq_spec, seq_spec, {n: specs[n] for n in local}),
+                       out_specs=seq_spec if out_specs is None else out_specs)
+    return fn(call.query, call.key, call.value, local)
+
+
 def broadcast_spec(shape: tuple[int, ...], entries: tuple[AxisEntry | str, ...]) -> P:
     """A spec splitting each dimension by its entry, except those of size 1 (which broadcast)."""
     return P(*(e if n > 1 else None for e, n in zip(entries, shape, strict=True)))
@@ -173,9 +182,7 @@ def ring_attention(call: AttentionCall, mesh: Mesh, axis: str, load_balance: str
             out_BTHD = from_zigzag(out_BTHD, axis, sp, 1)
         return out_BTHD, count.reshape(1, 1, 1)
 
-    fn = jax.shard_map(body, mesh=mesh, in_specs=(seq_spec, seq_spec, seq_spec, {n: specs[n] for n in local}),
-                       out_specs=(seq_spec, P(batch, axis, heads)))
-    out, counts = fn(call.query, call.key, call.value, local)
+    out, counts = over_sequence(body, mesh, call, local, seq_spec, specs, (seq_spec, P(batch, axis, heads)))
     return (out, counts[:, :, 0]) if count_tiles else out
 
 

@@ -28,6 +28,7 @@ from workbench.core.operations.attention.ring import (
     data_axes,
     join,
     optional_inputs,
+    over_sequence,
 )
 from workbench.core.operations.base import Capabilities, OperationImpl, OperationRegistry
 
@@ -74,9 +75,7 @@ def ulysses_attention(call: AttentionCall, mesh: Mesh, axis: str) -> Array:
         out_BTHD, _ = dense_attention(head_call)
         return jax.lax.all_to_all(out_BTHD, axis, split_axis=1, concat_axis=2, tiled=True)
 
-    fn = jax.shard_map(body, mesh=mesh, in_specs=(seq_spec, seq_spec, seq_spec, {n: specs[n] for n in local}),
-                       out_specs=seq_spec)
-    return fn(call.query, call.key, call.value, local)
+    return over_sequence(body, mesh, call, local, seq_spec, specs)
 
 
 @OperationRegistry.register
