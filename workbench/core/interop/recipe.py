@@ -19,7 +19,7 @@ import pathlib
 import typing as tp
 
 from workbench.core.axes import DP, EP, FSDP, MODE_TRAIN, SP, TP, PartitionAxis, semantic_names
-from workbench.core.checks import is_positive_int, one_of
+from workbench.core.checks import is_positive_int
 from workbench.core.cost.price import price as price_plan
 from workbench.core.hardware.cluster import cluster_mesh
 from workbench.core.mesh import MESH_AXES, axis_sizes
@@ -27,7 +27,6 @@ from workbench.core.pipeline import pipeline_partition_axis
 from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.plan import Plan
 from workbench.core.sharding.plan import Layout
-from workbench.core.vocab import REMATS
 
 # The ZeRO stages a recipe may state (DeepSpeed's 0..3); a Layout runs them as workbench.core.zero.ZERO_STAGES says
 # (see workbench_zero_stage).
@@ -73,18 +72,8 @@ class TrainingRecipe:
             raise ValueError(f"batch is (global sequences per step, sequence length), two positive ints; "
                              f"got {self.batch!r}")
         object.__setattr__(self, "batch", batch)
-        one_of("remat", self.remat, REMATS)
-        if not is_positive_int(self.grad_accumulation):
-            raise ValueError(f"grad_accumulation is a positive int; got {self.grad_accumulation!r}")
         if self.zero_stage not in STATED_ZERO_STAGES or isinstance(self.zero_stage, bool):
             raise ValueError(f"zero_stage is one of {STATED_ZERO_STAGES}; got {self.zero_stage!r}")
-        pp = mesh["pp"]
-        if self.pipeline is not None and not isinstance(self.pipeline, PipelineConfig):
-            raise TypeError(f"pipeline is a PipelineConfig or None; got {self.pipeline!r}")
-        if (self.pipeline.num_stages if self.pipeline else 1) != pp:
-            raise ValueError(f"mesh pp={pp} needs a PipelineConfig(num_stages={pp}, ...)" if self.pipeline is None
-                             else f"the pipeline has {self.pipeline.num_stages} stages but the mesh pp={pp}; make "
-                                  f"them equal")
         rules = tuple(sorted((str(f), tuple(axes)) for f, axes in self.axis_rules))
         unknown = sorted({f for f, _ in rules} - set(_PARTITION_FIELDS))
         if unknown:
@@ -97,6 +86,7 @@ class TrainingRecipe:
         rules = tuple((f, axes) for f, axes in rules if set(axes) != set(default_field_axes(f, mesh)))
         object.__setattr__(self, "axis_rules", rules)
         object.__setattr__(self, "notes", tuple(self.notes))
+        _ = self.plan  # the remat policy, accumulation and pipeline checked once, as every Plan is
 
     # -- what a recipe says ---------------------------------------------------------------------------------
     @property
