@@ -524,3 +524,33 @@ def test_hbm_bytes_equal_xla_bytes_accessed_without_loops():
     compiled = jax.jit(f).lower(jax.ShapeDtypeStruct((256, 512), jnp.float32),
                                 jax.ShapeDtypeStruct((64, 256), jnp.float32)).compile()
     assert hbm_bytes(compiled.as_text()) == compiled.cost_analysis()["bytes accessed"]
+
+
+def test_a_collective_at_the_attained_bandwidth():
+    """Real collectives reach a fraction of the links' bandwidth: that fraction divides the bandwidth time; a
+    latency-bound collective keeps its latency."""
+    v5p = Cluster.tpu("v5p:4x4x4")
+    big = transfer("all-gather", 2**30, ("fsdp",), {"fsdp": 64}, v5p)
+    assert big.bound == "bandwidth" and big.attained(0.8) == pytest.approx(big.bandwidth_s / 0.8)
+    tiny = transfer("all-gather", 64, ("fsdp",), {"fsdp": 64}, v5p)
+    assert tiny.bound == "latency" and tiny.attained(0.8) == tiny.latency_s
+
+
+def test_a_compiled_and_a_predicted_step_price_a_collective_the_same_way():
+    """The collectives of a predicted step, given to the compiled step's pricer: each costs what the prediction
+    said (both at the chip's attained fraction of link bandwidth); with efficiency=1 the compiled one is the ideal."""
+    from workbench.core.cost.predicted import predict_step
+    from workbench.core.hardware.calibration import calibration
+    from workbench.core.models.presets import full_config
+
+    cluster, mesh = Cluster.h100(nodes=8), {"fsdp": 16, "tp": 4}
+    predicted = predict_step(full_config("llama-3-8b"), cluster, mesh, batch=(64, 4096))
+    records = [(c.kind, c.nbytes, c.axes, c.runs) for c in predicted.collectives]
+    compiled = step_time(cluster=cluster, mesh_shape=mesh, flops=1.0, hbm_bytes=1.0, collectives=records)
+    assert [c.seconds for c in compiled.collectives] == [c.seconds for c in predicted.collectives]
+    ideal = step_time(cluster=cluster, mesh_shape=mesh, flops=1.0, hbm_bytes=1.0, collectives=records,
+                      efficiency=1.0)
+    network = calibration(cluster.chip).network.value
+    for at, c in zip(ideal.collectives, compiled.collectives, strict=True):
+        t = transfer(c.kind, c.nbytes, c.axes, {"pp": 1, "dp": 1, "ep": 1, "sp": 1, **mesh}, cluster)
+        assert at.seconds == t.seconds and c.seconds == max(t.bandwidth_s / network, t.latency_s)
