@@ -2,8 +2,9 @@
 everywhere (reading the saved notebooks only; nbval runs them).
 
 Structure: each numbered notebook opens with what the learner will be able to do, asks at least two
-predict-then-check questions (a ``my_guess_...`` variable the learner fills in, never asserted on), keeps every
-``assert`` in a hidden cell tagged ``check``, and says nothing about the test harness in its prose.
+predict-then-check questions (a ``my_guess_...`` variable that starts as ``None`` for the learner to fill in,
+never asserted on), keeps every ``assert`` in a hidden cell tagged ``check``, and says nothing about the test
+harness in its prose.
 
 Figures: a plotly figure is saved as ``application/vnd.plotly.v1+json``, which only JupyterLab's plotly extension
 draws; GitHub and nbconvert's HTML show the ``image/png`` saved beside it (``tools/static_images.py``).
@@ -78,14 +79,26 @@ def test_it_asks_at_least_two_predict_then_check_questions(notebook):
 
 
 def _empty(node: ast.expr) -> bool:
-    """None, a zero, an empty string or ``P()``, or a tuple / dict of those: a blank for the learner to fill."""
+    """``None``, or a tuple / dict of ``None`` (one guess per entry): a blank for the learner to fill. A zero, an
+    empty string or ``P()`` is not blank: it prints as the learner's guess and can be the answer itself."""
     if isinstance(node, ast.Constant):
-        return node.value is None or node.value in (0, "")
+        return node.value is None
     if isinstance(node, ast.Tuple):
-        return all(_empty(e) for e in node.elts)
+        return bool(node.elts) and all(_empty(e) for e in node.elts)
     if isinstance(node, ast.Dict):
-        return all(_empty(v) for v in node.values)
-    return isinstance(node, ast.Call) and not node.args and not node.keywords
+        return bool(node.values) and all(_empty(v) for v in node.values)
+    return False
+
+
+@pytest.mark.parametrize("source", ["None", "None, None", "(None, None)", "{'window': None, 'documents': None}"])
+def test_none_is_an_empty_guess(source):
+    assert _empty(ast.parse(source, mode="eval").body)
+
+
+@pytest.mark.parametrize("source", ["0", "0.0", "''", "P()", "P(None)", "False", "()", "{}", "[]", "0, None",
+                                    "(0.0, 0.0)", "{'vanilla': 0.0, 'flash': None}", "{'jax.nn': 0}", "-1"])
+def test_a_zero_or_a_blank_spec_is_not_an_empty_guess(source):
+    assert not _empty(ast.parse(source, mode="eval").body)
 
 
 def test_a_guess_starts_empty(notebook):
