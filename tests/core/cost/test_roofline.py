@@ -8,6 +8,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from workbench.core.cost.roofline import roofline
 from workbench.core.cost.sharded_matmul import sharded_matmul
 from workbench.core.hardware.chips import H100, TPU_V5E, cpu_measured
 from workbench.core.hardware.cluster import Cluster
@@ -24,6 +25,17 @@ def test_critical_intensities():
     an H100 989e12 / 3.35e12 ~ 295."""
     assert TPU_V5E.critical_intensity == pytest.approx(240, rel=0.02)
     assert H100.critical_intensity == pytest.approx(295, rel=0.01)
+
+
+def test_critical_intensity_is_where_the_priced_rates_meet():
+    """At efficiencies below peak the critical intensity is the one those rates give (here 0.8 x 1.97e14 FLOP/s over
+    0.5 x 8.1e11 B/s, 389 FLOP/B): a program of that intensity takes as long to compute as to move, so the
+    printed threshold and the printed bound never disagree."""
+    v5e = Cluster.tpu("v5e:1x1")
+    line = roofline(389.1e12, 1e12, v5e, efficiency=0.8, hbm_efficiency=0.5)
+    assert line.critical_intensity == pytest.approx(0.8 * 1.97e14 / (0.5 * 8.1e11))
+    assert line.compute_s == pytest.approx(line.memory_s, rel=1e-3)
+    assert roofline(1e12, 1e12, v5e).critical_intensity == TPU_V5E.critical_intensity
 
 
 def test_matmul_intensity_is_batch_when_batch_is_small():

@@ -39,7 +39,7 @@ class Roofline:
     hbm_bytes: float
     compute_s: float
     memory_s: float
-    critical_intensity: float  # C / W_hbm: FLOPs per byte above which compute bounds
+    critical_intensity: float  # (C * efficiency) / W_hbm at the rates priced: FLOPs per byte above which compute bounds
 
     @property
     def time_s(self) -> float:
@@ -69,5 +69,5 @@ def roofline(flops: float, hbm_bytes: float, cluster: Cluster, dtype: tp.Any = "
         raise ValueError(f"efficiency is the fraction of peak FLOP/s reached, in (0, 1]; got {efficiency!r}")
     peak = cluster.chip.peak_flops(rate_dtype(dtype)) / cluster.devices_per_chip
     bandwidth = cluster.chip.hbm_bandwidth / cluster.devices_per_chip * hbm_efficiency
-    return Roofline(flops, hbm_bytes, flops / (peak * efficiency), hbm_bytes / bandwidth, peak / bandwidth)
+    return Roofline(flops, hbm_bytes, flops / (peak * efficiency), hbm_bytes / bandwidth, peak * efficiency / bandwidth)
 

@@ -217,8 +217,8 @@ class StepTime:
         head = [("step", fs(self.time_s), f"{self.bound}-bound on {self.cluster.name}, {mesh}; parts "
                  + ("overlapped (the longest)" if self.overlap else "one after another") + f"; {self.utilisation()}"),
                 ("compute", fs(r.compute_s), f"{r.flops:.3g} FLOP per device at {self.efficiency:.0%} of peak"),
-                ("memory", fs(r.memory_s), f"{r.hbm_bytes:.3g} B per device (intensity {r.intensity:.0f} FLOP/B, "
-                                           f"critical {r.critical_intensity:.0f})"),
+                ("memory", fs(r.memory_s), f"{r.hbm_bytes:.3g} B per device (intensity {r.intensity:.0f} FLOP/B; "
+                                           f"compute bounds above {r.critical_intensity:.0f} at these rates)"),
                 ("communication", fs(self.comm_s), levels or "no collectives")]
         if self.bubble_s:
             head.append(("pipeline bubble", fs(self.bubble_s), f"{self.bubble_fraction:.0%} of the schedule's ticks "
