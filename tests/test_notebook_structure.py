@@ -116,8 +116,9 @@ def test_asserts_live_in_hidden_check_cells(notebook):
         has_assert = any(isinstance(n, ast.Assert) for n in ast.walk(ast.parse(cell.source)))
         if has_assert:
             assert _is_check(cell), f"an assert in a teaching cell (tag it 'check'):\n{cell.source[:300]}"
-        if _is_check(cell):
+        if _is_check(cell):  # folded in JupyterLab (source_hidden) and in exporters such as Jupyter Book (hide-input)
             assert cell.metadata.get("jupyter", {}).get("source_hidden"), f"check cell not hidden:\n{cell.source[:200]}"
+            assert "hide-input" in cell.metadata["tags"], f"check cell not tagged 'hide-input':\n{cell.source[:200]}"
 
 
 def test_the_prose_says_nothing_of_the_test_harness(notebook):
