@@ -28,8 +28,8 @@ gradients in a jitted step: ZeRO-2 is ZeRO-1 here), ``fsdp`` is stage 3.
 
 The package, by job: :mod:`.constraints` (what the user fixes, and the mesh shapes, cluster parts and pipelines it
 leaves), :mod:`.candidate` (one layout and its figures), :mod:`.search` (:func:`advise`: enumerate, hold against
-the HBM), :mod:`.rank` (price and rank, the tie-breaks), :mod:`.reasons` (the words), :mod:`.advice` (the result
-and its tables), :mod:`.confirm` (compile and reconcile).
+the HBM), :mod:`.rank` (price and rank, the tie-breaks), :mod:`.reasons` (the words), :mod:`.breakdown` (a step as
+the sum a reason writes), :mod:`.advice` (the result and its tables), :mod:`.confirm` (compile and reconcile).
 """
 
 from workbench.core.advisor.advice import Advice

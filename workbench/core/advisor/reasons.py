@@ -1,5 +1,6 @@
-"""The words: why each layout ranks where it does (:func:`reason`), each clause with the number that decides it, and
-:func:`explain` filling in every candidate's reason once the ranking is known."""
+"""The words: why each layout ranks where it does (:func:`reason`), each clause with the number that decides it, what
+change of its mesh fits a layout that does not (:func:`rescue`), and :func:`explain` filling in every candidate's
+reason once the ranking is known."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import typing as tp
 
 from workbench.core.advisor.advice import Advice
+from workbench.core.advisor.breakdown import step_sum
 from workbench.core.advisor.candidate import Candidate, gib
 from workbench.core.advisor.constraints import Constraints
 from workbench.core.advisor.rank import TIE, tie_break
@@ -30,21 +32,28 @@ def explain(advice: Advice, constraints: Constraints) -> None:
                           previous=advice.ranked[i - 1] if i else None,
                           config=getattr(advice.model, "config", None))
     for c in advice.rejected:
-        # the fastest fitting layout of the same mesh, with this schedule if one fits, else this remat policy
+        # the fastest fitting layout of the same mesh, with this schedule (and its virtual stages) if one fits,
+        # else this remat policy; with ZeRO-1 where that fits
         rescued = sorted(fits_by_shape.get(tuple(c.mesh_shape.values()), []),
-                         key=lambda f: (f.pipeline is None or c.pipeline is None
-                                        or f.pipeline.schedule != c.pipeline.schedule, f.remat != c.remat,
-                                        f.zero_stage == c.zero_stage))
+                         key=lambda f: (*_schedule_changes(c.pipeline, f.pipeline), f.remat != c.remat, -f.zero_stage))
         c.reason = reason(c, advice.cluster, rescued_by=rescued[0] if rescued else None,
                           headroom=constraints.headroom)
+
+
+def _schedule_changes(was: tp.Any, now: tp.Any) -> tuple[bool, bool]:
+    """Whether a pipeline's schedule, and its virtual stages, change from ``was`` to ``now``."""
+    if was is None or now is None:
+        return (was is not now, was is not now)
+    return was.schedule != now.schedule, was.virtual_stages != now.virtual_stages
 
 
 def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, rescued_by: Candidate | None = None,
            batch: tuple[int, int] | None = None, task: str = "train", headroom: float = 0.0,
            previous: Candidate | None = None, config: tp.Any = None) -> str:
     """Why ``c`` ranks where it does, in words, each with the number that decides it: what it does not fit by (and
-    which remat would fit), or what bounds its step (the largest collective on its network level, a
-    tensor-parallel group across nodes, too few tokens per chip to hide FSDP's gathers, a pipeline bubble), the
+    which change of its mesh would fit, named), or what its step is made of (:func:`~.breakdown.step_sum`: the
+    parts named add up to the step) and what bounds it (collectives longer than the work, a tensor-parallel group
+    across nodes, too few tokens per chip to hide FSDP's gathers, a pipeline bubble), the
     chips it leaves idle and why (with ``config``: which of the sequences, heads and layers the idle-making
     factors do not divide), how far it is from the best, and what broke a tie with the layout ranked before it
     (``previous``)."""
@@ -52,9 +61,9 @@ def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, resc
     if not c.fits:
         return _misfit(c, hbm * (1 - headroom), rescued_by)
     st = c.step
-    words = [_bound(st)]
-    words += [w for w in (_tp_across_nodes(c, cluster), _fsdp_exposed(c, batch, task), _idle(c, cluster, batch, config),
-                          _accumulated(c, batch), _recomputed(c), _bubble(c)) if w]
+    words = [step_sum(st)]
+    words += [w for w in (_collectives(st), _tp_across_nodes(c, cluster), _fsdp_exposed(c, batch, task),
+                          _idle(c, cluster, batch, config), _accumulated(c, batch), _recomputed(c), _bubble(c)) if w]
     words += _standing(c, best, previous)
     if hbm is not None:
         words.append(f"uses {c.ledger.total / hbm:.0%} of HBM")
@@ -63,31 +72,59 @@ def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, resc
 
 def _misfit(c: Candidate, usable: float, rescued_by: Candidate | None) -> str:
     """By how much ``c`` overflows the ``usable`` HBM (its largest part named), and what change of the same mesh
-    (``rescued_by``: remat, pipeline microbatches, ZeRO) fits."""
+    (``rescued_by``: remat, accumulation, pipeline microbatches, ZeRO, the experts' placement) fits."""
     parts = c.ledger.parts()
     big = max(parts, key=parts.get)
     text = (f"does not fit: {gib(c.ledger.total)} > {gib(usable)} usable HBM "
             f"({_PART_NAMES.get(big, big)} {gib(parts[big])})")
     if rescued_by is None:
         return text
-    change = [f"remat {rescued_by.remat}"] if rescued_by.remat != c.remat else []
-    if rescued_by.pipeline != c.pipeline and rescued_by.pipeline is not None:
-        pl = rescued_by.pipeline
-        same_schedule = c.pipeline is not None and pl.schedule == c.pipeline.schedule
-        change.append(f"{pl.num_microbatches} microbatches" if same_schedule else
-                      f"{pl.schedule} m={pl.num_microbatches}")
-    if rescued_by.zero_stage != c.zero_stage:
-        change.append(f"ZeRO-{rescued_by.zero_stage}" if rescued_by.zero_stage else "no ZeRO")
-    return text + f"; with {' and '.join(change)} it fits ({gib(rescued_by.ledger.total)})"
+    return text + f"; with {rescue(c, rescued_by)} it fits ({gib(rescued_by.ledger.total)})"
 
 
-def _bound(st: tp.Any) -> str:
-    """What bounds the step: its largest collective group on its network level, or compute or memory."""
+def rescue(c: Candidate, fit: Candidate) -> str:
+    """What ``fit`` (a layout of ``c``'s mesh) changes from ``c``, in words: "remat full, 8 microbatches accumulated
+    and ZeRO-1", "interleaved v=2 m=16", "experts whole over fsdp"; its label if nothing names it."""
+    change = [f"remat {fit.remat}"] if fit.remat != c.remat else []
+    if fit.grad_accumulation != c.grad_accumulation:
+        k = fit.grad_accumulation
+        change.append(f"{k} microbatches accumulated" if k > 1 else "no accumulation")
+    if fit.pipeline != c.pipeline:
+        change.append(_pipeline_change(c.pipeline, fit.pipeline))
+    if fit.zero_stage != c.zero_stage:
+        change.append(f"ZeRO-{fit.zero_stage}" if fit.zero_stage else "no ZeRO")
+    if fit.experts_fsdp != c.experts_fsdp:
+        change.append("experts split over fsdp" if fit.experts_fsdp else "experts whole over fsdp")
+    if not change:
+        return fit.label
+    return change[0] if len(change) == 1 else ", ".join(change[:-1]) + " and " + change[-1]
+
+
+def _pipeline_change(was: tp.Any, now: tp.Any) -> str:
+    """A pipeline's change in words: its microbatches where only they change, else the schedule as the label
+    writes it."""
+    if now is None:
+        return "no pipeline"
+    if was is not None and (was.schedule, was.virtual_stages, was.uneven) == (now.schedule, now.virtual_stages,
+                                                                               now.uneven):
+        return f"{now.num_microbatches} microbatches"
+    v = f" v={now.virtual_stages}" if now.virtual_stages > 1 else ""
+    return f"{now.schedule}{v} m={now.num_microbatches}{' uneven stages' if now.uneven else ''}"
+
+
+def _collectives(st: tp.Any) -> str:
+    """A communication-bound step: its collectives in all (longer than its work), the largest group on its network
+    level, and how much of them the work does not hide (the step's sum names that part)."""
     groups = st.rows()
-    if st.bound == "communication" and groups:
-        kind, axes, level, _, _, _, seconds = groups[0]
-        return f"{kind}s over {','.join(axes)} on {level}: {format_seconds(seconds)} of {format_seconds(st.time_s)}"
-    return f"{st.bound}-bound ({format_seconds(max(st.compute_s, st.memory_s))} of {format_seconds(st.time_s)})"
+    if st.bound != "communication" or not groups:
+        return ""
+    kind, axes, level, _, _, _, seconds = groups[0]
+    text = f"collectives {format_seconds(st.comm_s)} in all ({kind}s over {','.join(axes)} on {level} " \
+           f"{format_seconds(seconds)})"
+    if st.terms:
+        exposed = sum(t.seconds for t in st.terms if t.part == "communication")
+        text += f", {format_seconds(exposed)} of them exposed"
+    return text
 
 
 def _tp_across_nodes(c: Candidate, cluster: tp.Any) -> str:

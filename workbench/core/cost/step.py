@@ -30,6 +30,7 @@ class CollectiveTime:
     name: str = ""
     overlapped: bool = False  # runs beside a permute the other way round the same ring: costs nothing more
     part: str = ""  # the layer kind it serves ("attention", "mlp", ...), where a prediction knows it
+    role: str = ""  # what may hide it, where a prediction knows: "gather", "grad", "ring", "tp" or "critical"
 
     @property
     def total_s(self) -> float:

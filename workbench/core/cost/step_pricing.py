@@ -32,9 +32,9 @@ def roofline_step(counts: StepCounts, step: StepSizes, cluster: Cluster, *, effi
     """The step on the roofline: its FLOPs at ``efficiency`` of peak against its HBM bytes, each collective at
     the network's bandwidth, and the bubble on the pipelined layers' busy time."""
     mesh, timed, pipelined_s = dict(step.sizes), [], 0.0
-    for (part, kind, axes, nbytes, name), (runs, pipelined, _) in counts.comms.items():
+    for (part, kind, axes, nbytes, name), (runs, pipelined, role) in counts.comms.items():
         t = transfer(kind, nbytes, axes, mesh, cluster)
-        timed.append(CollectiveTime(kind, axes, nbytes, runs, t.seconds, t.level, t.bound, name, False, part))
+        timed.append(CollectiveTime(kind, axes, nbytes, runs, t.seconds, t.level, t.bound, name, False, part, role))
         if pipelined and step.bubble:
             pipelined_s += t.seconds * runs * staged.get(part, 0.0)
     line = roofline(sum(counts.flops.values()), sum(counts.bytes.values()), cluster, step.rate, efficiency)
@@ -129,7 +129,7 @@ def _timed_collectives(counts: StepCounts, step: StepSizes, cluster: Cluster, ne
     for (part, kind, axes, nbytes, name), (runs, pipelined, role) in counts.comms.items():
         t = transfer(kind, nbytes, axes, mesh, cluster)
         seconds = t.attained(network)
-        timed.append(CollectiveTime(kind, axes, nbytes, runs, seconds, t.level, t.bound, name, False, part))
+        timed.append(CollectiveTime(kind, axes, nbytes, runs, seconds, t.level, t.bound, name, False, part, role))
         role_s[role] = role_s.get(role, 0.0) + seconds * runs
         role_runs[role] = role_runs.get(role, 0) + runs
         if pipelined and role in ("tp", "critical"):
