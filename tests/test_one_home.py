@@ -20,6 +20,8 @@ HOMES = {
     "parse": "core/hlo/text.py", "element_bits": "core/hlo/text.py",
     "positive_int": "core/checks.py",
     "layout_step": "core/compile/steps.py", "mesh_factorizations": "core/mesh.py", "mesh_of": "core/mesh.py",
+    # gradient accumulation's microbatch, and uneven pipeline stages held as equal ones: the advisor's and explorer's
+    "microbatch": "core/plan.py", "stage_padded": "core/pipeline.py",
 }
 # a constant's value -> the one module that writes it
 CONSTANTS = {

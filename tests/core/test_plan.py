@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from workbench.core.pipeline_schedule import PipelineConfig
-from workbench.core.plan import Plan
+from workbench.core.plan import Plan, microbatch
 
 
 def test_a_plan_holds_every_mesh_axis():
@@ -41,3 +41,16 @@ def test_the_label_names_the_split_axes_the_pipeline_and_the_accumulation():
 def test_a_bad_plan_says_what_to_change(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Plan(**kwargs)
+
+
+def test_a_microbatch_is_the_step_s_sequences_split_k_ways():
+    assert Plan({"fsdp": 8}, grad_accumulation=4).microbatch((16, 128)) == microbatch((16, 128), 4) == (4, 128)
+    assert microbatch((16, 128), 1) == (16, 128)
+    with pytest.raises(ValueError, match=r"12 sequences do not split into 5 microbatches; use a count that divides "
+                                         r"12: 1, 2, 3, 4, 6, 12$"):
+        microbatch((12, 1024), 5)
+    with pytest.raises(ValueError) as err:  # many divisors: the smallest, then the batch itself
+        microbatch((2**20, 1), 3)
+    assert str(err.value).endswith(": 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 1048576")
+    with pytest.raises(ValueError, match="grad_accumulation must be a positive int"):
+        microbatch((8, 64), 0)

@@ -104,6 +104,18 @@ def test_sharding_explorer():
     assert explorer.edit(partition_axis=explorer.partition_axis)  # a valid edit still resolves
 
 
+def test_sharding_explorer_on_a_cluster():
+    """The cluster's controls too: the step, the remat policy, accumulation, ZeRO-1 and a pp mesh's pipeline."""
+    from workbench.core.hardware.cluster import Cluster
+    from workbench.widgets import ShardingExplorer
+
+    explorer = ShardingExplorer(tiny("llama", num_hidden_layers=4), {"pp": 2, "dp": 2, "fsdp": 2},
+                                cluster=Cluster.h100(nodes=1), batch=(8, 16))
+    drive(explorer.widget, click=False)
+    assert_usable(explorer)
+    assert explorer.set_mesh({"pp": 2, "dp": 2, "fsdp": 2}) and explorer.plan().pipeline is not None
+
+
 def test_attention_lab():
     from workbench.widgets import AttentionLab
 

@@ -2,6 +2,7 @@
 snippet, exec'd, rebuilds the explorer's layout), and load() switches to a given layout or its JSON,
 with an inline error for one that does not fit."""
 
+import dataclasses
 import html
 import json
 import re
@@ -164,5 +165,8 @@ def test_a_pp_mesh_exports_its_pipeline_and_a_loaded_pipeline_sizes_the_ledger(m
     assert ex.layout.pipeline == gpipe and json.loads(ex.export()[1])["pipeline"]["schedule"] == "gpipe"
     assert ex.ledger() == ledgers.ledger(model, ex.layout, batch=(16, 64), remat="none", cluster=cluster,
                                          pipeline=gpipe)
-    assert ex.set_mesh({"pp": 4, "fsdp": 2})  # planned for pp=2: the pp=4 mesh gets its default pipeline
-    assert ex.layout.pipeline is None and ex.exported_layout().pipeline == default_config(ex.mesh, 16)
+    assert ex.set_mesh({"pp": 4, "fsdp": 2})  # planned for pp=2: the pp=4 mesh gets its default pipeline,
+    # its stages uneven as the advisor marks them where they do not divide the layers (2 cannot fill 4: it says so)
+    assert ex.layout.pipeline is None
+    assert ex.exported_layout().pipeline == dataclasses.replace(default_config(ex.mesh, 16), uneven=True)
+    assert "2 layers cannot fill 4 stages; use fewer stages" in ex.error

@@ -36,7 +36,7 @@ from jax.sharding import PartitionSpec as P
 from workbench.core.axes import PartitionAxis
 from workbench.core.mesh import mesh_of
 from workbench.core.models.block import ACTIVATION_AXES
-from workbench.core.models.causal_lm import SequenceClassifier
+from workbench.core.models.causal_lm import CausalLM, SequenceClassifier
 from workbench.core.models.loss import causal_lm_loss, labels_from
 from workbench.core.models.sharding import with_mesh
 from workbench.core.models.stack import layer_kinds, run_layers, run_stack
@@ -69,6 +69,7 @@ __all__ = [
     "pipeline_partition_axis",
     "pipeline_schedule",
     "pipeline_value_and_grad",
+    "stage_padded",
 ]
 
 Array = jax.Array
@@ -497,6 +498,29 @@ def default_config(mesh: tp.Any, batch_size: int, schedule: str = "1f1b") -> Pip
     p, data_ways = sizes.get(PP, 1), sizes.get(DP_AXIS, 1) * sizes.get("fsdp", 1)
     m = max((k for k in range(1, 2 * p + 1) if batch_size % (k * data_ways) == 0), default=1)
     return PipelineConfig(p, m, schedule)
+
+
+def stage_padded(model: tp.Any, pipeline: PipelineConfig | None) -> tp.Any:
+    """``model``, or where ``pipeline``'s stages are uneven an abstract copy of it with as many stacked layers as
+    equal stages of the deepest one hold (:meth:`PipelineConfig.padded_layers`, the layer pattern carried on):
+    the model whose memory a pipelined step holds on every device (the advisor's ledger and the explorer's).
+    The copy keeps the model's dtypes and remat policy; it is built once per depth."""
+    c = model.config
+    layers = c.num_hidden_layers - c.first_dense_layers
+    depth = layers if pipeline is None else pipeline.padded_layers(layers)
+    if depth == layers:
+        return model
+    dtype = getattr(model, "dtype", None) or jnp.bfloat16
+    return _deeper(c, depth + c.first_dense_layers, dtype, getattr(model, "param_dtype", None) or dtype,
+                   getattr(model, "remat", "none"))
+
+
+@functools.lru_cache(maxsize=16)
+def _deeper(config: tp.Any, total: int, dtype: tp.Any, param_dtype: tp.Any, remat: str) -> CausalLM:
+    kinds = config.layer_types
+    deeper = config.replace(num_hidden_layers=total, layer_types=None if kinds is None else
+                            tuple(kinds[i % len(kinds)] for i in range(total)))
+    return CausalLM.lazy_init(deeper, dtype=dtype, param_dtype=param_dtype, remat=remat)
 
 
 def _forward_ticks(config: PipelineConfig) -> PipelineSchedule:

@@ -97,6 +97,15 @@ class PipelineConfig:
             return math.ceil(num_layers / self.total_stages)
         return self.check_layers(num_layers)
 
+    def padded_layers(self, num_layers: int) -> int:
+        """The layers of equal stages as deep as the deepest (:meth:`stage_layers` x :attr:`total_stages`): what a
+        step's memory is held against, the deepest stage on every device; ``num_layers`` where they split evenly.
+
+        >>> PipelineConfig(16, 32, uneven=True).padded_layers(126), PipelineConfig(4, 8).padded_layers(80)
+        (128, 80)
+        """
+        return self.stage_layers(num_layers) * self.total_stages
+
     def check_layers(self, num_layers: int) -> int:
         """Layers per stage; a ValueError that says what would divide when ``num_layers`` does not."""
         v_total = self.total_stages

@@ -5,13 +5,17 @@ A plan is plain data (no model, no devices): the mesh's axis sizes, the remat po
 layer's forward matmuls its backward recomputes, where a framework's policy lies between the named ones), the
 pipeline, the ZeRO stage, the gradient-accumulation microbatches, the mesh axes the batch splits over, the dtype,
 and the options that change what a step's collectives and experts do. A :class:`~workbench.core.sharding.plan.Layout`
-is a plan resolved against a model on a mesh.
+is a plan resolved against a model on a mesh. :func:`microbatch` is what gradient accumulation runs: one of the
+``grad_accumulation`` microbatches a step's batch splits into (the ledger holds one microbatch's activations; the
+predicted step runs them one after another).
 
 >>> plan = Plan({"fsdp": 16, "tp": 4}, remat="full", grad_accumulation=2)
 >>> plan.label()
 'fsdp=16 x tp=4, 2 accumulated microbatches'
 >>> plan.mesh_shape["pp"], plan.devices
 (1, 64)
+>>> plan.microbatch((256, 8192))
+(128, 8192)
 >>> Plan({"fsdp": 8}, remat="some")
 Traceback (most recent call last):
 ValueError: remat must be one of ('none', 'dots_saveable', 'full'); got 'some'
@@ -24,7 +28,7 @@ import math
 import types
 import typing as tp
 
-from workbench.core.checks import one_of, positive_int
+from workbench.core.checks import batch_shape, one_of, positive_int
 from workbench.core.mesh import MESH_AXES, axis_sizes
 from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.vocab import REMATS
@@ -86,6 +90,11 @@ class Plan:
         """A new plan with ``changes`` (a field's name and its new value), checked as a new one is."""
         return dataclasses.replace(self, **changes)
 
+    def microbatch(self, batch: tuple[int, int]) -> tuple[int, int]:
+        """One of this plan's accumulated microbatches of a step's ``batch = (sequences, length)``
+        (:func:`microbatch`)."""
+        return microbatch(batch, self.grad_accumulation)
+
     def label(self) -> str:
         """``"fsdp=16 x tp=4"``, then the pipeline and the accumulated microbatches where there are any."""
         text = " x ".join(f"{a}={n}" for a, n in self.mesh_shape.items() if n > 1) or "one device"
@@ -98,4 +107,28 @@ class Plan:
         return text
 
 
-__all__ = ["BATCH_AXES", "Plan"]
+def microbatch(batch: tuple[int, int], grad_accumulation: int) -> tuple[int, int]:
+    """``(sequences, length)`` of one of the ``grad_accumulation`` microbatches a step of ``batch = (sequences,
+    length)`` runs one after another, summing their gradients; a ValueError naming the counts that divide the
+    sequences where this one does not.
+
+    >>> microbatch((12, 1024), 5)
+    Traceback (most recent call last):
+    ValueError: 12 sequences do not split into 5 microbatches; use a count that divides 12: 1, 2, 3, 4, 6, 12
+    """
+    rows, length = batch_shape(batch)
+    k = positive_int("grad_accumulation", grad_accumulation, what="a positive int (microbatches per step)")
+    if rows % k:
+        raise ValueError(f"{rows} sequences do not split into {k} microbatches; use a count that divides {rows}: "
+                         f"{', '.join(map(str, _divisors(rows)))}")
+    return rows // k, length
+
+
+def _divisors(n: int, most: int = 12) -> list[int]:
+    """The divisors of ``n``, smallest first; only the ``most`` smallest and the largest where there are more."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    found = sorted({*small, *(n // d for d in small)})
+    return found if len(found) <= most else [*found[:most - 1], n]
+
+
+__all__ = ["BATCH_AXES", "Plan", "microbatch"]

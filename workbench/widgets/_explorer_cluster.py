@@ -1,9 +1,9 @@
 """The ShardingExplorer on a virtual cluster: the mesh choice, the memory ledger of one step against HBM, the step
 predicted from the shapes, and what a compiled step adds to them.
 
-A mixin of :class:`~workbench.widgets.sharding_explorer.ShardingExplorer` (it reads the explorer's layout and
-controls): the numbers come from :mod:`workbench.core.views.explore_step`, the pictures from
-:mod:`workbench.widgets._cluster_html`.
+A mixin of :class:`~workbench.widgets.sharding_explorer.ShardingExplorer` (it reads the explorer's layout, with the
+plan its controls set: :meth:`~workbench.widgets._explorer_plan.PlanControls.exported_layout`): the numbers come
+from :mod:`workbench.core.views.explore_step`, the pictures from :mod:`workbench.widgets._cluster_html`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import typing as tp
 import numpy as np
 
 from workbench.core.cost import ledger as ledgers
+from workbench.core.plan import microbatch
 from workbench.core.views.explore_step import batch_split, compiled_step_time, predicted_step, step_ledger
 from workbench.widgets._cluster_html import ledger_html, mesh_label, parse_mesh_label, step_time_html
 
@@ -30,16 +31,23 @@ class ClusterPanels:
     _compiled_key: tuple | None
 
     def ledger(self) -> ledgers.Ledger:
-        """The memory ledger of one step as the controls say (task, optimizer, remat, batch), against the
-        cluster's HBM; on a mesh with ``pp > 1`` the layout's pipeline, by default 1F1B
-        (:func:`workbench.core.pipeline.default_config`)."""
-        return step_ledger(self.model, self.layout, self.cluster, task=self._task.value, batch=self._batch(),
-                           optimizer=self._optimizer_name.value, remat=self._remat.value)
+        """The memory ledger of one step as the controls say (task, optimizer, batch and the plan: remat,
+        accumulation, ZeRO stage, a ``pp`` mesh's pipeline), against the cluster's HBM
+        (:func:`~workbench.core.views.explore_step.step_ledger`)."""
+        return step_ledger(self.model, self.exported_layout(), self.cluster, task=self._task.value,
+                           batch=self._batch(), optimizer=self._optimizer_name.value)
 
     def _step_key(self) -> tuple:
         """What a compiled step was compiled for: when any of it changes, its panels are stale."""
-        return (self.layout, self._kind.value, self._attention.value, self._optimizer_name.value, self._remat.value,
-                self._batch_b.value, self._batch_t.value)
+        return (self.layout, self._kind.value, self._attention.value, self._optimizer_name.value,
+                self._batch_b.value, self._batch_t.value, *self._plan_values())
+
+    def _compiled_batch(self, layout: tp.Any) -> tuple[int, int]:
+        """What a step compiled for the cluster runs: a train step one of ``layout``'s accumulated microbatches (the
+        ledger holds one, :func:`~workbench.core.plan.microbatch`), else the controls' ``(B, T)``."""
+        if self.cluster is not None and self._kind.value == "train":
+            return microbatch(self._batch(), layout.grad_accumulation)
+        return self._batch()
 
     def _compiled_step_time(self, analysis: tp.Any) -> tp.Any:
         """The step just compiled on the cluster, timed on its network (None, saying why, on simulated CPUs)."""
@@ -47,14 +55,14 @@ class ClusterPanels:
             self._step_out.value = ('<div style="font-size:12px;color:#555">simulated CPU devices have no chip or '
                                     "network numbers: no step time (use Cluster.tpu(...) or Cluster.h100(...))</div>")
             return None
-        return compiled_step_time(analysis, self.layout, self.cluster, kind=self._kind.value, batch=self._batch())
+        return compiled_step_time(analysis, self.layout, self.cluster, kind=self._kind.value,
+                                  batch=self.collectives.batch)
 
     def predicted_step(self) -> tp.Any:
-        """The step the controls describe, timed from the model's shapes on the cluster
-        (:func:`workbench.core.cost.predicted.predict_step`): compute, HBM traffic and each collective per layer
-        kind, before any compile."""
-        return predicted_step(self.layout, self.cluster, task=self._task.value, batch=self._batch(),
-                              remat=self._remat.value)
+        """The step the controls describe, run as :meth:`plan` says, timed from the model's shapes on the cluster
+        (:func:`workbench.core.cost.price.price`): compute, HBM traffic and each collective per layer kind, before
+        any compile."""
+        return predicted_step(self.exported_layout(), self.cluster, task=self._task.value, batch=self._batch())
 
     def _render_predicted(self) -> None:
         if self.cluster.chip is None:
@@ -69,6 +77,7 @@ class ClusterPanels:
     def _render_ledger(self) -> None:
         self._render_predicted()
         with self._guard("ledger", catch=ValueError, clear="own") as failed:
+            layout = self.exported_layout()
             led = self.ledger()
         if failed:
             self._ledger_out.value = ""
@@ -84,9 +93,11 @@ class ClusterPanels:
                         "; XLA:CPU's buffer assignment from the worker")
             else:
                 note = "; XLA:TPU's peak"
+            k = layout.grad_accumulation
+            note += f" of one of its {k} microbatches; the ledger adds the gradients' sum" if k > 1 else ""
         self._ledger_out.value = ledger_html(led, n_devices=self.layout.mesh.size, compiled_total=compiled,
                                              compiled_note=note,
-                                             tokens=batch_split(self.layout, self._task.value, self._batch()))
+                                             tokens=batch_split(layout, self._task.value, self._batch()))
 
     def _on_mesh_choice(self, change: dict[str, tp.Any]) -> None:
         text = change["new"]

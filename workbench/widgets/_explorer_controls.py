@@ -8,12 +8,13 @@ import typing as tp
 import ipywidgets as widgets
 
 from workbench.core.operations import OperationRegistry
+from workbench.core.pipeline_schedule import SCHEDULES
 from workbench.core.views import explore
 from workbench.core.vocab import OPTIMIZERS, REMATS, TASKS
 from workbench.widgets._cluster_html import mesh_options
 
 __all__ = ["attention_options", "collectives_controls", "export_controls", "html_pane", "memory_controls",
-           "mesh_choice", "section", "step_controls"]
+           "mesh_choice", "plan_controls", "section", "step_controls"]
 
 _W = widgets.Layout
 
@@ -52,6 +53,31 @@ def step_controls(task: str, remat: str, batch: tuple[int, int]) -> tuple[widget
             widgets.BoundedIntText(batch[1], min=1, max=1 << 20, description="T", layout=_W(width="110px"),
                                    style={"description_width": "15px"}),
             widgets.ToggleButtons(options=explore.STEP_KINDS, value="forward", style={"button_width": "70px"}))
+
+
+def plan_controls() -> tuple[widgets.Widget, ...]:
+    """``(microbatches, ZeRO-1, schedule, pipeline microbatches, virtual stages)``: what a train step runs beside
+    its remat policy (gradient accumulation, the optimizer state over dp, a pp mesh's pipeline); the explorer
+    seeds them from its layout."""
+    accumulation = widgets.BoundedIntText(1, min=1, max=1 << 20, description="microbatches",
+                                          layout=_W(width="190px"), style={"description_width": "initial"},
+                                          tooltip="gradient accumulation: microbatches a train step runs one after "
+                                                  "another, summing their gradients (a count that divides B)")
+    accumulation.add_class("wb-accumulation")
+    zero = widgets.Checkbox(False, description="ZeRO-1 (optimizer state over dp)", indent=False,
+                            layout=_W(width="250px"))
+    zero.add_class("wb-zero")
+    schedule = widgets.Dropdown(options=SCHEDULES, value="1f1b", description="pipeline", layout=_W(width="190px"),
+                                style={"description_width": "55px"})
+    schedule.add_class("wb-pipeline-schedule")
+    pipe_m = widgets.BoundedIntText(1, min=1, max=1 << 20, description="m", layout=_W(width="110px"),
+                                    style={"description_width": "15px"}, tooltip="the pipeline's microbatches")
+    pipe_m.add_class("wb-pipeline-microbatches")
+    virtual = widgets.BoundedIntText(2, min=2, max=64, description="v", layout=_W(width="100px"),
+                                     style={"description_width": "15px"},
+                                     tooltip="stages per device of the interleaved schedule")
+    virtual.add_class("wb-pipeline-virtual")
+    return accumulation, zero, schedule, pipe_m, virtual
 
 
 def mesh_choice(cluster: tp.Any, value: str) -> widgets.Combobox:

@@ -1,6 +1,7 @@
 """``LayoutAdvisor``: the ranked layouts of a model on a cluster (:func:`workbench.core.advisor.advise`), with
 the inputs that re-rank them, a step-time bar per layout, and per chosen row: confirm with the compiler, open in
-the explorer, export as code."""
+the explorer, export as code and JSON: the row's plan travels with it
+(``tests/widgets/test_layout_advisor_hand_off.py``)."""
 
 from __future__ import annotations
 
@@ -91,8 +92,9 @@ def advice_html(advice: Advice, *, top: int = 10, rejected: int = 5, selected: i
 class LayoutAdvisor(InlineError):
     """Inputs (batch, sequence length, task, optimizer, constraints) that re-rank the layouts of ``model`` on
     ``cluster`` as they change; pick a row to confirm it with the compiler, open it in a
-    :class:`~workbench.widgets.sharding_explorer.ShardingExplorer` (which prices it with the same step model, so it
-    shows the row's step time and MFU), or export it as code. ``advisor.advice`` is the last
+    :class:`~workbench.widgets.sharding_explorer.ShardingExplorer` (which holds the row's plan, gradient accumulation
+    included, and counts and prices it as the advisor did: it shows the row's memory, step time and MFU), or export
+    it as code and JSON (which read back as the same plan). ``advisor.advice`` is the last
     :class:`~workbench.core.advisor.Advice`; ``advisor.error`` the inline error ('' when none).
 
     The inputs mean what :func:`~workbench.core.advisor.advise` takes for the task, and their labels say so: for
@@ -250,16 +252,18 @@ class LayoutAdvisor(InlineError):
         return self._render_table()
 
     def open_in_explorer(self) -> bool:
-        """A ShardingExplorer on the cluster, laid out as the chosen row (its mesh, rules, mode, remat policy,
-        pipeline and ZeRO stage: :meth:`Candidate.layout <workbench.core.advisor.Candidate.layout>`) for the same
-        task, batch and optimizer: it prices the step as the advisor did and shows the row's step time and MFU."""
+        """A ShardingExplorer on the cluster (the part of it the row runs on, where it leaves chips idle), laid out as
+        the chosen row: its mesh, rules, mode and plan (remat policy, pipeline, ZeRO stage, gradient accumulation:
+        :meth:`Candidate.layout <workbench.core.advisor.Candidate.layout>`), for the same task, batch and
+        optimizer. It counts and prices the step as the advisor did: the row's memory, step time and MFU."""
         c = self.selected()
         if c is None:
             return False
         with self._guard("open in explorer", plain=(ValueError, TypeError), clear="own") as failed:
             model = self.model.with_options(remat=c.remat) if hasattr(self.model, "with_options") else self.model
+            cluster = c.cluster or self.cluster
             # Advice.batch is (sequences, length): for decode the length is the KV cache's, as the explorer takes it
-            explorer = ShardingExplorer(model, c.layout(model, self.cluster), cluster=self.cluster,
+            explorer = ShardingExplorer(model, c.layout(model, cluster), cluster=cluster,
                                         batch=self.advice.batch, task=self.advice.task)
             explorer._optimizer_name.value = self.advice.optimizer
             self.explorer = explorer
@@ -267,13 +271,14 @@ class LayoutAdvisor(InlineError):
         return not failed
 
     def export(self) -> tuple[str, str] | None:
-        """The chosen row as a Python snippet and as JSON (``Layout.to_code`` / ``Layout.to_json``), shown below."""
+        """The chosen row as a Python snippet and as JSON (``Layout.to_code`` / ``Layout.to_json``: its mesh, rules,
+        mode and plan, with the cluster it runs on), shown below; ``Layout.from_json`` reads the row back."""
         c = self.selected()
         if c is None:
             return None
         with self._guard("export", plain=(ValueError, TypeError, AttributeError), clear="own") as failed:
-            layout = c.layout(self.model)
-            code, text = layout.to_code(cluster=self.cluster), layout.to_json(cluster=self.cluster)
+            layout, cluster = c.layout(self.model), c.cluster or self.cluster
+            code, text = layout.to_code(cluster=cluster), layout.to_json(cluster=cluster)
         if failed:
             self._out.value = ""
             return None

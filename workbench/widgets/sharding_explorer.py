@@ -10,7 +10,6 @@ valid layout.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 import typing as tp
@@ -26,7 +25,7 @@ from workbench.core.cost import ledger as ledgers
 from workbench.core.mesh import describe_mesh
 from workbench.core.views import explore
 from workbench.core.views.expert_dispatch import expert_parallel_summary
-from workbench.core.views.explore_step import explorer_mesh, pipelined, resolve_on, step_model, step_pipeline
+from workbench.core.views.explore_step import explorer_mesh, pipelined, resolve_on, step_model
 from workbench.core.vocab import REMATS, TASKS
 from workbench.widgets._cluster_html import STEP_ROW_PX, collective_seconds, ledger_html, mesh_label, step_time_html
 from workbench.widgets._errors import InlineError
@@ -50,6 +49,7 @@ from workbench.widgets._explorer_html import (
     memory_figure,
     memory_html,
 )
+from workbench.widgets._explorer_plan import PlanControls
 from workbench.widgets._explorer_rules import RulesEditor
 from workbench.widgets._html import escape
 
@@ -58,7 +58,7 @@ __all__ = ["ShardingExplorer", "collectives_html", "diff_html", "export_html", "
            "memory_html"]
 
 
-class ShardingExplorer(ClusterPanels, InlineError):
+class ShardingExplorer(PlanControls, ClusterPanels, InlineError):
     """Every parameter of ``model`` resolved on ``mesh``, with controls that change the rules live.
 
     ``model`` is a live model or an abstract one (``CausalLM.lazy_init(config)``); only shapes are
@@ -75,16 +75,25 @@ class ShardingExplorer(ClusterPanels, InlineError):
     (:func:`workbench.core.cost.predicted.predict_step`, the measured step model: the advisor's numbers for the same
     layout, task and batch); ``task`` ("train", "prefill" or "decode", a control too) is the step they count, with
     ``batch = (B, T)``: for decode ``B`` sequences each decoding one token against a KV cache of ``T``. "collectives"
-    compiles the step for the cluster's devices and adds the compiled step's time
-    (:func:`workbench.core.cost.compiled_step.step_time`), each collective's time on the cluster's network and the
-    compiled memory beside the ledger.
+    compiles the step for the cluster's devices (a train step: one of its accumulated microbatches) and adds the
+    compiled step's time (:func:`workbench.core.cost.compiled_step.step_time`), each collective's time on the
+    cluster's network and the compiled memory beside the ledger.
+
+    On a cluster the step runs a plan (:meth:`plan`, a :class:`~workbench.core.plan.Plan`) that controls hold beside
+    the remat policy: a train step's gradient accumulation (microbatches per step: the ledger holds one
+    microbatch's activations and the gradients' sum, the step runs the microbatches one after another), ZeRO-1 and,
+    on a ``pp`` mesh, the pipeline (schedule, microbatches, interleaved stages per device). They start as the
+    layout's; :meth:`exported_layout` is the layout with their values, which the ledger, the predicted step, a compile
+    and the export count. A value that makes no step (microbatches that do not divide ``B``) shows inline, saying
+    what to change.
 
     ``mesh`` may also be a :class:`~workbench.core.views.explore.Layout` (e.g. ``candidate.layout(model, cluster)``
-    from the advisor): its mesh, partition axis, rules, mode, remat policy, pipeline and ZeRO stage, re-resolved on
-    ``model`` (``partition_axis`` and ``rules`` are then not given).
+    from the advisor): its mesh, partition axis, rules, mode and plan (remat policy, pipeline, ZeRO stage,
+    accumulation), re-resolved on ``model`` (``partition_axis`` and ``rules`` are then not given); opened so from an
+    advisor's row it shows the row's memory and step time.
 
-    "export" (:meth:`export`) shows the layout as a Python snippet and as JSON (with the cluster, the remat
-    policy and a pp mesh's pipeline); :meth:`load` switches to a Layout or its JSON (e.g. an advised one).
+    "export" (:meth:`export`) shows the layout as a Python snippet and as JSON (with the cluster and the plan);
+    :meth:`load` switches to a Layout or its JSON (e.g. an advised one).
     """
 
     def __init__(self, model: tp.Any,
@@ -102,7 +111,7 @@ class ShardingExplorer(ClusterPanels, InlineError):
             given = mesh
             self.layout = explore.Layout.of(model, explorer_mesh(given.mesh, cluster), given.partition_axis,
                                             given.rules, given.mode, remat=given.remat, pipeline=given.pipeline,
-                                            zero_stage=given.zero_stage)
+                                            zero_stage=given.zero_stage, grad_accumulation=given.grad_accumulation)
         else:
             mesh = explorer_mesh(mesh, cluster)
             self.layout = explore.Layout.of(model, mesh, pipelined(partition_axis, mesh), rules, mode)
@@ -147,12 +156,6 @@ class ShardingExplorer(ClusterPanels, InlineError):
         return self._batch_b.value, self._batch_t.value
 
     # -- export and load -------------------------------------------------------------------------------
-    def exported_layout(self) -> explore.Layout:
-        """The current layout with what the controls add to it: the pipeline on a ``pp > 1`` mesh and, on a
-        cluster, the remat policy the ledger counts."""
-        remat = self._remat.value if self.cluster is not None else self.layout.remat
-        return dataclasses.replace(self.layout, remat=remat, pipeline=step_pipeline(self.layout, self._batch_b.value))
-
     def export(self) -> tuple[str, str]:
         """``(code, json)`` of the current layout (:meth:`exported_layout`): a snippet to paste after
         ``import workbench as wb`` and the JSON that :meth:`load` or ``Layout.from_json`` read back."""
@@ -170,8 +173,9 @@ class ShardingExplorer(ClusterPanels, InlineError):
 
     def load(self, layout: explore.Layout | str) -> bool:
         """Switch to ``layout`` (a Layout of this model, e.g. an advised one, or the JSON of one): its mesh,
-        partition axis, rules and mode, and on a cluster its remat policy. False with an inline error (the
-        last valid layout kept) when it does not fit this model or cluster."""
+        partition axis, rules and mode, and on a cluster its plan (remat policy, accumulation, ZeRO stage,
+        pipeline) in the controls. False with an inline error (the last valid layout kept) when it does not fit
+        this model or cluster."""
         def build() -> explore.Layout:
             new = resolve_on(layout, self.model, self.layout, self.cluster)
             if self.cluster is not None and new.remat is not None and new.remat not in REMATS:
@@ -181,9 +185,9 @@ class ShardingExplorer(ClusterPanels, InlineError):
         if not self._try(build, what="layout"):
             return False
         if self.cluster is not None:
-            if self.layout.remat is not None:
-                self._remat.value = self.layout.remat
+            self._seed_plan(self.layout)
             self._mesh_choice.value = mesh_label(dict(self.mesh.shape))
+            self._render()
         return True
 
     def _load_pasted(self) -> None:
@@ -210,7 +214,11 @@ class ShardingExplorer(ClusterPanels, InlineError):
             return self.layout.replace(self.model, mesh=new, partition_axis=pipelined(self.partition_axis, new),
                                        pipeline=pipeline)
 
+        pp = dict(self.mesh.shape).get("pp", 1)
         ok = self._try(build, what="mesh")
+        if self.cluster is not None and ok and dict(self.mesh.shape).get("pp", 1) != pp:
+            self._seed_plan(self.layout, pipeline_only=True)  # the new pp's default pipeline
+            self._render()
         if self.cluster is not None:
             label_ = mesh_label(dict(self.mesh.shape))
             if self._mesh_choice.value != label_:
@@ -225,7 +233,8 @@ class ShardingExplorer(ClusterPanels, InlineError):
             model = step_model(self.model, self._attention.value, None if self.cluster is None else self._remat.value)
             step = explore.step_collectives if self.cluster is None else functools.partial(
                 explore.cluster_step_collectives, cluster=self.cluster, optimizer=self._optimizer_name.value)
-            sc = step(model, self.layout, kind=self._kind.value, batch=self._batch())
+            layout = self.layout if self.cluster is None else self.exported_layout()
+            sc = step(model, layout, kind=self._kind.value, batch=self._compiled_batch(layout))
         if failed:  # the reason is inline; the last compiled step stays (marked stale when it is)
             self._collectives_out.value = before
             return False
@@ -272,6 +281,7 @@ class ShardingExplorer(ClusterPanels, InlineError):
         remat = self.layout.remat or getattr(self.model, "remat", "none")
         (self._task, self._optimizer_name, self._remat, self._batch_b, self._batch_t,
          self._kind) = step_controls(task, remat, batch)
+        self._plan_rows = self._build_plan()
         self._ledger_out = html_pane("wb-ledger-html")
         self._predicted_out = html_pane("wb-predicted-step-html")
         self._step_out = html_pane("wb-step-time-html")
@@ -308,10 +318,10 @@ class ShardingExplorer(ClusterPanels, InlineError):
             self._batch_b.observe(lambda _: self._export_shown and self.show_export(), names="value")
             return memory, [self._kind, self._batch_b, self._batch_t, self._attention, go], [self._collectives_out]
         for control in (self._task, self._optimizer_name, self._remat, self._batch_b, self._batch_t, self._kind,
-                        self._attention):
-            control.observe(lambda _: self._render(), names="value")
+                        self._attention, self._accumulation, self._zero, self._schedule, self._pipe_m, self._virtual):
+            control.observe(lambda _: self._syncing or self._render(), names="value")
         memory = w.VBox([self._mesh_choice, w.HBox([self._task, self._batch_b, self._batch_t]),
-                         w.HBox([self._optimizer_name, self._remat]), self._ledger_out,
+                         w.HBox([self._optimizer_name, self._remat]), *self._plan_rows, self._ledger_out,
                          w.HTML('<div style="font-weight:600;margin-top:6px">predicted step from the shapes '
                                 "(no compile)</div>"), self._predicted_out],
                         layout=w.Layout(flex=f"1 1 {STEP_ROW_PX}px"))
@@ -339,6 +349,8 @@ class ShardingExplorer(ClusterPanels, InlineError):
         self._attention.value = name
 
     def _render(self, first: bool = False) -> None:
+        if self.cluster is not None:
+            self._show_plan()
         name = getattr(self.layout.config, "model_type", type(self.model).__name__)
         self._title.value = (f'<div style="font-size:13px"><b>ShardingExplorer</b> · {escape(name)} · '
                              f"<code>{escape(describe_mesh(self.mesh))}</code>"

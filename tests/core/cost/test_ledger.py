@@ -56,6 +56,42 @@ def test_full_remat_keeps_each_layers_input():
     assert got.optimizer == 2 * layout.param_bytes + 4
 
 
+def test_gradient_accumulation_holds_one_microbatch_and_the_sum_of_its_gradients():
+    """k microbatches one after another: the activations, temporaries and token ids of a step of B / k rows (by hand
+    for full remat: one (b, t, D) input per layer, b = B / k / data shards), the parameters, gradients and optimizer
+    state of the whole step, and the running sum of the gradients (one more set) in the temporaries."""
+    model = _model(hidden_size=128)
+    layout = Layout.of(model, _mesh(dp=2, fsdp=2, tp=2))
+    whole = ledger(model, layout, batch=(16, 64), remat="full")
+    one = ledger(model, layout, batch=(4, 64), remat="full")  # a step of the microbatch alone
+    got = ledger(model, layout, batch=(16, 64), remat="full", grad_accumulation=4)
+    assert got.activations == model.config.num_hidden_layers * (16 // 4 // 4) * 64 * 128 * 4 == whole.activations // 4
+    assert (got.params, got.grads, got.optimizer) == (whole.params, whole.grads, whole.optimizer)
+    assert got.temporaries == one.temporaries + layout.param_bytes and got.inputs == one.inputs
+    assert got.total == one.total + one.grads and ledger(model, layout, batch=(16, 64), remat="full",
+                                                        grad_accumulation=1) == whole
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"grad_accumulation": 3}, "16 sequences do not split into 3 microbatches; use a count that divides 16: 1, 2, 4"),
+    ({"grad_accumulation": 2, "kind": "decode"}, "a decode step takes grad_accumulation=1"),
+    ({"grad_accumulation": 0}, "grad_accumulation must be a positive int"),
+])
+def test_accumulation_the_step_cannot_run_says_what_to_change(kwargs, message):
+    model = _model(hidden_size=128)
+    with pytest.raises(ValueError, match=message):
+        ledger(model, Layout.of(model, _mesh(fsdp=8)), batch=(16, 64), **kwargs)
+
+
+def test_a_pipeline_s_microbatches_are_its_accumulation():
+    from workbench.core.pipeline import PipelineConfig, pipeline_partition_axis
+
+    model = _model(hidden_size=128, num_hidden_layers=4)
+    layout = Layout.of(model, _mesh(pp=2, fsdp=4), pipeline_partition_axis())
+    with pytest.raises(ValueError, match="fold the accumulation into the pipeline's microbatches"):
+        ledger(model, layout, batch=(16, 64), pipeline=PipelineConfig(2, 4), grad_accumulation=2)
+
+
 def test_the_ledger_holds_a_70b_train_step_against_hbm():
     from workbench.core.models.presets import full_config
 

@@ -236,6 +236,8 @@ def test_bad_documents_say_what_to_change():
         cluster={"gpu": "h100", "nodes": 2, "gpus_per_node": 8})
     bad("maps to mesh axis 'dp2' through PartitionAxis",
         partition_axis={"layer_axis": "pp", "data_parallel_axis": "dp2"})
+    bad("grad_accumulation must be a positive int", grad_accumulation=0)
+    bad("grad_accumulation must be a positive int", grad_accumulation=True)
 
 
 def test_layout_carries_remat_and_pipeline_and_replace_takes_them():
@@ -255,3 +257,31 @@ def test_layout_carries_remat_and_pipeline_and_replace_takes_them():
         plain.replace(model, pipeline={"num_stages": 2})
     with pytest.raises(ValueError, match=r"Layout\.replace takes"):
         plain.replace(model, schedule="1f1b")
+
+
+def test_the_plan_beyond_the_specs_travels_in_the_json_and_the_snippet():
+    """An advisor's row: remat, ZeRO-1, gradient accumulation; a pipeline whose stages do not divide the layers
+    (uneven, priced as the deepest). Each is written, read back equal, and rebuilt by the snippet; a document from
+    before accumulation travelled reads as one microbatch."""
+    model = abstract()  # 2 stacked layers
+    mesh = make_mesh(dp=2, fsdp=4)
+    accumulated = Layout.of(model, mesh, remat="full", zero_stage=1, grad_accumulation=4)
+    doc = json.loads(accumulated.to_json())
+    assert (doc["remat"], doc["zero_stage"], doc["grad_accumulation"]) == ("full", 1, 4)
+    assert Layout.from_json(accumulated.to_json(), model) == accumulated
+    code = accumulated.to_code()
+    assert "Layout.of(model, mesh, remat='full', zero_stage=1, grad_accumulation=4)" in code
+    assert "4 accumulated microbatches" in code.splitlines()[0]
+    namespace = {"wb": wb, "model": model}
+    exec(code, namespace)
+    assert namespace["layout"] == accumulated
+    older = {k: v for k, v in doc.items() if k != "grad_accumulation"}
+    assert Layout.from_json(json.dumps(older), model).grad_accumulation == 1
+    assert "accumulated" not in layout_export.describe(Layout.of(model, mesh))
+
+    uneven = PipelineConfig(2, 4, "interleaved", 2, uneven=True)  # 2 layers over 4 stages
+    piped = Layout.of(model, make_mesh(pp=2, fsdp=4), PartitionAxis(layer_axis="pp"), pipeline=uneven)
+    assert json.loads(piped.to_json())["pipeline"]["uneven"] is True
+    assert Layout.from_json(piped.to_json(), model).pipeline == uneven
+    assert "uneven=True)" in piped.to_code()
+    assert "uneven" not in json.loads(piped.replace(model, pipeline=PipelineConfig(2, 4)).to_json())["pipeline"]

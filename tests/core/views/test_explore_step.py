@@ -64,13 +64,13 @@ def test_the_step_pipeline_is_the_layouts_or_1f1b_on_a_pp_mesh(model):
 
 @pytest.mark.parametrize("task", ["train", "decode"])
 def test_the_ledger_and_the_predicted_step_are_the_cores_called_as_the_advisor_does(model, cluster, task):
-    layout = Layout.of(model, steps.explorer_mesh({"fsdp": 4, "tp": 2}, cluster))
+    layout = Layout.of(model, steps.explorer_mesh({"fsdp": 4, "tp": 2}, cluster), remat="full")
     batch, kv_length = ((8, 1), 64) if task == "decode" else ((8, 64), None)
-    got = steps.predicted_step(layout, cluster, task=task, batch=(8, 64), remat="full")
+    got = steps.predicted_step(layout, cluster, task=task, batch=(8, 64))
     want = predict_step(layout.config, cluster, dict(layout.mesh.shape), batch=batch, task=task, remat="full",
                         kv_length=kv_length)
     assert got.time_s == want.time_s > 0
-    assert steps.step_ledger(model, layout, cluster, task=task, batch=(8, 64), optimizer="adamw", remat="full") == \
+    assert steps.step_ledger(model, layout, cluster, task=task, batch=(8, 64), optimizer="adamw") == \
         ledger(model, layout, kind=task, batch=batch, kv_length=kv_length, remat="full", cluster=cluster)
     assert steps.batch_split(layout, task, (8, 64)).startswith(f"batch 8 × {batch[1]} tokens: rows ")
 

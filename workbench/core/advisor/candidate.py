@@ -97,10 +97,11 @@ class Candidate:
 
     def layout(self, model: tp.Any, cluster: tp.Any = None) -> tp.Any:
         """This layout resolved on ``model`` (on ``cluster_mesh(cluster, ...)`` with a cluster, else an
-        ``AbstractMesh``), carrying its remat policy and pipeline."""
+        ``AbstractMesh``), carrying its plan beyond the specs: remat policy, pipeline, ZeRO stage and accumulation
+        (its batch axes and expert placement are in the partition axis and rules)."""
         if cluster is not None and self.cluster is not None:
             cluster = self.cluster
         mesh = layout_mesh(self.mesh_shape, cluster)
         mode = MODE_DECODE if self.ledger.kind == "decode" else MODE_TRAIN
         return Layout.of(model, mesh, self.partition_axis, self.rules, mode, remat=self.remat, pipeline=self.pipeline,
-                         zero_stage=self.zero_stage)
+                         zero_stage=self.zero_stage, grad_accumulation=self.grad_accumulation)

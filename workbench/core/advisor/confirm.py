@@ -31,7 +31,7 @@ def confirm_candidate(c: Candidate, model: tp.Any, cluster: tp.Any, *, task: str
     model = model.with_options(remat=c.remat) if hasattr(model, "with_options") else model
     kind = "train" if task == "train" else "forward"
     batch = batch if task != "decode" else (batch[0], 1)
-    batch = (batch[0] // c.grad_accumulation, batch[1])  # one microbatch of an accumulation: its memory
+    batch = c.plan.microbatch(batch)  # one microbatch of an accumulation: its memory
     c.compiled = compile_step(model, part, c.mesh_shape, kind=kind, batch=batch,
                               optimizer=optimizer, partition_axis=c.partition_axis, rules=c.rules or None,
                               pipeline=c.pipeline, zero_stage=c.zero_stage)

@@ -180,7 +180,7 @@ def _factorization(n: int) -> str:
 def _accumulated(c: Candidate, batch: tuple[int, int] | None) -> str:
     if c.grad_accumulation <= 1:
         return ""
-    rows = f" of {batch[0] // c.grad_accumulation} sequences" if batch else ""
+    rows = f" of {c.plan.microbatch(batch)[0]} sequences" if batch else ""
     return f"{c.grad_accumulation} microbatches{rows} one after another, their gradients summed"
 
 

@@ -34,7 +34,7 @@ from workbench.core.cost.ledger import ledger
 from workbench.core.mesh import MESH_AXES
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.sharding import flat_params, path_str, remembered_params
-from workbench.core.pipeline import pipeline_partition_axis
+from workbench.core.pipeline import pipeline_partition_axis, stage_padded
 from workbench.core.plan import Plan
 from workbench.core.sharding.plan import Layout
 from workbench.core.vocab import OPTIMIZERS, REMATS, TASKS
@@ -138,27 +138,13 @@ class _Request:
     mode: str = dataclasses.field(init=False)
     kv_length: int | None = dataclasses.field(init=False)
     usable: float = dataclasses.field(init=False)  # bytes of HBM a layout may take
-    padded: dict[int, tp.Any] = dataclasses.field(init=False)  # stacked depth -> the model that deep
 
     def __post_init__(self):
         self.config = self.model.config
         self.layers = self.config.num_hidden_layers - self.config.first_dense_layers
-        self.padded = {self.layers: self.model}
         self.mode = MODE_DECODE if self.task == "decode" else MODE_TRAIN
         self.kv_length = self.seq_len if self.task == "decode" else None
         self.usable = self.cluster.hbm_per_device * (1 - self.constraints.headroom)
-
-    def model_at(self, depth: int) -> tp.Any:
-        """The model with ``depth`` stacked layers (uneven pipeline stages padded to equal ones), built once."""
-        import jax.numpy as jnp
-
-        if depth not in self.padded:
-            total = depth + self.config.first_dense_layers
-            kinds = self.config.layer_types  # the layer pattern carried on over the padded layers
-            padded = self.config.replace(num_hidden_layers=total, layer_types=None if kinds is None else
-                                         tuple(kinds[i % len(kinds)] for i in range(total)))
-            self.padded[depth] = _abstract_model(padded, getattr(self.model, "dtype", None) or jnp.bfloat16)
-        return self.padded[depth]
 
 
 # -- enumerate and hold to HBM ----------------------------------------------------------------------------------
@@ -193,16 +179,15 @@ def _layouts(rq: _Request, part: tp.Any, shape: dict[str, int]) -> tp.Iterator[C
     layouts: dict[tuple, tp.Any] = {}  # (stacked depth, experts FSDP-sharded) -> the layout held to HBM
     for pipeline, zero, (experts_fsdp, shape_rules) in itertools.product(pipelines, zeros, expert_choices):
         # uneven stages are held against HBM as the deepest stage, times pp
-        depth = rq.layers if pipeline is None or not pipeline.uneven else \
-            pipeline.stage_layers(rq.layers) * pipeline.total_stages
-        model = rq.model_at(depth)
+        model = stage_padded(rq.model, pipeline)
+        depth = model.config.num_hidden_layers
         if not experts_fsdp and _whole_experts_overflow(layouts[depth, True], whole, shape, rq.usable):
             continue  # the experts' weights alone, whole over fsdp, overflow HBM: no need to resolve it
         if (depth, experts_fsdp) not in layouts:
             layouts[depth, experts_fsdp] = Layout.of(model, layout_mesh(shape), shape_pa, shape_rules, rq.mode)
         accumulations = [k for k in rq.constraints.grad_accumulation if rows % k == 0] \
             if rq.task == "train" and pipeline is None else [1]
-        ledger_at = functools.partial(_microbatch_ledger, model, layouts[depth, experts_fsdp], rq.task, rq.batch,
+        ledger_at = functools.partial(_ledger_at, model, layouts[depth, experts_fsdp], kind=rq.task, batch=rq.batch,
                                       optimizer=rq.optimizer, cluster=part, pipeline=pipeline,
                                       kv_length=rq.kv_length, zero_stage=zero)
         plan = Plan(shape, pipeline=pipeline, zero_stage=zero, batch_axes=batch_axes, experts_fsdp=experts_fsdp)
@@ -255,11 +240,9 @@ def _held(ledger_at: tp.Callable[[int, str], tp.Any], candidate: tp.Callable[...
                 break  # more recompute only slows a layout that fits
 
 
-def _microbatch_ledger(model: tp.Any, layout: Layout, task: str, batch: tuple[int, int], k: int, remat: str,
-                       **options: tp.Any) -> tp.Any:
-    """The ledger of one of ``k`` microbatches of ``batch``, with the running sum of their gradients beside its own."""
-    led = ledger(model, layout, kind=task, batch=(batch[0] // k, batch[1]), remat=remat, **options)
-    return dataclasses.replace(led, temporaries=led.temporaries + led.grads) if k > 1 else led
+def _ledger_at(model: tp.Any, layout: Layout, k: int, remat: str, **options: tp.Any) -> tp.Any:
+    """The ledger of a step of ``k`` accumulated microbatches under ``remat`` (:func:`ledger`)."""
+    return ledger(model, layout, grad_accumulation=k, remat=remat, **options)
 
 
 def _experts_whole_rules(model: tp.Any) -> tuple[tuple[str, tp.Any], ...]:

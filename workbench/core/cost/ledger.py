@@ -68,7 +68,11 @@ Parts, per device (every device holds the same; specs divide their dimensions):
   (the embeddings and their gradient); ``temporaries`` are one stage's backward for one microbatch (its
   recomputed activations under the remat policy) and the larger of one layer's backward and that microbatch's
   logits;
-- ``inputs``: the token ids.
+- ``inputs``: the token ids;
+- with gradient accumulation (``grad_accumulation=k``, a train step without a pipeline): one of the ``k``
+  microbatches of the batch (:func:`~workbench.core.plan.microbatch`, ``B / k`` rows) counted as a step, its
+  activations, temporaries and token ids, plus the running sum of their gradients in ``temporaries`` (a second
+  set of gradients, alive from the first microbatch's backward to the update).
 
 A prefill or decode step's temporaries are one layer's gathered weights and matmul outputs, then the logits.
 
@@ -103,6 +107,7 @@ from workbench.core.cost.activations import (
     tokens_per_device,
 )
 from workbench.core.pipeline_schedule import activation_stash_bytes
+from workbench.core.plan import microbatch
 from workbench.core.units import format_bytes
 from workbench.core.vocab import OPTIMIZERS, TASKS
 from workbench.core.zero import state_split
@@ -251,7 +256,7 @@ def kv_cache_bytes(layout: Layout, batch: int, max_length: int, dtype: tp.Any) -
 def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[int, int] = (8, 128),
            optimizer: str = "adamw", remat: str | None = None, kv_length: int | None = None,
            cluster: tp.Any = None, partition_axis: PartitionAxis | None = None, pipeline: tp.Any = None,
-           zero_stage: int | None = None) -> Ledger:
+           zero_stage: int | None = None, grad_accumulation: int = 1) -> Ledger:
     """Bytes per device of one ``kind`` step of ``model`` laid out by ``layout`` (see the module doc).
 
     ``batch = (B, T)``: rows and positions of a train step or a prefill (a decode step takes ``(B, 1)``);
@@ -259,9 +264,21 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
     (default ``T``); ``cluster`` adds its HBM per device and picks the compiler whose temporaries to estimate
     (XLA:TPU for a TPU cluster, else XLA:CPU, which compiles GPU and CPU clusters here). ``pipeline`` (a
     ``PipelineConfig``, train steps only) counts a pipelined step (see the module doc); ``zero_stage`` (default the
-    layout's) splits the optimizer state over ``dp`` at 1.
+    layout's) splits the optimizer state over ``dp`` at 1; ``grad_accumulation`` (train steps without a pipeline)
+    counts one of that many microbatches of ``batch`` and the sum of their gradients (see the module doc).
     """
     one_of("kind", kind, TASKS)
+    if grad_accumulation != 1:
+        micro = microbatch(batch, grad_accumulation)
+        if kind != "train":
+            raise ValueError(f"gradient accumulation is a train step's; a {kind} step takes grad_accumulation=1")
+        if pipeline is not None:
+            raise ValueError("a pipeline's microbatches are its gradient accumulation: fold the accumulation into "
+                             "the pipeline's microbatches (PipelineConfig.num_microbatches) and leave "
+                             "grad_accumulation=1")
+        one = ledger(model, layout, kind=kind, batch=micro, optimizer=optimizer, remat=remat, kv_length=kv_length,
+                     cluster=cluster, partition_axis=partition_axis, zero_stage=zero_stage)
+        return dataclasses.replace(one, temporaries=one.temporaries + one.grads)
     remat = getattr(model, "remat", "none") if remat is None else remat
     dtype = np.dtype(getattr(model, "dtype", np.float32))
     hbm = None if cluster is None else cluster.hbm_per_device

@@ -128,12 +128,13 @@ class TrainingRecipe:
     @classmethod
     def from_layout(cls, layout_or_mesh_shape: tp.Any, *, batch: tuple[int, int], remat: str | None = None,
                     pipeline: PipelineConfig | None = None, zero_stage: int | None = None,
-                    grad_accumulation: int = 1, model: str | None = None, num_layers: int | None = None
+                    grad_accumulation: int | None = None, model: str | None = None, num_layers: int | None = None
                     ) -> TrainingRecipe:
         """The recipe of a :class:`~workbench.core.sharding.plan.Layout`, an advisor ``Candidate`` (anything with
-        ``mesh_shape``, ``remat``, ``pipeline``, ``zero_stage``) or a plain mesh shape dict. Keywords given
-        override what the object carries. ZeRO: the object's stage 1 (optimizer state over ``dp``) is kept, else
-        stage 3 when ``fsdp > 1``. ``num_layers`` (the pipelined layers) defaults to a Layout's model config's."""
+        ``mesh_shape``, ``remat``, ``pipeline``, ``zero_stage``, ``grad_accumulation``) or a plain mesh shape dict.
+        Keywords given override what the object carries. ZeRO: the object's stage 1 (optimizer state over ``dp``)
+        is kept, else stage 3 when ``fsdp > 1``. ``num_layers`` (the pipelined layers) defaults to a Layout's model
+        config's."""
         obj = layout_or_mesh_shape
         if isinstance(obj, tp.Mapping):
             shape, carried = dict(obj), {}
@@ -147,6 +148,7 @@ class TrainingRecipe:
         remat = remat if remat is not None else carried.get("remat") or "full"
         pipeline = pipeline if pipeline is not None else carried.get("pipeline")
         zero = zero_stage if zero_stage is not None else carried.get("zero_stage") or 0
+        accumulation = grad_accumulation if grad_accumulation is not None else carried.get("grad_accumulation", 1)
         shape = axis_sizes(shape, "mesh_shape")
         if zero == 0 and shape["fsdp"] > 1:
             zero = 3
@@ -157,7 +159,7 @@ class TrainingRecipe:
         config = getattr(obj, "config", None)
         if num_layers is None and pipeline is not None and hasattr(config, "num_hidden_layers"):
             num_layers = config.num_hidden_layers - getattr(config, "first_dense_layers", 0)
-        return cls(shape, tuple(batch), remat, grad_accumulation, zero, pipeline, model=model, axis_rules=rules,
+        return cls(shape, tuple(batch), remat, accumulation, zero, pipeline, model=model, axis_rules=rules,
                    num_layers=num_layers)
 
     # -- onto a model and a cluster -------------------------------------------------------------------------
@@ -188,9 +190,11 @@ class TrainingRecipe:
         return cluster_mesh(cluster, tuple(self.mesh_shape.values()), MESH_AXES)
 
     def layout(self, model: tp.Any, cluster: tp.Any) -> tp.Any:
-        """This recipe resolved on ``model`` (a live or ``lazy_init`` model) on ``cluster``'s mesh."""
+        """This recipe resolved on ``model`` (a live or ``lazy_init`` model) on ``cluster``'s mesh, carrying its
+        remat policy, pipeline, ZeRO stage (as a Layout takes it) and gradient accumulation."""
         return Layout.of(model, self.mesh(cluster), self.partition_axis(), None, MODE_TRAIN, remat=self.remat,
-                         pipeline=self.pipeline, zero_stage=self.workbench_zero_stage)
+                         pipeline=self.pipeline, zero_stage=self.workbench_zero_stage,
+                         grad_accumulation=self.grad_accumulation)
 
     @property
     def workbench_zero_stage(self) -> int:
@@ -237,7 +241,7 @@ def default_field_axes(field: str, sizes: tp.Mapping[str, int]) -> tuple[str, ..
 
 def _carried(obj: tp.Any) -> dict[str, tp.Any]:
     """The recipe-relevant attributes an advisor Candidate or a Layout carries."""
-    names = ("remat", "pipeline", "zero_stage", "partition_axis")
+    names = ("remat", "pipeline", "zero_stage", "grad_accumulation", "partition_axis")
     return {n: getattr(obj, n) for n in names if hasattr(obj, n)}
 
 

@@ -2,7 +2,8 @@
 
 :func:`to_json` writes what a :class:`~workbench.core.sharding.plan.Layout` is made of (the mesh's axis sizes,
 the cluster it was planned for, the :class:`PartitionAxis` fields that differ from the default, the regex
-rules, the runtime mode, the remat policy and the pipeline) and :func:`plan_from_json` reads it back as the
+rules, the runtime mode and the plan beyond the specs: the remat policy, the pipeline, the ZeRO stage and the
+gradient-accumulation microbatches) and :func:`plan_from_json` reads it back as the
 arguments of ``Layout.of`` (the mesh built). :func:`to_code` writes the same as a snippet to paste into a
 script. ``Layout.to_json`` / ``Layout.from_json`` / ``Layout.to_code`` call these; this module reads a layout
 through :class:`LayoutFields` (what it exports) and never imports ``Layout``, so the dependency points one way.
@@ -30,7 +31,7 @@ from jax.sharding import AbstractMesh, AxisType
 
 from workbench.core import axes as ax
 from workbench.core.axes import MODE_TRAIN, RUNTIME_MODES, DynamicShardingAxes, PartitionAxis
-from workbench.core.checks import is_positive_int
+from workbench.core.checks import is_positive_int, positive_int
 from workbench.core.hardware.cluster import INTER_NODE_PER_NODE, Cluster, cluster_mesh
 from workbench.core.mesh import MESH_AXES, make_mesh
 from workbench.core.pipeline_schedule import PipelineConfig
@@ -47,12 +48,14 @@ class LayoutFields(tp.Protocol):
     remat: str | None
     pipeline: PipelineConfig | None
     zero_stage: int
+    grad_accumulation: int
 
 
 FORMAT = "workbench.layout"
 VERSION = 1
-KEYS = ("format", "version", "mesh", "cluster", "partition_axis", "rules", "mode", "remat", "pipeline", "zero_stage")
-_PIPELINE_KEYS = ("num_stages", "num_microbatches", "schedule", "virtual_stages")
+KEYS = ("format", "version", "mesh", "cluster", "partition_axis", "rules", "mode", "remat", "pipeline", "zero_stage",
+        "grad_accumulation")
+_PIPELINE_KEYS = ("num_stages", "num_microbatches", "schedule", "virtual_stages", "uneven")  # uneven: written if so
 _DEFAULT_PA = PartitionAxis().to_dict()
 _PRESETS = {name: value for name, value in vars(ax).items() if isinstance(value, DynamicShardingAxes)}
 _MODE_NAMES = {mode: ax.label(mode) for mode in RUNTIME_MODES}
@@ -70,8 +73,10 @@ def to_json(layout: LayoutFields, *, cluster: Cluster | None = None) -> str:
         "rules": [_rule_doc(pattern, axes) for pattern, axes in layout.rules],
         "mode": layout.mode,
         "remat": layout.remat,
-        "pipeline": None if layout.pipeline is None else {k: getattr(layout.pipeline, k) for k in _PIPELINE_KEYS},
+        "pipeline": None if layout.pipeline is None else {k: getattr(layout.pipeline, k) for k in _PIPELINE_KEYS
+                                                          if k != "uneven" or layout.pipeline.uneven},
         "zero_stage": layout.zero_stage,
+        "grad_accumulation": layout.grad_accumulation,
     }
     return _dumps(doc)
 
@@ -91,7 +96,7 @@ def _dumps(doc: dict[str, tp.Any]) -> str:
 
 def plan_from_json(text: str, *, mesh: tp.Any = None) -> dict[str, tp.Any]:
     """What the layout ``text`` describes, as the keyword arguments of ``Layout.of`` besides the model:
-    ``mesh, partition_axis, rules, mode, remat, pipeline, zero_stage``.
+    ``mesh, partition_axis, rules, mode, remat, pipeline, zero_stage, grad_accumulation``.
 
     The mesh: ``mesh`` if given (its axis sizes must be the document's); else, for a named cluster,
     ``cluster_mesh(cluster, ...)``; else ``make_mesh`` on this process's first devices when there are
@@ -111,7 +116,7 @@ def plan_from_json(text: str, *, mesh: tp.Any = None) -> dict[str, tp.Any]:
     else:
         mesh = _local_mesh(shape, types)
     return {"mesh": mesh, **{k: doc[k] for k in ("partition_axis", "rules", "mode", "remat", "pipeline",
-                                                  "zero_stage")}}
+                                                  "zero_stage", "grad_accumulation")}}
 
 
 def read(text: str) -> dict[str, tp.Any]:
@@ -163,6 +168,8 @@ def read(text: str) -> dict[str, tp.Any]:
         out["zero_stage"] = check_zero_stage(doc.get("zero_stage", 0))
     except ValueError as err:
         raise ValueError(f"zero_stage: {err}") from None
+    k = doc.get("grad_accumulation", 1)  # absent before accumulation travelled with a layout: 1, what they meant
+    out["grad_accumulation"] = positive_int("grad_accumulation", k, what="a positive int (microbatches per step)")
     return out
 
 
@@ -334,8 +341,8 @@ class _Names:
 def to_code(layout: LayoutFields, *, cluster: Cluster | None = None, model_expr: str = "model") -> str:
     """A Python snippet that rebuilds ``layout`` when pasted into a script (with the model ``model_expr`` names
     defined): the mesh (``wb.make_mesh``, or ``cluster_mesh`` on ``cluster``), the
-    PartitionAxis fields that differ from the default, the rules, the remat policy and pipeline, and
-    ``Layout.of(...)``; a comment shows how to place a live model by it."""
+    PartitionAxis fields that differ from the default, the rules, the remat policy, pipeline, ZeRO stage and
+    gradient accumulation, and ``Layout.of(...)``; a comment shows how to place a live model by it."""
     names = _Names()
     imports = ["from workbench.core.views.explore import Layout"]
     body: list[str] = []
@@ -383,9 +390,12 @@ def to_code(layout: LayoutFields, *, cluster: Cluster | None = None, model_expr:
         p = layout.pipeline
         imports.append("from workbench.core.pipeline_schedule import PipelineConfig")
         virtual = f", virtual_stages={p.virtual_stages}" if p.schedule == "interleaved" else ""
+        uneven = ", uneven=True" if p.uneven else ""
         body.append(f"pipeline = PipelineConfig(num_stages={p.num_stages}, num_microbatches={p.num_microbatches}, "
-                    f"schedule={p.schedule!r}{virtual})")
+                    f"schedule={p.schedule!r}{virtual}{uneven})")
         call.append("pipeline=pipeline")
+    if layout.grad_accumulation != 1:
+        call.append(f"grad_accumulation={layout.grad_accumulation}")
     if names.axes:
         imports.insert(0, _call("from workbench.core.axes import ", sorted(names.axes), brackets=False))
     head = [f"model = {model_expr}"] if model_expr != "model" else []
@@ -410,7 +420,7 @@ def _call(prefix: str, args: list[str], width: int = 110, brackets: bool = True)
 
 
 def describe(layout: LayoutFields) -> str:
-    """One line: the mesh's axes of size > 1, the mode, remat, pipeline and ZeRO stage."""
+    """One line: the mesh's axes of size > 1, the mode, remat, pipeline, ZeRO stage and accumulation."""
     axes = " × ".join(f"{a}={n}" for a, n in zip(layout.mesh.axis_names, layout.mesh.axis_sizes, strict=True)
                       if n > 1) or "1 device"
     parts = [axes, ax.label(layout.mode)]
@@ -420,6 +430,8 @@ def describe(layout: LayoutFields) -> str:
         parts.append(f"{layout.pipeline.schedule} pipeline, {layout.pipeline.num_microbatches} microbatches")
     if layout.zero_stage:
         parts.append(f"ZeRO-{layout.zero_stage} (optimizer state over dp)")
+    if layout.grad_accumulation != 1:
+        parts.append(f"{layout.grad_accumulation} accumulated microbatches")
     return ", ".join(parts)
 
 

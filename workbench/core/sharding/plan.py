@@ -2,10 +2,10 @@
 
 :meth:`Layout.of` resolves a model's parameters (live or abstract: only shapes are read, nothing is
 allocated) through a :class:`PartitionAxis`, regex override rules and a runtime mode into
-:class:`~workbench.core.sharding.placement.ParamPlacement` records, and checks the rest of the plan: a remat policy,
-a pipeline over the ``pp`` axis, a ZeRO stage. It also knows how a step's token batch
-(:data:`INPUT_AXES`) and a KV cache (:data:`KV_CACHE_AXES`, :func:`kv_cache_spec`) are placed. What a
-layout costs lives elsewhere: :mod:`workbench.core.views.explore` (memory, collectives),
+:class:`~workbench.core.sharding.placement.ParamPlacement` records, and checks the rest of the plan: a remat
+policy, a pipeline over the ``pp`` axis, a ZeRO stage, the gradient-accumulation microbatches. It also knows how a
+step's token batch (:data:`INPUT_AXES`) and a KV cache (:data:`KV_CACHE_AXES`, :func:`kv_cache_spec`) are placed.
+What a layout costs lives elsewhere: :mod:`workbench.core.views.explore` (memory, collectives),
 :mod:`workbench.core.cost.ledger`, :mod:`workbench.core.cost.predicted`; :mod:`workbench.core.sharding.export`
 writes it out. ``workbench.core.views.explore.Layout`` is this class.
 
@@ -52,8 +52,10 @@ KVCacheSize = tuple[int, int, tp.Any]  # (batch, max_length, dtype)
 
 
 # -- the layout --------------------------------------------------------------------------------------
-def _check_plan(mesh: tp.Any, remat: str | None, pipeline: PipelineConfig | None, zero_stage: int) -> None:
+def _check_plan(mesh: tp.Any, remat: str | None, pipeline: PipelineConfig | None, zero_stage: int,
+                grad_accumulation: int) -> None:
     check_zero_stage(zero_stage)
+    positive_int("grad_accumulation", grad_accumulation, what="a positive int (microbatches per step)")
     if remat is not None:
         check_remat(remat)
     if pipeline is None:
@@ -72,10 +74,11 @@ class Layout:
     """Every parameter of a model resolved on ``mesh`` by ``partition_axis``, ``rules`` and ``mode``.
 
     Build it with :meth:`of`. ``params`` are in the model's parameter order; ``layout[path]`` finds one.
-    ``config`` is the model's config (it sizes a KV cache), or None. ``remat`` (a policy name),
-    ``pipeline`` (a :class:`PipelineConfig` over the ``pp`` axis) and ``zero_stage`` (1: the optimizer state
-    split over ``dp`` too, :mod:`workbench.core.zero`) are what a plan carries beyond the parameters' specs;
-    they do not change them. :meth:`to_json` / :meth:`from_json` and :meth:`to_code` export a layout
+    ``config`` is the model's config (it sizes a KV cache), or None. ``remat`` (a policy name), ``pipeline`` (a
+    :class:`PipelineConfig` over the ``pp`` axis), ``zero_stage`` (1: the optimizer state split over ``dp`` too,
+    :mod:`workbench.core.zero`) and ``grad_accumulation`` (microbatches a train step runs one after another,
+    summing their gradients) are what a plan (:class:`~workbench.core.plan.Plan`) carries beyond the parameters'
+    specs; they do not change them. :meth:`to_json` / :meth:`from_json` and :meth:`to_code` export a layout
     (:mod:`workbench.core.sharding.export`).
     """
 
@@ -88,24 +91,25 @@ class Layout:
     remat: str | None = None
     pipeline: PipelineConfig | None = None
     zero_stage: int = 0
+    grad_accumulation: int = 1
 
     @classmethod
     def of(cls, model: nnx.Module, mesh: Mesh | jax.sharding.AbstractMesh,
            partition_axis: PartitionAxis | None = None, rules: tp.Sequence[tuple[str, tp.Any]] | None = None,
            mode: str = MODE_TRAIN, *, remat: str | None = None, pipeline: PipelineConfig | None = None,
-           zero_stage: int = 0) -> Layout:
+           zero_stage: int = 0, grad_accumulation: int = 1) -> Layout:
         """Resolve ``model``'s parameters (arrays or ShapeDtypeStructs: only shapes are read).
 
         Raises ``ValueError`` for what a user can get wrong: a rule that does not compile or names
         the wrong number of dimensions, a field naming a mesh axis the mesh does not have (checked for
         the parameters, the token batch ``(BATCH, LENGTH)`` and a KV cache, which the explorer shows too),
         an unknown ``remat`` policy, a ``pipeline`` whose stage count is not the mesh's ``pp`` size, a
-        ``zero_stage`` other than 0 or 1.
+        ``zero_stage`` other than 0 or 1, a ``grad_accumulation`` that is not a positive int.
         Rules are kept with lists turned into tuples (a layout is hashable data).
         """
         pa = PartitionAxis() if partition_axis is None else partition_axis
         rules = freeze_rules(rules)
-        _check_plan(mesh, remat, pipeline, zero_stage)
+        _check_plan(mesh, remat, pipeline, zero_stage, grad_accumulation)
         params = resolve_params(model, mesh, pa, mode, rules)
         for what, names, names_mode in (("the token batch", INPUT_AXES, mode), ("a KV cache", KV_CACHE_AXES,
                                                                                 KV_CACHE_MODE)):
@@ -114,13 +118,14 @@ class Layout:
             except ValueError as err:
                 raise ValueError(f"{what} {format_axes(names)}: {err}") from None
         return cls(mesh, pa, mode, rules, params, getattr(model, "config", None), remat, pipeline,
-                   int(zero_stage))
+                   int(zero_stage), int(grad_accumulation))
 
     def replace(self, model: nnx.Module, **changes: tp.Any) -> Layout:
-        """The layout of ``model`` with some of ``mesh, partition_axis, rules, mode, remat, pipeline, zero_stage``
-        changed."""
+        """The layout of ``model`` with some of ``mesh, partition_axis, rules, mode, remat, pipeline, zero_stage,
+        grad_accumulation`` changed."""
         settings = dict(mesh=self.mesh, partition_axis=self.partition_axis, rules=self.rules, mode=self.mode,
-                        remat=self.remat, pipeline=self.pipeline, zero_stage=self.zero_stage)
+                        remat=self.remat, pipeline=self.pipeline, zero_stage=self.zero_stage,
+                        grad_accumulation=self.grad_accumulation)
         unknown = sorted(set(changes) - set(settings))
         if unknown:
             raise ValueError(f"Layout.replace takes {sorted(settings)}; got {unknown}")
@@ -177,7 +182,8 @@ class Layout:
     # -- export (workbench.core.sharding.export) -----------------------------------------------------------
     def to_json(self, *, cluster: tp.Any = None) -> str:
         """The layout as JSON that :meth:`from_json` reads back: mesh sizes, the cluster if given, the
-        PartitionAxis fields that differ from the default, rules, mode, remat and pipeline."""
+        PartitionAxis fields that differ from the default, rules, mode, remat, pipeline, ZeRO stage and
+        gradient accumulation."""
         return layout_export.to_json(self, cluster=cluster)
 
     @classmethod

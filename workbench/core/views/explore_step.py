@@ -1,10 +1,16 @@
 """The step a sharding explorer describes, and its mesh on a cluster: the rules behind the explorer's controls.
 
-The explorer's controls name a task, a batch ``(B, T)``, an optimizer and a remat policy; these functions turn
-them and a :class:`~workbench.core.sharding.plan.Layout` into what the core prices and counts, so that the widget
-only reads its controls and draws: the step's batch (:func:`step_batch`), its pipeline (:func:`step_pipeline`), its
-memory ledger (:func:`step_ledger`), its predicted time (:func:`predicted_step`) and a compiled step's time
-(:func:`compiled_step_time`). :func:`explorer_mesh` is the explorer's mesh (on a cluster, from axis sizes),
+The explorer's controls name a task, a batch ``(B, T)`` and an optimizer, and the plan a
+:class:`~workbench.core.sharding.plan.Layout` carries beyond its specs (remat policy, pipeline, ZeRO stage, gradient
+accumulation); these functions turn them into what the core prices and counts, so that the widget only reads its
+controls and draws: the step's batch (:func:`step_batch`), its pipeline (:func:`step_pipeline`), its
+:class:`~workbench.core.plan.Plan` (:func:`step_plan`, the record an advisor's row holds), its memory ledger
+(:func:`step_ledger`), its predicted time (:func:`predicted_step`) and a compiled step's time
+(:func:`compiled_step_time`). The ledger and the predicted step count a step as the advisor does, through the same
+core functions (the ledger's ``grad_accumulation``: one microbatch's activations beside the gradients' sum;
+:func:`~workbench.core.cost.price.price`), so a row opened in the explorer shows the row's memory and step time.
+
+:func:`explorer_mesh` is the explorer's mesh (on a cluster, from axis sizes),
 :func:`pipelined` the partition axis on a ``pp`` mesh, :func:`resolve_on` a given layout (or its JSON) re-resolved
 on the explorer's model, and :func:`chart_bytes` a bar chart's numbers in the unit its title writes.
 
@@ -27,14 +33,15 @@ from workbench.core.cost.price import price
 from workbench.core.cost.step import StepTime
 from workbench.core.hardware.cluster import cluster_mesh
 from workbench.core.mesh import MESH_AXES
-from workbench.core.pipeline import PipelineConfig, default_config, pipeline_partition_axis
-from workbench.core.plan import Plan
+from workbench.core.pipeline import PipelineConfig, default_config, pipeline_partition_axis, stage_padded
+from workbench.core.plan import Plan, microbatch
 from workbench.core.sharding import export as layout_export
 from workbench.core.sharding.plan import Layout
 from workbench.core.units import format_bytes
 
-__all__ = ["batch_split", "chart_bytes", "compiled_step_time", "explorer_mesh", "names_auto_axes", "pipelined",
-           "predicted_step", "resolve_on", "step_batch", "step_ledger", "step_model", "step_pipeline"]
+__all__ = ["batch_split", "chart_bytes", "chosen_pipeline", "compiled_step_time", "experts_over_fsdp",
+           "explorer_mesh", "names_auto_axes", "pipelined", "predicted_step", "resolve_on", "step_batch",
+           "step_ledger", "step_model", "step_pipeline", "step_plan"]
 
 
 # -- the step -------------------------------------------------------------------------------------------
@@ -46,6 +53,21 @@ def step_batch(task: str, batch: tuple[int, int]) -> tuple[tuple[int, int], int 
     return ((b, 1), t) if task == "decode" else ((b, t), None)
 
 
+def chosen_pipeline(layout: Layout, schedule: str, microbatches: int, virtual_stages: int = 2
+                    ) -> PipelineConfig | None:
+    """The pipeline over the ``pp`` axis of ``layout``'s mesh that runs ``schedule`` with ``microbatches`` (and
+    ``virtual_stages`` per device where interleaved), its stages uneven where they do not divide the model's stacked
+    layers, as the advisor offers them; None on a mesh without ``pp``. A ValueError (from
+    :class:`~workbench.core.pipeline.PipelineConfig`) says what to change for a choice that does not make one."""
+    pp = dict(layout.mesh.shape).get("pp", 1)
+    if pp == 1:
+        return None
+    v = virtual_stages if schedule == "interleaved" else 1
+    c = layout.config
+    layers = c.num_hidden_layers - c.first_dense_layers
+    return PipelineConfig(pp, microbatches, schedule, v, uneven=layers % (pp * v) != 0)
+
+
 def step_pipeline(layout: Layout, batch_size: int) -> PipelineConfig | None:
     """The layout's pipeline; on a mesh with ``pp > 1`` and none given, 1F1B over a batch of ``batch_size``
     sequences (:func:`workbench.core.pipeline.default_config`)."""
@@ -54,23 +76,57 @@ def step_pipeline(layout: Layout, batch_size: int) -> PipelineConfig | None:
     return default_config(layout.mesh, batch_size)
 
 
+def step_plan(layout: Layout, *, task: str, batch: tuple[int, int]) -> Plan:
+    """The :class:`~workbench.core.plan.Plan` of one ``task`` step of ``batch = (B, T)`` on ``layout``: its mesh's
+    axis sizes; for a train step the layout's remat policy (None counts as "none"), pipeline
+    (:func:`step_pipeline`), ZeRO stage and gradient accumulation (a prefill or decode step has no backward: no
+    remat, pipeline, ZeRO or accumulation); the mesh axes the layout splits the batch over (its partition axis'
+    batch field) and whether its expert weights are split over fsdp (:func:`experts_over_fsdp`)."""
+    train = task == "train"
+    return Plan(dict(layout.mesh.shape), remat=(layout.remat or "none") if train else "none",
+                pipeline=step_pipeline(layout, batch[0]) if train else None,
+                zero_stage=layout.zero_stage if train else 0,
+                grad_accumulation=layout.grad_accumulation if train else 1,
+                batch_axes=layout.partition_axis.mesh_axes_for(BATCH, layout.mode),
+                experts_fsdp=experts_over_fsdp(layout))
+
+
+def experts_over_fsdp(layout: Layout) -> bool:
+    """Whether ``layout`` splits its expert weights (those split over the ``ep`` axis) over ``fsdp`` or ``sp`` too,
+    so a step gathers them as it gathers every weight: False only on a mesh with ``ep > 1`` and ``fsdp x sp > 1``
+    where no expert weight names either (the advisor's experts kept whole over fsdp)."""
+    pa, sizes = layout.partition_axis, dict(layout.mesh.shape)
+    ep, data = pa.expert_parallel_axis, (pa.fully_sharded_data_parallel_axis, pa.sequence_parallel_axis)
+    if sizes.get(ep, 1) == 1 or all(sizes.get(a, 1) == 1 for a in data):
+        return True
+    named = [{a for entry in p.spec if entry is not None for a in ((entry,) if isinstance(entry, str) else entry)}
+             for p in layout.params]
+    experts = [axes for axes in named if ep in axes]
+    return not experts or any(axes & set(data) for axes in experts)
+
+
 def step_ledger(model: tp.Any, layout: Layout, cluster: tp.Any, *, task: str, batch: tuple[int, int],
-                optimizer: str, remat: str) -> ledgers.Ledger:
+                optimizer: str) -> ledgers.Ledger:
     """The memory ledger of one ``task`` step (:func:`workbench.core.cost.ledger.ledger`) of ``batch = (B, T)``
-    against the cluster's HBM; a train step on a ``pp > 1`` mesh runs the layout's pipeline (:func:`step_pipeline`)."""
+    against the cluster's HBM, run as :func:`step_plan` says: a train step with its remat policy, ZeRO stage and
+    gradient accumulation (one microbatch's activations, the gradients' sum beside them), on a ``pp > 1`` mesh
+    its pipeline, whose uneven stages are held as the deepest one on every device
+    (:func:`~workbench.core.pipeline.stage_padded`), as the advisor holds them."""
+    plan = step_plan(layout, task=task, batch=batch)
     rows, kv_length = step_batch(task, batch)
-    pipeline = step_pipeline(layout, batch[0]) if task == "train" else None
-    return ledgers.ledger(model, layout, kind=task, batch=rows, kv_length=kv_length, optimizer=optimizer,
-                          remat=remat, cluster=cluster, pipeline=pipeline)
+    padded = stage_padded(model, plan.pipeline)
+    if padded is not model:
+        layout = layout.replace(padded)
+    return ledgers.ledger(padded, layout, kind=task, batch=rows, kv_length=kv_length, optimizer=optimizer,
+                          remat=plan.remat, cluster=cluster, pipeline=plan.pipeline, zero_stage=plan.zero_stage,
+                          grad_accumulation=plan.grad_accumulation)
 
 
-def predicted_step(layout: Layout, cluster: tp.Any, *, task: str, batch: tuple[int, int], remat: str) -> StepTime:
-    """One ``task`` step of ``batch = (B, T)`` on ``layout`` timed from the model's shapes on ``cluster``
-    (:func:`workbench.core.cost.price.price`: the advisor's step model), before any compile."""
+def predicted_step(layout: Layout, cluster: tp.Any, *, task: str, batch: tuple[int, int]) -> StepTime:
+    """One ``task`` step of ``batch = (B, T)`` on ``layout`` run as :func:`step_plan` says, timed from the model's
+    shapes on ``cluster`` (:func:`workbench.core.cost.price.price`: the advisor's step model), before any compile."""
     rows, kv_length = step_batch(task, batch)
-    plan = Plan(dict(layout.mesh.shape), remat=remat, zero_stage=layout.zero_stage,
-                pipeline=step_pipeline(layout, batch[0]) if task == "train" else None)
-    return price(plan, layout.config, cluster, rows, task, kv_length=kv_length)
+    return price(step_plan(layout, task=task, batch=batch), layout.config, cluster, rows, task, kv_length=kv_length)
 
 
 def step_model(model: tp.Any, attention: str = "", remat: str | None = None) -> tp.Any:
@@ -94,10 +150,14 @@ def compiled_step_time(analysis: tp.Any, layout: Layout, cluster: tp.Any, *, kin
 
 def batch_split(layout: Layout, task: str, batch: tuple[int, int]) -> str:
     """How a step's token batch splits over the layout's mesh, with the resolver's reasons (why a split was
-    dropped): a decode step's ``(B, 1)``, else ``(B, T)``."""
+    dropped): a decode step's ``(B, 1)``, else ``(B, T)``; with gradient accumulation (a train step), the
+    microbatch the ledger holds."""
     b, t = step_batch(task, batch)[0]
-    rows, positions = layout.partition_axis.explain((BATCH, LENGTH), layout.mode, shape=(b, t), mesh=layout.mesh)
-    return f"batch {b} × {t} tokens: rows {rows.reason}; positions {positions.reason}"
+    k = layout.grad_accumulation if task == "train" else 1
+    micro = microbatch((b, t), k)
+    rows, positions = layout.partition_axis.explain((BATCH, LENGTH), layout.mode, shape=micro, mesh=layout.mesh)
+    runs = f" in {k} microbatches of {micro[0]} run one after another" if k > 1 else ""
+    return f"batch {b} × {t} tokens{runs}: rows {rows.reason}; positions {positions.reason}"
 
 
 # -- the mesh and the layout ------------------------------------------------------------------------------
@@ -152,7 +212,7 @@ def resolve_on(layout: Layout | str, model: tp.Any, current: Layout, cluster: tp
                          "resolve it on this explorer's model: Layout.of(explorer.model, ...)")
     mesh = layout.mesh if cluster is None else explorer_mesh(layout.mesh, cluster)
     return Layout.of(model, mesh, layout.partition_axis, layout.rules, layout.mode, remat=layout.remat,
-                     pipeline=layout.pipeline, zero_stage=layout.zero_stage)
+                     pipeline=layout.pipeline, zero_stage=layout.zero_stage, grad_accumulation=layout.grad_accumulation)
 
 
 def names_auto_axes(layout: Layout) -> bool:
