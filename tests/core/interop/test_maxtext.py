@@ -11,16 +11,10 @@ from workbench.core.hardware.cluster import Cluster
 from workbench.core.interop.maxtext import from_maxtext, to_maxtext
 from workbench.core.interop.recipe import TrainingRecipe, recipe_of
 from workbench.core.models import CausalLM, ModelConfig
-from workbench.core.models.presets import full_config, full_config_dict, tiny_config
+from workbench.core.models.presets import full_config, tiny_config
 from workbench.core.pipeline_schedule import PipelineConfig
 
 RECIPES = pathlib.Path(__file__).parent / "recipes"
-
-
-def _llama_405b():
-    # Llama 3.1 405B's published shape on Llama 3 70B's config.json
-    return ModelConfig.from_hf({**full_config_dict("llama-3-70b"), "hidden_size": 16384, "intermediate_size": 53248,
-                                "num_hidden_layers": 126, "num_attention_heads": 128, "num_key_value_heads": 8})
 
 
 # -- published recipes: the numbers their files state ------------------------------------------------------------
@@ -39,9 +33,9 @@ def test_v6e_llama3_1_405b_two_slices():
     assert r.dcn_shape["fsdp"] == 2 and r.slices == 2
     assert r.batch == (512, 8192)  # per_device_batch_size 1
     assert (r.source_remat, r.remat) == ("custom", "dots_saveable")
-    assert r.price(_llama_405b(), Cluster.tpu("v6e:16x16", slices=2)).time_s > 0
+    assert r.price(cluster=Cluster.tpu("v6e:16x16", slices=2)).time_s > 0  # model_name llama3.1-405b's preset
     with pytest.raises(ValueError, match=r"slices=2"):
-        r.price(_llama_405b(), Cluster.tpu("v5p:8x8x8"))
+        r.price(full_config("llama-3.1-405b"), Cluster.tpu("v5p:8x8x8"))
 
 
 def test_v6e_llama3_1_70b_long_context_fractional_batch():

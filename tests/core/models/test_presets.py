@@ -1,14 +1,25 @@
-"""Tiny presets: every family builds, and its config dict builds the matching transformers model."""
+"""Tiny presets: every family builds, and its config dict builds the matching transformers model. Full-size presets:
+each builds abstractly with the parameter count its publisher states."""
 
 import json
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
-from workbench.core.models import ModelConfig
-from workbench.core.models.presets import FAMILIES, TINY_VOCAB, tiny, tiny_config
+from workbench.core.models import CausalLM, ModelConfig
+from workbench.core.models.presets import (
+    FAMILIES,
+    FULL_SIZE,
+    TINY_VOCAB,
+    full_config,
+    full_config_dict,
+    tiny,
+    tiny_config,
+)
 from workbench.core.models.tokenizer import ByteTokenizer, CharTokenizer
 
 B, T = 2, 24
@@ -95,3 +106,68 @@ def test_config_dict_reads_the_same_through_transformers():
         hf_config = transformers.AutoConfig.for_model(**tiny_config(family))
         assert type(hf_config).__name__.lower().startswith(family.replace("_", ""))
         assert ModelConfig.from_hf(hf_config.to_dict()) == ModelConfig.from_hf(tiny_config(family))
+
+
+# -- full-size presets: their parameter counts against the published ones -------------------------------------------
+def _param_count(name: str) -> int:
+    """The parameters of the preset built abstractly, as a planner builds it (nothing allocated)."""
+    model = CausalLM.lazy_init(full_config(name), dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+# Exact counts: the Hugging Face model API's safetensors.total (https://huggingface.co/api/models/<repo>), the number of
+# values the checkpoint stores, at the revision named (as recorded with the revision on 2026-10-01).
+HUB_TOTALS = {
+    "llama-3.1-8b": ("meta-llama/Llama-3.1-8B", "d04e592b", 8_030_261_248),
+    "llama-3.1-70b": ("meta-llama/Llama-3.1-70B", "349b2ddb", 70_553_706_496),
+    "llama-3.1-405b": ("meta-llama/Llama-3.1-405B", "b906e4dc", 405_853_388_800),
+    # The Llama 2 conversion (transformers 4.32) also stores each layer's rotary_emb.inv_freq buffer, head_dim / 2 =
+    # 64 values that are not parameters, as HF's Llama conversions of that time did (their model.safetensors.index.json
+    # lists model.layers.<i>.self_attn.rotary_emb.inv_freq): 80 x 64 of the total.
+    "llama-2-70b": ("meta-llama/Llama-2-70b-hf", "3aba440b", 68_976_653_312 - 80 * 64),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HUB_TOTALS))
+def test_full_size_preset_has_the_hubs_parameter_count(name):
+    assert _param_count(name) == HUB_TOTALS[name][2], HUB_TOTALS[name][:2]
+
+
+# Rounded counts as their publishers state them: (total, its rounding in billions, non-embedding or None, source).
+# Qwen3 model cards (huggingface.co/Qwen/<model>, "Model Overview"): "Number of Parameters" and "Number of Paramaters
+# (Non-Embedding)", the latter without the embedding and the untied head. Mistral AI's announcements
+# (mistral.ai/news/mixtral-of-experts: "Mixtral has 46.7B total parameters"; mistral.ai/news/mixtral-8x22b: "39B
+# active parameters out of 141B").
+STATED_COUNTS = {
+    "qwen3-8b": (8.2e9, 0.05e9, 6.95e9, 0.005e9),
+    "qwen3-32b": (32.8e9, 0.05e9, 31.2e9, 0.05e9),
+    "qwen3-30b-a3b": (30.5e9, 0.05e9, 29.9e9, 0.05e9),  # "30.5B in total and 3.3B activated"
+    "qwen3-235b-a22b": (235e9, 0.5e9, 234e9, 0.5e9),  # "235B in total and 22B activated"
+    "mixtral-8x7b": (46.7e9, 0.05e9, None, None),
+    "mixtral-8x22b": (141e9, 0.5e9, None, None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STATED_COUNTS))
+def test_full_size_preset_has_its_published_parameter_count(name):
+    total, half_step, non_embedding, ne_half_step = STATED_COUNTS[name]
+    count = _param_count(name)
+    assert abs(count - total) <= half_step, f"{name}: {count:,} parameters, published {total:.4g}"
+    if non_embedding is not None:
+        c = full_config(name)
+        embeddings = c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
+        assert abs(count - embeddings - non_embedding) <= ne_half_step, f"{name}: {count - embeddings:,} non-embedding"
+
+
+def test_full_size_configs_read_the_same_through_transformers():
+    """Each preset's dict, read by transformers' own config class, gives the same ModelConfig: no key misspelt."""
+    transformers = pytest.importorskip("transformers")
+    for name in FULL_SIZE:
+        config = full_config_dict(name)
+        hf_config = transformers.AutoConfig.for_model(**config)
+        assert ModelConfig.from_hf(hf_config.to_dict()) == ModelConfig.from_hf(config), name
+
+
+def test_unknown_full_size_name_lists_the_known_ones():
+    with pytest.raises(ValueError, match=r"llama-3\.1-8b.*qwen3-30b-a3b.*mixtral-8x22b"):
+        full_config("llama-3.1-8")

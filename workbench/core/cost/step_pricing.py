@@ -186,8 +186,9 @@ def _terms(kernels: _Kernels, achieved: float, fused: dict[str, float], optimize
              f"permutes, the loss, at {cal.hbm.value:.0%} of HBM bandwidth ({cal.fusion.value:g}x the minimal "
              f"traffic in the layers)"),
         Term("optimizer update", optimizer_s, "memory", f"AdamW with float32 master weights and moments: "
-                                                        f"{ADAMW_F32_BYTES} B of HBM traffic a parameter (reads the float32 "
-                                                        f"weight, moments and gradient, writes weight and moments)"),
+                                                        f"{ADAMW_F32_BYTES} B of HBM traffic a parameter (reads "
+                                                        f"the float32 weight, moments and gradient, writes weight "
+                                                        f"and moments)"),
         Term("FSDP and gradient communication, exposed", exposed, "communication",
              "what the forward's and backward's work does not hide, the first gather and the last reduction"
              if overlap else "nothing hidden (overlap=False)"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import typing as tp
 
+from workbench.core.interop.model_names import preset_layers
 from workbench.core.interop.recipe import (
     TrainingRecipe,
     config_int,
@@ -227,8 +228,9 @@ def _pipeline(cfg: tp.Mapping[str, tp.Any], given: tp.Container[str], pp: int, n
     if repeats == -1:
         if num_layers is None:
             raise ValueError(f"a {pp}-stage MaxText pipeline repeats num_decoder_layers / ({pp} x "
-                             f"num_layers_per_pipeline_stage) times, and the config does not say the layers: pass "
-                             f"num_layers=, or set base_num_decoder_layers or num_pipeline_repeats")
+                             f"num_layers_per_pipeline_stage) times, and the config does not say the layers (nor "
+                             f"names a model the workbench has a preset for): pass num_layers=, or set "
+                             f"base_num_decoder_layers or num_pipeline_repeats")
         if num_layers % (pp * per_stage):
             raise ValueError(f"{num_layers} layers do not split into {pp} stages of num_layers_per_pipeline_stage="
                              f"{per_stage}; change num_layers_per_pipeline_stage or ici/dcn_pipeline_parallelism")
@@ -265,10 +267,16 @@ def from_maxtext(text_or_path: tp.Any, *, num_devices: int | None = None, num_sl
     ``ici_fsdp_parallelism``) and checked against the degrees otherwise. ``num_slices``: TPU slices, for a -1
     ``dcn_*`` degree (base.yml's ``dcn_data_parallelism``); default: the config's ``num_slices``, else what the
     ``ici_*`` degrees leave of ``num_devices``, else the explicit ``dcn_*`` degrees' product. ``num_layers``: the
-    model's decoder layers, for a pipeline whose repeats the config leaves to them.
+    model's decoder layers, for a pipeline whose repeats the config leaves to them (default: the config's
+    ``base_num_decoder_layers``, else those of the preset its ``model_name`` names).
     """
     given = _load_yaml(read_text(text_or_path))
     cfg = {**MAXTEXT_BASE, **given}
+    model = cfg["model_name"]
+    if not isinstance(model, str):
+        raise ValueError(f"model_name is a string such as 'llama3-8b'; got {model!r}")
+    if num_layers is None and "base_num_decoder_layers" not in cfg:
+        num_layers = preset_layers(model)
     notes: list[str] = []
     ici, dcn = _degrees(cfg, "ici"), _degrees(cfg, "dcn")
     slices = config_int("num_slices", cfg["num_slices"], allow_fill=True)
@@ -314,9 +322,6 @@ def from_maxtext(text_or_path: tp.Any, *, num_devices: int | None = None, num_sl
         else:
             notes.append("MaxText shard_optimizer_over_data has no data axis to shard over (data parallelism 1)")
     rules = _axis_rules(cfg, mesh, notes)
-    model = cfg["model_name"]
-    if not isinstance(model, str):
-        raise ValueError(f"model_name is a string such as 'llama3-8b'; got {model!r}")
     return TrainingRecipe(mesh, (seqs, length), remat, ga, zero, pipeline, dcn_shape,
                           model=None if model == "default" else model, source_remat=cfg["remat_policy"],
                           axis_rules=rules, num_layers=layers, notes=tuple(notes))

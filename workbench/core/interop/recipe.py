@@ -3,7 +3,8 @@
 A recipe holds what both formats say about a run: the mesh over the workbench's axes ``(pp, dp, fsdp, ep, tp, sp)``
 (and the part of it that spans TPU slices over DCN), the global batch, gradient accumulation, the remat policy, the
 ZeRO stage and the pipeline, plus every approximation made on the way in, in words (``notes``). It resolves on a
-model (:meth:`TrainingRecipe.layout`) and prices a step (:meth:`TrainingRecipe.price`). The formats live beside it:
+model (:meth:`TrainingRecipe.layout`) and prices a step (:meth:`TrainingRecipe.price`), on the model the recipe names
+when none is given (:meth:`TrainingRecipe.model_config`). The formats live beside it:
 :mod:`~workbench.core.interop.maxtext` (YAML) and :mod:`~workbench.core.interop.torchtitan` (TOML).
 
 >>> r = TrainingRecipe({"fsdp": 4, "tp": 2}, batch=(16, 2048), remat="full")
@@ -18,11 +19,17 @@ import math
 import pathlib
 import typing as tp
 
+import jax.numpy as jnp
+
 from workbench.core.axes import DP, EP, FSDP, MODE_TRAIN, SP, TP, PartitionAxis, semantic_names
 from workbench.core.checks import is_positive_int
 from workbench.core.cost.price import price as price_plan
 from workbench.core.hardware.cluster import cluster_mesh
+from workbench.core.interop.model_names import preset_name
 from workbench.core.mesh import MESH_AXES, axis_sizes
+from workbench.core.models.causal_lm import CausalLM
+from workbench.core.models.config import ModelConfig
+from workbench.core.models.presets import full_config
 from workbench.core.pipeline import pipeline_partition_axis
 from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.plan import Plan
@@ -189,9 +196,28 @@ class TrainingRecipe:
         self.check_cluster(cluster)
         return cluster_mesh(cluster, tuple(self.mesh_shape.values()), MESH_AXES)
 
-    def layout(self, model: tp.Any, cluster: tp.Any) -> tp.Any:
-        """This recipe resolved on ``model`` (a live or ``lazy_init`` model) on ``cluster``'s mesh, carrying its
-        remat policy, pipeline, ZeRO stage (as a Layout takes it) and gradient accumulation."""
+    def model_config(self) -> ModelConfig:
+        """The full-size config of the model the recipe names (MaxText's ``model_name``, torchtitan's ``name/flavor``),
+        resolved by :func:`~workbench.core.interop.model_names.preset_name`; a ValueError when it names none."""
+        if self.model is None:
+            raise ValueError("the recipe names no model (MaxText model_name, torchtitan [model] name and flavor): pass "
+                             "the model's config")
+        return full_config(preset_name(self.model))
+
+    def _config(self, model_config: tp.Any) -> tp.Any:
+        """``model_config`` as given, a preset or recipe model name resolved, or (None) the recipe's own model."""
+        if model_config is None:
+            return self.model_config()
+        return full_config(preset_name(model_config)) if isinstance(model_config, str) else model_config
+
+    def layout(self, model: tp.Any = None, cluster: tp.Any = None) -> tp.Any:
+        """This recipe resolved on ``model`` (a live or ``lazy_init`` model; None: the recipe's own model, built
+        abstractly in bfloat16) on ``cluster``'s mesh, carrying its remat policy, pipeline, ZeRO stage (as a Layout
+        takes it) and gradient accumulation."""
+        if cluster is None:
+            raise TypeError("layout(model, cluster) needs the cluster: layout(cluster=Cluster.h100(nodes=...))")
+        if model is None or isinstance(model, str | ModelConfig):
+            model = CausalLM.lazy_init(self._config(model), dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
         return Layout.of(model, self.mesh(cluster), self.partition_axis(), None, MODE_TRAIN, remat=self.remat,
                          pipeline=self.pipeline, zero_stage=self.workbench_zero_stage,
                          grad_accumulation=self.grad_accumulation)
@@ -209,11 +235,16 @@ class TrainingRecipe:
         return Plan(self.mesh_shape, remat=self.remat, pipeline=self.pipeline, zero_stage=self.workbench_zero_stage,
                     grad_accumulation=self.grad_accumulation, batch_axes=self.batch_axes)
 
-    def price(self, model_config: tp.Any, cluster: tp.Any, **kwargs: tp.Any) -> tp.Any:
-        """The predicted train step of ``model_config`` on ``cluster`` under this recipe
-        (:func:`workbench.core.cost.price.price` of :attr:`plan`); ``kwargs`` set the plan's other fields
-        (``dtype``, ``recompute``, ``tp_overlap`` ...) or go to the pricer (``efficiency``, ``overlap``)."""
+    def price(self, model_config: tp.Any = None, cluster: tp.Any = None, **kwargs: tp.Any) -> tp.Any:
+        """The predicted train step of ``model_config`` (a ModelConfig or a model name; None: the model the recipe
+        names, :meth:`model_config`) on ``cluster`` under this recipe (:func:`workbench.core.cost.price.price` of
+        :attr:`plan`); ``kwargs`` set the plan's other fields (``dtype``, ``recompute``, ``tp_overlap`` ...) or go to
+        the pricer (``efficiency``, ``overlap``)."""
+        if cluster is None:
+            raise TypeError("price(model_config, cluster) needs the cluster: price(cluster=Cluster.h100(nodes=...)) "
+                            "prices the model the recipe names")
         self.check_cluster(cluster)
+        model_config = self._config(model_config)
         if self.pipeline is not None and self.grad_accumulation > 1:
             raise ValueError(f"the recipe pipelines {self.pipeline.num_microbatches} microbatches and accumulates "
                              f"{self.grad_accumulation} steps; the step model prices one of the two: fold the "

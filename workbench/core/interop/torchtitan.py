@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import typing as tp
 
+from workbench.core.interop.model_names import preset_layers
 from workbench.core.interop.recipe import TrainingRecipe, config_int, fill_degrees, read_text
 from workbench.core.pipeline_schedule import PipelineConfig
 
@@ -110,9 +111,14 @@ def from_torchtitan(text_or_path: tp.Any, *, num_devices: int | None = None,
 
     ``num_devices``: the world size, needed when ``data_parallel_shard_degree`` is -1 (the default) and checked
     against the degrees otherwise. ``num_layers``: the model's layers, needed to read
-    ``pipeline_parallel_layers_per_stage``.
+    ``pipeline_parallel_layers_per_stage`` (default: those of the preset ``[model]`` names).
     """
     doc = _load_toml(read_text(text_or_path))
+    model_section = _section(doc, "model")
+    name, flavor = model_section.get("name"), model_section.get("flavor")
+    model = None if name is None else f"{name}/{flavor}" if flavor is not None else str(name)
+    if num_layers is None:
+        num_layers = preset_layers(model)
     par = {**TORCHTITAN_DEFAULTS["parallelism"], **_section(doc, "parallelism")}
     train = _section(doc, "training")
     notes: list[str] = []
@@ -172,8 +178,9 @@ def from_torchtitan(text_or_path: tp.Any, *, num_devices: int | None = None,
         if per_stage is not None:
             per_stage = config_int("pipeline_parallel_layers_per_stage", per_stage)
             if num_layers is None:
-                raise ValueError("pipeline_parallel_layers_per_stage sets the stages per rank from the model's layers: "
-                                 "pass num_layers= (the model's layers)")
+                named = "[model] names none" if model is None else f"[model] {model!r} names no preset"
+                raise ValueError(f"pipeline_parallel_layers_per_stage sets the stages per rank from the model's "
+                                 f"layers, and {named} the workbench has: pass num_layers= (the model's layers)")
             # torchtitan counts the embedding and the output as a layer each (pipeline_parallel.py)
             stages = math.ceil((num_layers + 2) / per_stage)
             if stages % mesh["pp"]:
@@ -190,9 +197,6 @@ def from_torchtitan(text_or_path: tp.Any, *, num_devices: int | None = None,
         if accumulation > 1:
             notes.append(f"torchtitan runs {accumulation} accumulation steps of {micro} pipelined microbatches each")
     remat, source_remat = _remat(_section(doc, "activation_checkpoint"), notes)
-    model_section = _section(doc, "model")
-    name, flavor = model_section.get("name"), model_section.get("flavor")
-    model = None if name is None else f"{name}/{flavor}" if flavor is not None else str(name)
     rules = (("batch_axis", tuple(a for a in ("fsdp", "dp", "ep") if mesh[a] > 1)),) if ep > 1 else ()
     return TrainingRecipe(mesh, (global_batch, seq_len), remat, accumulation, 3 if mesh["fsdp"] > 1 else 0, pipeline,
                           model=model, source_remat=source_remat, axis_rules=rules, num_layers=layers,
