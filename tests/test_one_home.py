@@ -11,7 +11,7 @@ ROOT = pathlib.Path(workbench.__file__).parent
 # name -> the one module (relative to workbench/) that defines it
 HOMES = {
     "format_bytes": "core/units.py", "format_seconds": "core/units.py", "format_count": "core/units.py",
-    "format_guess": "core/units.py",
+    "format_guess": "core/units.py", "format_flops": "core/units.py",
     "html_table": "core/tables.py",
     "collective_time": "core/hardware/network.py", "transfer": "core/hardware/network.py",
     "array_bytes": "core/hardware/network.py",

@@ -12,7 +12,7 @@ from workbench.core.advisor import Constraints, advise
 from workbench.core.hardware.cluster import Cluster
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import full_config, tiny_config
-from workbench.core.units import format_seconds
+from workbench.core.units import format_bytes, format_flops, format_seconds
 from workbench.widgets import layout_advisor as layout_advisor_module
 from workbench.widgets.layout_advisor import LayoutAdvisor
 
@@ -191,3 +191,81 @@ def test_an_error_in_any_callback_is_shown_and_the_widget_keeps_working(llama_70
     monkeypatch.undo()
     advisor._row.value = 1
     assert not advisor.error
+
+
+# -- the confirm panel: like compared with like (issue 48) --------------------------------------------------------
+def _tiny_f32():
+    return CausalLM.lazy_init(ModelConfig.from_hf(tiny_config("llama", hidden_size=256, intermediate_size=512,
+                                                              num_hidden_layers=4)))
+
+
+def _panel(advisor):
+    """The confirm panel's main table: its header, and per quantity its cells and the why beneath it."""
+    out = advisor._out.value
+    main = out.split("<details>")[0]
+    header = [html.unescape(h) for h in re.findall(r"<th\b[^>]*>(.*?)</th>", main)]
+    rows = re.findall(r'<tr class="wb-confirm-row" data-quantity="[^"]*">(.*?)</tr><tr>(.*?)</tr>', main)
+    cells = {}
+    for row, why in rows:
+        values = [html.unescape(v) for v in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        cells[values[0]] = (values[1:], html.unescape(re.sub(r"<[^>]+>", "", why)))
+    text = html.unescape(re.sub(r"<[^>]+>", " ", out))
+    return header, cells, text
+
+
+def _reads_as_a_person_does(text, cells):
+    assert not re.search(r"\d[eE][+-]?\d", text), text  # no "4.07e+03 ms"
+    for values, _ in cells.values():
+        assert not {"0 ns", "0 s"} & set(values), values  # no zero shown for work that exists
+
+
+def test_the_confirm_panel_shows_a_step_and_its_microbatches_side_by_side():
+    """A row of 4 accumulated microbatches: the panel says the compiled program is one of them and shows the
+    predicted step and microbatch beside the compiled microbatch and the compiled step (the microbatch x 4 plus
+    what the accumulation adds), each main quantity with cost.reconcile's reason beneath it."""
+    model, cluster = _tiny_f32(), Cluster.h100(nodes=1)
+    advisor = LayoutAdvisor(model, cluster, batch_tokens=32 * 128, seq_len=128,
+                            constraints=Constraints(pipeline=False, fixed={"fsdp": 8}, grad_accumulation=(4,)))
+    assert advisor.confirm(), advisor._out.value
+    c = advisor.advice.ranked[0]
+    assert c.grad_accumulation == 4
+    header, cells, text = _panel(advisor)
+    assert header == ["", "predicted step", "predicted microbatch", "compiled microbatch", "accumulation adds",
+                      "compiled step (4 x microbatch + accumulation)"]
+    assert "The compiled program: one train step of one microbatch: 8 of the step's 32 sequences" in text
+    assert list(cells) == ["step time", "compute time", "memory time", "communication", "memory: total"]
+    rows = {r.quantity: r for r in c.reconciled}
+    for quantity, (values, why) in cells.items():
+        assert why == f"for one microbatch: {rows[quantity].why}"  # cost.reconcile's sentence, for the program
+        assert values[1:3] == [rows[quantity].predicted_text, rows[quantity].compiled_text]
+    # the compiled microbatch's memory is XLA's buffer assignment; the step adds the ledger's gradient sum
+    memory = cells["memory: total"][0]
+    assert memory[2] == format_bytes(c.compiled.memory.total)
+    assert memory[4] == format_bytes(c.compiled.memory.total + c.ledger.grads)
+    assert cells["step time"][0][0] == format_seconds(c.step.time_s)
+    step = c.confirmation["step time"]
+    assert cells["step time"][0][4] == format_seconds(4 * c.compiled_step.time_s + step.accumulation)
+    assert "every other quantity reconciled" in text and format_flops(4 * c.compiled.matmul_flops) in text
+    _reads_as_a_person_does(text, cells)
+
+
+def test_the_confirm_panel_compiles_a_decode_row_with_its_kv_cache():
+    """A decode row: the compiled program is the decode step with its 512-position cache (the panel says so);
+    the arguments the compiled program holds are the ledger's weights, cache and token ids."""
+    model, cluster = _tiny_f32(), Cluster.h100(nodes=1)
+    advisor = LayoutAdvisor(model, cluster, batch_tokens=8, seq_len=512, task="decode",
+                            constraints=Constraints(fixed={"tp": 4, "dp": 2}))
+    assert advisor.confirm(), advisor._out.value
+    c = advisor.advice.ranked[0]
+    header, cells, text = _panel(advisor)
+    assert header == ["", "predicted", "compiled"]
+    assert "one decode step: 8 sequences each write one new token into a KV cache of 512 positions" in text
+    assert "without a cache" not in text
+    rows = {r.quantity: r for r in c.reconciled}
+    for quantity, (values, why) in cells.items():
+        assert values == [rows[quantity].predicted_text, rows[quantity].compiled_text] and why == rows[quantity].why
+    assert cells["memory: total"][0][1] == format_bytes(c.compiled.memory.total)
+    arguments = rows["memory: arguments"]
+    assert arguments.compiled == c.compiled.memory.argument
+    assert arguments.compiled == pytest.approx(c.ledger.params + c.ledger.kv_cache + c.ledger.inputs, rel=0.02)
+    _reads_as_a_person_does(text, cells)

@@ -1,8 +1,12 @@
-"""Numbers as people read them: bytes (binary units), seconds, counts, a reader's guess. The one formatter of each."""
+"""Numbers as people read them: bytes (binary units), seconds, FLOPs, counts, a reader's guess. The one formatter of
+each."""
 
 from __future__ import annotations
 
 _BINARY = ("B", "KiB", "MiB", "GiB", "TiB")
+_SECONDS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))
+_FLOPS = (("EFLOP", 1e18), ("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("KFLOP", 1e3),
+          ("FLOP", 1.0))
 
 
 def format_bytes(n: int | float, unit: str | None = None, decimals: int = 1) -> str:
@@ -21,22 +25,50 @@ def format_bytes(n: int | float, unit: str | None = None, decimals: int = 1) -> 
     value = float(n)
     for unit in _BINARY:
         if abs(value) < 1024 or unit == "TiB":
-            text = f"{value:.0f}" if unit == "B" or value == int(value) else f"{value:.3g}"
+            text = f"{value:.0f}" if unit == "B" or value == int(value) else _digits(value)
             return f"{text} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
 
 
+def _digits(value: float) -> str:
+    """Three significant digits, never in exponent notation: ``1023.4`` -> ``"1023"``, ``0.0123`` -> ``"0.0123"``."""
+    text = f"{value:.3g}"
+    return f"{value:.0f}" if "e" in text else text
+
+
+def _scaled(value: float, units: tuple[tuple[str, float], ...]) -> str:
+    """``value`` in the largest of ``units`` (name, scale; largest first) it reaches once rounded to three
+    significant digits, so 0.9996 s reads "1 s", not "1e+03 ms"; a sign kept, no exponent."""
+    sign, value = ("-" if value < 0 else ""), abs(value)
+    for name, scale in units:
+        if float(f"{value / scale:.3g}") >= 1 or scale == units[-1][1]:
+            return f"{sign}{_digits(value / scale)} {name}"
+    raise AssertionError("unreachable")
+
+
 def format_seconds(seconds: float) -> str:
-    """``0.0123`` -> ``"12.3 ms"`` (three significant digits, s / ms / us / ns).
+    """``0.0123`` -> ``"12.3 ms"`` (three significant digits, s / ms / us / ns; never an exponent).
 
     >>> format_seconds(2.5), format_seconds(0.0123), format_seconds(4.6e-5), format_seconds(3e-9)
     ('2.5 s', '12.3 ms', '46 us', '3 ns')
+    >>> format_seconds(4070.0), format_seconds(0.9996), format_seconds(-0.03), format_seconds(0)
+    ('4070 s', '1 s', '-30 ms', '0 s')
     """
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds * 1e9:.3g} ns"
+    if seconds == 0:
+        return "0 s"
+    return _scaled(seconds, _SECONDS)
+
+
+def format_flops(n: float) -> str:
+    """Floating-point operations in SI units: ``6.95e10`` -> ``"69.5 GFLOP"`` (three significant digits).
+
+    >>> format_flops(6.95e10), format_flops(1.2e15), format_flops(512), format_flops(0)
+    ('69.5 GFLOP', '1.2 PFLOP', '512 FLOP', '0 FLOP')
+    """
+    if n == 0:
+        return "0 FLOP"
+    return _scaled(n, _FLOPS)
 
 
 def format_count(n: int) -> str:

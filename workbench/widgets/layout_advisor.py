@@ -5,11 +5,13 @@ the explorer, export as code and JSON: the row's plan travels with it
 
 from __future__ import annotations
 
+import dataclasses
 import typing as tp
 
 import ipywidgets as widgets
 
 from workbench.core.advisor import Advice, Candidate, Constraints, advise
+from workbench.core.advisor.confirm import MAIN_QUANTITIES
 from workbench.core.tables import Cell, Html, Row, html_table
 from workbench.core.units import format_bytes, format_seconds
 from workbench.core.vocab import OPTIMIZERS, TASKS
@@ -135,6 +137,7 @@ class LayoutAdvisor(InlineError):
         self._headroom = w.BoundedFloatText(c.headroom, min=0.0, max=0.9, step=0.05, description="HBM headroom",
                                             style=style, layout=w.Layout(width="170px"))
         self._fixed = dict(c.fixed)
+        self._given = c  # what no control shows (the accumulations to try, split physical axes) stays as given
         self._status = self._error_area()  # "ranking…", then the inline error or nothing
         self._table = w.HTML()
         self._table.add_class("wb-advisor-table")
@@ -174,8 +177,10 @@ class LayoutAdvisor(InlineError):
 
     @property
     def constraints(self) -> Constraints:
-        return Constraints(fixed=self._fixed, tp_across_nodes=self._across.value, max_split_axes=self._max_axes.value,
-                           pipeline=self._pipeline.value, zero=self._zero.value, headroom=self._headroom.value)
+        """The constraints given, as the controls now set them."""
+        return dataclasses.replace(self._given, fixed=self._fixed, tp_across_nodes=self._across.value,
+                                   max_split_axes=self._max_axes.value, pipeline=self._pipeline.value,
+                                   zero=self._zero.value, headroom=self._headroom.value)
 
     @property
     def train_only(self) -> tuple[tp.Any, ...]:
@@ -232,15 +237,15 @@ class LayoutAdvisor(InlineError):
         return self.advice.ranked[self._row.value - 1]
 
     def confirm(self) -> bool:
-        """Compile the chosen row on the virtual cluster; its compiled memory and step go beside the prediction."""
+        """Compile the chosen row on the virtual cluster (the program its step runs: a decode step with its KV cache,
+        one microbatch of an accumulation) and show it beside its prediction (:func:`_confirmed_html`)."""
         c = self.selected()
         if c is None:
             return False
-        task = self.advice.task
         self._out.value = f'<div style="font-size:12px;color:#555">compiling {escape(c.label)}…</div>'
         with self._guard("confirm", clear="own") as failed:
             self.advice.confirm_one(c)
-            self._out.value = _confirmed_html(c, task)
+            self._out.value = _confirmed_html(c)
             options = [(f"{i}: {x.label}", i) for i, x in enumerate(self.advice.ranked[:self.top], 1)]
             keep = self.advice.ranked.index(c) + 1 if c in self.advice.ranked else \
                 (options[0][1] if options else None)
@@ -308,17 +313,30 @@ class LayoutAdvisor(InlineError):
         return f"LayoutAdvisor({self._model_name()}, {self.cluster.name}, {ranked})"
 
 
-def _confirmed_html(c: Candidate, task: str = "train") -> str:
-    """Predicted beside compiled, for one confirmed row."""
-    if c.compiled is None:
+def _confirmed_html(c: Candidate) -> str:
+    """One confirmed row: what the compiled program is, in words; each main quantity predicted beside compiled (for
+    a step of accumulated microbatches, per step and per microbatch side by side), with why they differ beneath it
+    (:mod:`workbench.core.cost.reconcile`'s reason); every other reconciled quantity folded below; then the note."""
+    conf = c.confirmation
+    if c.compiled is None or conf is None:
         return f'<div class="wb-advisor-confirmed" style="font-size:12px">{escape(c.confirm_note)}</div>'
-    rows = [("memory per device", format_bytes(c.ledger.total), format_bytes(c.compiled.memory.total))]
-    if c.compiled_step is not None:
-        rows += [("step time", format_seconds(c.step.time_s), format_seconds(c.compiled_step.time_s)),
-                 ("compute", format_seconds(c.step.compute_s), format_seconds(c.compiled_step.compute_s)),
-                 ("HBM traffic", format_seconds(c.step.memory_s), format_seconds(c.compiled_step.memory_s)),
-                 ("communication", format_seconds(c.step.comm_s), format_seconds(c.compiled_step.comm_s))]
-    table = html_table(rows, ("", "predicted", "compiled"), css_class=None, cell=CELL, head=CELL,
-                       style="border-collapse:collapse")
+
+    def table(quantities: tp.Sequence[str]) -> str:
+        rows = []
+        for cells, why in conf.cells(quantities):
+            rows.append(Row([Cell(v, "white-space:nowrap;border-bottom:none") for v in cells],
+                            {"class": "wb-confirm-row", "data-quantity": cells[0]}))
+            rows.append(Row([Cell(why, "color:#555;font-size:11px;padding-left:16px",
+                                  {"class": "wb-confirm-why", "colspan": len(cells)})]))
+        return html_table(rows, conf.header, css_class="wb-confirm-table", cell=CELL, head=CELL,
+                          style="border-collapse:collapse")
+
+    main = [q for q in MAIN_QUANTITIES if any(r.quantity == q for r in conf.rows)]
+    rest = [r.quantity for r in conf.rows if r.quantity not in main]
+    more = (f"<details><summary>every other quantity reconciled ({len(rest)})</summary>{table(rest)}</details>"
+            if rest else "")
     return (f'<div class="wb-advisor-confirmed" style="font-size:12px"><div style="font-weight:600">'
-            f"{escape(c.label)}: predicted vs compiled</div>{table}<div>{escape(c.reason)}</div></div>")
+            f"{escape(c.label)}: predicted vs compiled</div>"
+            f'<div class="wb-confirm-program">The compiled program: {escape(conf.program)}.</div>'
+            f"{table(main)}{more}<div class=\"wb-confirm-note\">{escape(c.confirm_note)}</div>"
+            f"<div>{escape(c.reason)}</div></div>")

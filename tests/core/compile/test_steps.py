@@ -2,7 +2,8 @@
 an unsharded reference built here: a train step is the next-token cross-entropy (optax's), its gradients
 (jax.value_and_grad) and the optimizer's update (for "adamw" the optimizer train() runs: make_optimizer, which clips
 the gradients to global norm 1); a forward is the model's logits, on a pp mesh through the
-pipeline. The explorer, the compile path and the pipeline widget build their steps with it."""
+pipeline; a decode step is the model's cached call (one new token per sequence against a prefilled KV cache), its
+logits and the cache it returns. The explorer, the compile path and the pipeline widget build their steps with it."""
 
 import jax
 import jax.numpy as jnp
@@ -101,6 +102,38 @@ def test_a_forward_step_is_the_logits(llama):
         _close(logits, llama(ids).logits)
 
 
+def test_a_decode_step_is_the_cached_call_with_the_cache_donated(llama):
+    """Against the unsharded model decoding one token after a 5-token prefill into a 12-position cache: the
+    step's logits and returned cache (keys, values, positions, the slots written) equal it; the cache is the
+    donated argument, laid out as ``init_cache`` lays it on the mesh, and the step's parameters resolve in decode
+    mode."""
+    mesh = make_mesh(dp=2, fsdp=2, tp=2)
+    b, max_length = BATCH[0], 12
+    step = steps.abstract_step(llama, mesh, kind="decode", batch=(b, 1), kv_length=max_length)
+    assert step.kind == "decode" and step.donate_argnums == (2,)
+    placed = llama.init_cache(b, max_length, mesh=mesh)
+    assert jax.tree.map(lambda x: x.sharding, step.args[2]) == jax.tree.map(lambda x: x.sharding, placed)
+    assert step.args[2].keys.shape == (llama.config.num_hidden_layers, b, max_length, 2, llama.config.head_dim)
+    ids = _ids(llama, (b, 6))
+    with jax.default_matmul_precision("highest"):
+        cache = llama(ids[:, :5], cache=llama.init_cache(b, max_length)).cache
+        reference = llama(ids[:, 5:], cache=cache)
+        _, params, other = nnx.split(llama, nnx.Param, ...)
+        logits, new_cache = step.jit()(*_placed(step, params, other, cache, ids[:, 5:]))
+    _close(logits, reference.logits)
+    _close(new_cache.keys, reference.cache.keys)
+    _close(new_cache.values, reference.cache.values)
+    np.testing.assert_array_equal(new_cache.valid_BS, reference.cache.valid_BS)
+    assert int(new_cache.index) == 6 and (np.asarray(new_cache.positions_B) == 6).all()
+
+
+def test_a_decode_step_says_what_it_needs(llama):
+    with pytest.raises(ValueError, match="needs kv_length="):
+        steps.abstract_step(llama, make_mesh(dp=2, fsdp=2, tp=2), kind="decode", batch=(8, 1))
+    with pytest.raises(ValueError, match="compiles on pp=1"):
+        steps.abstract_step(llama, make_mesh(pp=2, dp=4, fsdp=1), kind="decode", batch=(8, 1), kv_length=16)
+
+
 def test_on_a_pp_mesh_the_steps_run_as_the_pipeline(llama):
     mesh = make_mesh(pp=2, dp=4, fsdp=1)
     step = steps.abstract_step(llama, mesh, kind="forward", batch=BATCH)
@@ -117,7 +150,8 @@ def test_on_a_pp_mesh_the_steps_run_as_the_pipeline(llama):
 
 
 def test_one_builder_and_one_list_of_kinds(llama):
-    assert explore.STEP_KINDS is steps.STEP_KINDS == ("forward", "train")
+    assert explore.STEP_KINDS is steps.STEP_KINDS == ("forward", "train")  # the explorer's: no cache to size
+    assert steps.KINDS == ("forward", "train", "decode")
     mesh = make_mesh(dp=2, fsdp=2, tp=2)
     with pytest.raises(ValueError, match="kind must be one of"):
         steps.abstract_step(llama, mesh, kind="prefill")

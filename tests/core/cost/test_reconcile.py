@@ -61,6 +61,32 @@ def test_hbm_traffic_splits_hbm_bytes_by_instruction():
     assert sum(nbytes for *_, nbytes in rows.values()) == hbm_bytes(HLO)
 
 
+# A decode step's cache write and layer read as XLA:TPU leaves them outside fusions (Llama-3-70B's decode on v5e:4x4):
+# a dynamic-update-slice writing one token into the stacked cache in place, a dynamic-slice reading one layer.
+CACHE_HLO = """HloModule m, is_scheduled=true
+
+ENTRY %main (cache: bf16[4,8,512,64], new: bf16[1,8,1,64], i: s32[]) -> (bf16[4,8,512,64], bf16[1,8,512,64]) {
+  %cache = bf16[4,8,512,64]{3,2,1,0} parameter(0)
+  %new = bf16[1,8,1,64]{3,2,1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %zero = s32[] constant(0)
+  %write = bf16[4,8,512,64]{3,2,1,0} dynamic-update-slice(%cache, %new, %i, %zero, %i, %zero)
+  %layer = bf16[1,8,512,64]{3,2,1,0} dynamic-slice(%write, %i, %zero, %zero, %zero), dynamic_slice_sizes={1,8,512,64}
+  ROOT %t = (bf16[4,8,512,64]{3,2,1,0}, bf16[1,8,512,64]{3,2,1,0}) tuple(%write, %layer)
+}
+"""
+
+
+def test_an_unfused_cache_write_moves_the_update_and_a_slice_its_result():
+    """As XLA's HloCostAnalysis counts them (HandleDynamicUpdateSlice: the update read and written, the buffer
+    aliased to the result and not read; HandleDynamicSlice: the result read and written), not the whole cache."""
+    rows = {name: nbytes for name, _, _, nbytes in hbm_traffic(CACHE_HLO)}
+    update, layer, index = 8 * 64 * 2, 8 * 512 * 64 * 2, 4
+    assert rows["write"] == 2 * update + 4 * index  # four start indices, each read
+    assert rows["layer"] == 2 * layer + 4 * index
+    assert hbm_bytes(CACHE_HLO) == rows["write"] + rows["layer"] < 4 * 8 * 512 * 64 * 2  # under one cache read
+
+
 # A 2-layer Llama (hidden 1024, 8 heads of 128, 4096 positions) on v5p:2x2x1, fsdp=4, remat="full": each device
 # computes one sequence's f32[8, 4096, 4096] scores (512 MiB). Compiled peak (libtpu 0.0.42) 1.87 GiB: the ledger
 # said 1.12 (-40.0 %) before it counted the attention backward phase, 1.84 (-1.6 %) with it.

@@ -29,13 +29,15 @@ gradients in a jitted step: ZeRO-2 is ZeRO-1 here), ``fsdp`` is stage 3.
 The package, by job: :mod:`.constraints` (what the user fixes, and the mesh shapes, cluster parts and pipelines it
 leaves), :mod:`.candidate` (one layout and its figures), :mod:`.search` (:func:`advise`: enumerate, hold against
 the HBM), :mod:`.rank` (price and rank, the tie-breaks), :mod:`.reasons` (the words), :mod:`.breakdown` (a step as
-the sum a reason writes), :mod:`.advice` (the result and its tables), :mod:`.confirm` (compile and reconcile).
+the sum a reason writes), :mod:`.advice` (the result and its tables), :mod:`.confirm` (compile and
+reconcile the program the step prices: a :class:`~.confirm.Confirmation` per confirmed layout).
 """
 
 from workbench.core.advisor.advice import Advice
 from workbench.core.advisor.candidate import Candidate
+from workbench.core.advisor.confirm import Confirmation
 from workbench.core.advisor.constraints import Constraints
 from workbench.core.advisor.reasons import reason
 from workbench.core.advisor.search import advise
 
-__all__ = ["Advice", "Candidate", "Constraints", "advise", "reason"]
+__all__ = ["Advice", "Candidate", "Confirmation", "Constraints", "advise", "reason"]

@@ -47,6 +47,7 @@ class Candidate:
     compiled: tp.Any = None  # virtual.CompiledAnalysis after confirm
     compiled_step: tp.Any = None  # cost.StepTime of the compiled program
     reconciled: list = dataclasses.field(default_factory=list)  # cost.reconcile rows: predicted vs compiled, why
+    confirmation: tp.Any = None  # confirm.Confirmation: the compiled program in words, its rows and the step's
     confirm_note: str = ""
 
     # the plan's fields, as the rows, reasons and widgets read them

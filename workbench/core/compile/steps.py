@@ -8,7 +8,12 @@ A step is a function and its ``ShapeDtypeStruct`` arguments placed on a mesh (no
   optimizer state's placement are :func:`~workbench.core.models.training.train`'s own (``train_loss``,
   ``apply_update``, ``opt_state_shardings`` of :mod:`workbench.core.models.training`), so what is compiled and
   priced is what runs;
-- ``"forward"``: ``(params, other, ids) -> logits``, the forward pass of a prefill without a cache.
+- ``"forward"``: ``(params, other, ids) -> logits``, the forward pass of a prefill without a cache;
+- ``"decode"``: ``(params, other, cache, ids) -> (logits, cache)``: ``ids`` of ``(B, T)`` new tokens (a decode
+  step: ``T = 1``) written into a contiguous KV cache of ``kv_length`` positions and attending over it, the cache
+  donated (updated in place, as :func:`~workbench.core.models.generation.generate`'s decode loop does) and placed as
+  the model's ``init_cache`` places it on the mesh (``CausalLM.abstract_cache``); parameters and ids resolved in
+  decode mode. No pipeline: a cached step runs on ``pp = 1``.
 
 On a mesh with ``pp > 1`` both run as the pipeline (:mod:`workbench.core.pipeline`). Parameters are placed as a
 :class:`workbench.core.sharding.plan.Layout` resolves them; optimizer moments shaped like their parameter share its
@@ -28,16 +33,18 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from workbench.core import pipeline as pipelines
-from workbench.core.axes import PartitionAxis
+from workbench.core.axes import MODE_DECODE, MODE_TRAIN, PartitionAxis
 from workbench.core.checks import one_of
 from workbench.core.hardware.cluster import Cluster
+from workbench.core.models.causal_lm import LOGITS_AXES
 from workbench.core.models.loss import labels_from
 from workbench.core.models.sharding import path_str, with_mesh
 from workbench.core.models.training import apply_update, make_optimizer, opt_state_shardings, train_loss
 from workbench.core.sharding.plan import INPUT_AXES, Layout
 from workbench.core.vocab import OPTIMIZERS
 
-STEP_KINDS = ("forward", "train")
+STEP_KINDS = ("forward", "train")  # the steps the explorer lists the collectives of
+KINDS = (*STEP_KINDS, "decode")  # every step this module builds: those and a decode step with its KV cache
 
 
 def optimizer(name: str, learning_rate: float = 1e-3) -> optax.GradientTransformation:
@@ -77,16 +84,19 @@ class Step:
 
 
 def layout_step(model: nnx.Module, layout: Layout, *, kind: str = "train", batch: tuple[int, int] = (8, 128),
-                optimizer_name: str = "adamw") -> Step:
+                optimizer_name: str = "adamw", kv_length: int | None = None) -> Step:
     """The ``kind`` step of ``model`` (live or abstract: only shapes are read) placed as ``layout`` says.
 
     On a mesh with ``pp > 1`` the step runs as the layout's pipeline (default
     :func:`workbench.core.pipeline.default_config`): a forward through
     :func:`~workbench.core.pipeline.pipeline_logits`, a train step's loss and gradients through
     :func:`~workbench.core.pipeline.pipeline_loss_and_grads`. A train step's optimizer state is split over ``dp``
-    too with the layout's ``zero_stage=1`` (:mod:`workbench.core.zero`)."""
-    one_of("kind", kind, STEP_KINDS)
+    too with the layout's ``zero_stage=1`` (:mod:`workbench.core.zero`). A ``"decode"`` step writes ``batch``'s
+    tokens into a KV cache of ``kv_length`` positions (see the module doc)."""
+    one_of("kind", kind, KINDS)
     mesh, pa = layout.mesh, layout.partition_axis
+    if kind == "decode":
+        _check_decode(model, mesh, batch, kv_length)
     graphdef, params, other = nnx.split(with_mesh(model, mesh, pa), nnx.Param, ...)
     if tuple(path_str(p) for p, _ in nnx.to_flat_state(params)) != layout.paths:
         raise ValueError("this layout was resolved for another model: the parameter paths differ")
@@ -108,6 +118,17 @@ def layout_step(model: nnx.Module, layout: Layout, *, kind: str = "train", batch
 
     if kind == "forward":
         return Step(kind, logits, (params, other, ids), (), None, mesh, batch)
+    if kind == "decode":
+        cache = model.abstract_cache(b, kv_length, mesh=mesh, partition_axis=pa)
+
+        def decode(params, other, cache, ids):
+            out = nnx.merge(graphdef, params, other)(ids, cache=cache)
+            return out.logits, out.cache
+
+        vocab = layout.config.vocab_size
+        logits_sharding = NamedSharding(mesh, pa.resolve(LOGITS_AXES, shape=(b, t, vocab), mesh=mesh))
+        out = (logits_sharding, jax.tree.map(lambda x: x.sharding, cache))
+        return Step(kind, decode, (params, other, cache, ids), (2,), out, mesh, batch)
 
     tx = optimizer(optimizer_name)
     opt_state = jax.eval_shape(tx.init, params)
@@ -135,8 +156,9 @@ def layout_step(model: nnx.Module, layout: Layout, *, kind: str = "train", batch
 def abstract_step(model: nnx.Module, mesh: tp.Any, *, kind: str = "train", batch: tuple[int, int] = (8, 128),
                   optimizer_name: str = "adamw", partition_axis: PartitionAxis | None = None,
                   rules: tp.Sequence[tuple[str, tp.Any]] | None = None, pipeline: tp.Any = None,
-                  zero_stage: int = 0) -> Step:
-    """:func:`layout_step` on the layout of ``model`` on ``mesh`` by ``partition_axis`` and ``rules``.
+                  zero_stage: int = 0, kv_length: int | None = None) -> Step:
+    """:func:`layout_step` on the layout of ``model`` on ``mesh`` by ``partition_axis`` and ``rules`` (in decode
+    mode for a ``"decode"`` step, whose KV cache holds ``kv_length`` positions).
 
     On a mesh with ``pp > 1`` the stacked layers are split over ``pp`` unless ``partition_axis`` says otherwise,
     and the step runs as ``pipeline`` (a ``PipelineConfig``; default :func:`workbench.core.pipeline.default_config`).
@@ -144,6 +166,20 @@ def abstract_step(model: nnx.Module, mesh: tp.Any, *, kind: str = "train", batch
     pa = partition_axis or PartitionAxis()
     if dict(mesh.shape).get("pp", 1) > 1 and pa.layer_axis is None:
         pa = pipelines.pipeline_partition_axis(pa)
-    layout = Layout.of(model, mesh, pa, rules, pipeline=pipeline, zero_stage=zero_stage)
-    return layout_step(model, layout, kind=kind, batch=batch, optimizer_name=optimizer_name)
+    mode = MODE_DECODE if kind == "decode" else MODE_TRAIN
+    layout = Layout.of(model, mesh, pa, rules, mode, pipeline=pipeline, zero_stage=zero_stage)
+    return layout_step(model, layout, kind=kind, batch=batch, optimizer_name=optimizer_name, kv_length=kv_length)
+
+
+def _check_decode(model: nnx.Module, mesh: tp.Any, batch: tuple[int, int], kv_length: int | None) -> None:
+    """A decode step's arguments: a model with a KV cache, a cache that holds the new tokens, no pipeline."""
+    if not hasattr(model, "abstract_cache"):
+        raise TypeError(f"a decode step writes a KV cache: {type(model).__name__} has no abstract_cache (a CausalLM "
+                        f"has); compile kind='forward' instead")
+    if kv_length is None or int(kv_length) < batch[1]:
+        raise ValueError(f"a decode step needs kv_length= (the KV cache's positions, at least the {batch[1]} new "
+                         f"tokens); got {kv_length!r}")
+    if dict(mesh.shape).get("pp", 1) > 1:
+        raise ValueError("a decode step with a KV cache compiles on pp=1: the pipeline runs train steps and "
+                         "cache-less forwards; choose a mesh without pp")
 

@@ -122,8 +122,10 @@ class CompiledAnalysis:
         """XLA's own estimate of the program's time (TPU only: ``cost_analysis()["optimal_seconds"]``), or None.
         Like the other ``cost_analysis()`` numbers it counts a while loop's body once. XLA:CPU (a worker
         cluster) makes no estimate: an ``optimal_seconds`` in its cost analysis is no time (negative for
-        DeepSeek-V3's step)."""
-        return self.cost.get("optimal_seconds") if self.cluster.platform == "tpu" else None
+        DeepSeek-V3's step); nor is XLA:TPU's -1, which it reports for a program it did not estimate (a small
+        decode step's)."""
+        seconds = self.cost.get("optimal_seconds") if self.cluster.platform == "tpu" else None
+        return seconds if seconds is not None and seconds > 0 else None
 
     def collectives_summary(self) -> dict[str, dict[str, int]]:
         """Per kind: instructions, runs per execution (loop trips) and bytes per device."""
@@ -321,10 +323,11 @@ def close_workers() -> None:
 
 def compile_step(model: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, int], *, kind: str = "train",
                  batch: tuple[int, int] = (8, 128), optimizer: str = "adamw", partition_axis: tp.Any = None,
-                 rules: tp.Any = None, pipeline: tp.Any = None, zero_stage: int = 0,
+                 rules: tp.Any = None, pipeline: tp.Any = None, zero_stage: int = 0, kv_length: int | None = None,
                  compiler_options: tp.Mapping[str, tp.Any] | None = None) -> CompiledAnalysis:
     """Compile one ``kind`` step (``"train"``: loss, gradient and the optimizer update with the state donated;
-    ``"forward"``) of ``model`` for ``cluster`` on a mesh of ``mesh_shape`` (workbench axes, e.g.
+    ``"forward"``; ``"decode"``: ``batch``'s tokens written into a KV cache of ``kv_length`` positions, the cache
+    donated) of ``model`` for ``cluster`` on a mesh of ``mesh_shape`` (workbench axes, e.g.
     ``{"fsdp": 16, "tp": 4}``), from abstract arguments (see :mod:`workbench.core.compile.steps`). With ``pp > 1`` a
     train step is the pipeline's (``pipeline``, default 1F1B): TPU clusters only. ``zero_stage=1`` splits the
     optimizer state over ``dp`` too (ZeRO-1). ``compiler_options`` as :func:`compile_on` takes them."""
@@ -334,6 +337,7 @@ def compile_step(model: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, in
                          f"pipeline ('Invalid binary instruction opcode copy'); choose pp=1, or a TPU cluster")
     mesh = cluster_mesh(cluster, full_mesh_shape(mesh_shape, cluster), MESH_AXES)
     step = abstract_step(model, mesh, kind=kind, batch=batch, optimizer_name=optimizer,
-                         partition_axis=partition_axis, rules=rules, pipeline=pipeline, zero_stage=zero_stage)
+                         partition_axis=partition_axis, rules=rules, pipeline=pipeline, zero_stage=zero_stage,
+                         kv_length=kv_length)
     return compile_on(cluster, step.fn, *step.args, donate_argnums=step.donate_argnums,
                       out_shardings=step.out_shardings, compiler_options=compiler_options)

@@ -14,6 +14,12 @@ says what each collective of the program does:
   ``transpose(...)``, autodiff's transpose), whose result the program then slices (the scanned layers' weight
   gradients reduced whole where a reduce-scatter would do);
 - ``"other"``: the rest (TP all-reduces, the embedding's all-to-all, the loss's scalars).
+
+The times come last: compute (the prediction's compute terms against the program's dots at the same efficiency),
+memory, communication and the step, each side totalled its own way (the measured model sums its terms and counts
+only exposed communication; a compiled step takes the longest of its parts). Where the prediction puts a quantity
+at zero because another term holds its work (a decode step's matmuls priced as reading their weights), the row says
+where (``Row.held_in``) instead of showing a zero for work that exists.
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ import math
 import re
 import typing as tp
 
+from workbench.core.cost.step_pricing import HBM_BOUND_KERNELS
 from workbench.core.hardware.network import transfer
 from workbench.core.hlo.graph import NO_TRAFFIC, fused_computation, hbm_traffic, shape_bytes
 from workbench.core.hlo.text import Instruction, leaves, parse, shape_tree
-from workbench.core.units import format_bytes, format_seconds
+from workbench.core.units import format_bytes, format_flops, format_seconds
 
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 # the role of every collective kind but the all-reduce, whose operand decides (collective_roles)
@@ -35,27 +42,42 @@ _ROLES = {"all-gather": "gather", "reduce-scatter": "gradient", "all-to-all": "o
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    """One quantity, predicted and compiled (``unit``: ``"B"``, ``"s"`` or ``"FLOP"``), and why they differ."""
+    """One quantity, predicted and compiled (``unit``: ``"B"``, ``"s"`` or ``"FLOP"``), and why they differ.
+    ``held_in``: where the prediction holds this quantity's work when it puts the quantity itself at zero (a
+    decode step's compute, priced as its HBM-bound matmuls), else ``""``."""
 
     quantity: str
     predicted: float
     compiled: float
     unit: str
     why: str
+    held_in: str = ""
 
     @property
     def ratio(self) -> float:
         """Compiled over predicted (inf where nothing was predicted)."""
         return self.compiled / self.predicted if self.predicted else math.inf if self.compiled else 1.0
 
+    @property
+    def predicted_text(self) -> str:
+        """The predicted value as a person reads it; where the prediction holds the work in another term, which."""
+        return f"in {self.held_in}" if self.held_in and not self.predicted else format_value(self.predicted, self.unit)
+
+    @property
+    def compiled_text(self) -> str:
+        return format_value(self.compiled, self.unit)
+
     def __str__(self) -> str:
-        return f"{self.quantity:<34}{_fmt(self.predicted, self.unit):>11}{_fmt(self.compiled, self.unit):>11}" \
-               f"{self.ratio:>7.2f}x  {self.why}"
+        ratio = f"{self.ratio:>7.2f}x" if math.isfinite(self.ratio) else f"{'-':>7} "
+        return f"{self.quantity:<34}{self.predicted_text:>11}{self.compiled_text:>11}{ratio}  {self.why}"
 
 
-def _fmt(value: float, unit: str) -> str:
-    formatter = {"B": format_bytes, "s": format_seconds}.get(unit)
-    return formatter(value) if formatter else f"{value:.3g}"
+def format_value(value: float, unit: str) -> str:
+    """``value`` in ``unit`` (``"B"``, ``"s"``, ``"FLOP"``) as :mod:`workbench.core.units` writes it (no exponent, a
+    sign kept); ``"none"`` for zero, so no "0 ns" stands where a side has nothing of that kind."""
+    if not value:
+        return "none"
+    return {"B": format_bytes, "s": format_seconds, "FLOP": format_flops}[unit](value)
 
 
 def table(rows: tp.Sequence[Row]) -> str:
@@ -138,11 +160,62 @@ def reconcile(predicted_step: tp.Any, compiled_step: tp.Any, ledger: tp.Any = No
     if predicted_kinds:
         traffic = dataclasses.replace(traffic, why=f"predicted by layer kind: {predicted_kinds}; {traffic.why}")
     rows.append(traffic)
+    rows.append(_compute_row(predicted_step, compiled_step))
     rows.append(Row("memory time", predicted_step.memory_s, compiled_step.memory_s, "s",
                     "the bytes above at the HBM bandwidth fusions reach (the prediction prices its "
-                    "memory-bound fusions only; the compiled step every instruction's bytes)"))
+                    "memory-bound fusions only; the compiled step every instruction's bytes)"
+                    + _terms_text(predicted_step, "memory")))
     rows += _communication_rows(predicted_step, compiled_step, compiled, hlo)
+    rows.append(_step_row(predicted_step, compiled_step))
     return rows
+
+
+def _terms_text(step: tp.Any, part: str) -> str:
+    """``"; predicted: matmuls 1.2 s, attention kernels 0.3 s"``: the measured model's non-zero terms of ``part``."""
+    terms = [f"{t.name} {format_seconds(t.seconds)}" for t in step.terms if t.part == part and t.seconds]
+    return f"; predicted: {', '.join(terms)}" if terms else ""
+
+
+def _compute_row(predicted_step: tp.Any, compiled_step: tp.Any) -> Row:
+    """Compute time: the prediction's compute terms against the compiled program's dots at the efficiency given to
+    :func:`~workbench.core.cost.compiled_step.step_time`; where the prediction's compute is zero but it counts
+    FLOPs, the terms that hold them (its HBM-bound kernels)."""
+    p, c = predicted_step, compiled_step
+    holding = [t for t in p.terms if t.name in HBM_BOUND_KERNELS and t.seconds]
+    held = ", ".join(f"{t.name} ({format_seconds(t.seconds)})" for t in holding)
+    why = f"the compiled program's dots (the matmul FLOPs above, attention's too) at {_percent(c.efficiency)} of peak"
+    if p.terms and c.efficiency == p.efficiency:
+        why += ", the fraction the prediction's matmuls reach in all"
+        if holding:
+            why += " (the time its HBM-bound ones spend reading included)"
+    why += _terms_text(p, "compute") if p.terms else f"; predicted: its FLOPs at {_percent(p.efficiency)} of peak"
+    if held:
+        why += (f"; the prediction prices {'these' if not p.compute_s else 'the other'} matmuls and attention as "
+                f"reading their operands, which takes longer than multiplying them (few rows, or small matrices): "
+                f"their time is in {held}, in the memory time" + ("" if p.compute_s else ", not zero"))
+    return Row("compute time", p.compute_s, c.compute_s, "s", why, "" if p.compute_s else held)
+
+
+def _percent(fraction: float) -> str:
+    """``0.42`` -> ``"42%"``, ``0.003`` -> ``"0.3%"`` (a fraction under 1 % is not written as 0 %)."""
+    return f"{fraction:.0%}" if fraction >= 0.01 or not fraction else f"{fraction * 100:.1g}%"
+
+
+def _step_row(predicted_step: tp.Any, compiled_step: tp.Any) -> Row:
+    """The step: each side totalled its own way (the measured model's terms summed; a compiled step's parts
+    overlapped, the longest, or one after another)."""
+    p, c = predicted_step, compiled_step
+    if p.terms:
+        terms = ", ".join(f"{t.name} {format_seconds(t.seconds)}" for t in p.terms if t.seconds)
+        predicted = f"predicted: the sum of its terms ({terms}), only the communication nothing hides counted"
+    else:
+        predicted = ("predicted: the longest of its compute, memory time and communication" if p.overlap else
+                     "predicted: its compute or memory time, then its communication") + \
+            (f", plus the pipeline bubble {format_seconds(p.bubble_s)}" if p.bubble_s else "")
+    compiled = ("compiled: the longest of its compute, memory time and communication, every collective counted "
+                if c.overlap else "compiled: its compute or memory time, then every collective, ") + \
+        f"({c.bound}-bound)"
+    return Row("step time", p.time_s, c.time_s, "s", f"{predicted}; {compiled}")
 
 
 def _memory_rows(ledger: tp.Any, compiled: tp.Any, hlo: str, seq_len: int | None) -> list[Row]:
@@ -152,8 +225,8 @@ def _memory_rows(ledger: tp.Any, compiled: tp.Any, hlo: str, seq_len: int | None
     top = _largest_values(hlo, seq_len)
     return [
         Row("memory: arguments", held, m.argument, "B",
-            "XLA's arguments (parameters, optimizer state, token ids) against the ledger's params + optimizer + "
-            "inputs"),
+            "XLA's arguments (parameters, optimizer state or KV cache, token ids) against the ledger's params + "
+            "optimizer + KV cache + inputs"),
         Row("memory: inside the step", inside, m.total - m.argument, "B",
             "XLA's peak less its arguments, against the ledger's grads + activations + temporaries; the largest "
             f"arrays the program computes: {top}"),
@@ -225,9 +298,12 @@ def _communication_rows(predicted_step: tp.Any, compiled_step: tp.Any, compiled:
         seconds_p, seconds_c = sum(t.total_s for t in ps), sum(t.total_s for t in cs)
         rows.append(Row(f"{names[role]} over {','.join(axes) or '-'}", seconds_p, seconds_c, "s",
                         _collective_why(role, ps, cs, compiled_step)))
+    exposed = _terms_text(predicted_step, "communication")
     rows.append(Row("communication", predicted_step.comm_s, compiled_step.comm_s, "s",
                     "every collective's time, one after another (the compiled step hides none of it; the "
-                    "prediction's exposed share is a term of its own)"))
+                    "prediction's exposed share is a term of its own"
+                    + (f": {exposed.removeprefix('; predicted: ')})" if exposed else
+                       ", none of it exposed here)" if predicted_step.terms else ")")))
     return rows
 
 
@@ -265,4 +341,4 @@ def _collective_why(role: str, ps: tp.Sequence[tp.Any], cs: tp.Sequence[tp.Any],
     return why
 
 
-__all__ = ["Row", "collective_roles", "hbm_traffic", "reconcile", "table"]
+__all__ = ["Row", "collective_roles", "format_value", "hbm_traffic", "reconcile", "table"]

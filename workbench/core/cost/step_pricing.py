@@ -21,6 +21,10 @@ from workbench.core.hardware.calibration import ADAMW_F32_BYTES, FLASH_BACKWARD,
 from workbench.core.hardware.cluster import Cluster
 from workbench.core.hardware.network import transfer
 
+# The measured model's kernel terms whose work is priced as HBM traffic (their operands take longer to read than to
+# multiply): the matmuls and attention a decode step runs, which its compute terms then leave at zero.
+HBM_BOUND_KERNELS = ("matmuls bound by HBM", "attention bound by HBM")
+
 
 def _work_parts(counts: StepCounts) -> tuple[WorkPart, ...]:
     return tuple(WorkPart(kind, counts.flops[kind], counts.bytes[kind]) for kind in WORK_KINDS
@@ -177,11 +181,11 @@ def _terms(kernels: _Kernels, achieved: float, fused: dict[str, float], optimize
     return [
         Term("matmuls", kernels.gemm_bound["compute"], "compute", f"{kernels.gemm_flops:.3g} FLOP at {achieved:.0%} "
              f"of peak (each GEMM's shape on the {cal.tile}-wide unit; large ones at {cal.gemm.value:.0%})"),
-        Term("matmuls bound by HBM", kernels.gemm_bound["memory"], "memory", f"GEMMs whose operands take longer to "
+        Term(HBM_BOUND_KERNELS[0], kernels.gemm_bound["memory"], "memory", f"GEMMs whose operands take longer to "
              f"read than to multiply (few rows: decode), at {cal.hbm.value:.0%} of HBM bandwidth"),
         Term("attention kernels", kernels.attention["compute"], "compute", "flash attention, masked tiles skipped, "
              f"forward and backward ({FLASH_BACKWARD}x the forward)"),
-        Term("attention bound by HBM", kernels.attention["memory"], "memory", "reading the KV cache"),
+        Term(HBM_BOUND_KERNELS[1], kernels.attention["memory"], "memory", "reading the KV cache"),
         Term("memory-bound fusions", sum(fused.values()), "memory", f"norms, RoPE, activations, residuals, MoE "
              f"permutes, the loss, at {cal.hbm.value:.0%} of HBM bandwidth ({cal.fusion.value:g}x the minimal "
              f"traffic in the layers)"),

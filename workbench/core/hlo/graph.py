@@ -204,7 +204,8 @@ def op_kinds(hlo_text: str) -> dict[str, str]:
 # What an instruction moves between HBM and the chip, after XLA's HloCostAnalysis ("bytes accessed"): its
 # operands read and its result written. A fusion reads what its body reads of each operand (a parameter used
 # only by slices: those slices, as a layer scan reads one layer of its stacked weights per trip; the buffer of
-# an in-place dynamic-update-slice: nothing) and writes its result (a dynamic-update-slice: its update only).
+# an in-place dynamic-update-slice: nothing) and writes its result (a dynamic-update-slice: its update only); a
+# slice, dynamic-slice or dynamic-update-slice outside a fusion moves the same (_unfused_traffic).
 # Ops that move nothing (tuples, bitcasts, parameters, control flow) count 0, and so do arrays XLA:TPU put
 # in on-chip memory (layout ``S(1)``: its memory-space assignment prefetches them into VMEM; the copy in
 # counts); the computations control flow calls (loop bodies, branches) count once per run, fusion bodies and
@@ -237,6 +238,18 @@ def _written(op: Instruction, by_name: dict[str, Instruction]) -> float:
     if op.opcode == "bitcast" and op.operands and op.operands[0] in by_name:
         return _written(by_name[op.operands[0]], by_name)
     return shape_bytes(op.shape)
+
+
+def _unfused_traffic(op: Instruction, shapes: dict[str, str]) -> tuple[dict[int, float], float]:
+    """An instruction outside a fusion as :func:`_fusion_traffic` gives a fusion's: the bytes read of each operand
+    not read whole, and the bytes written. As XLA's HloCostAnalysis counts them: a slice or dynamic-slice reads and
+    writes its result's bytes; a dynamic-update-slice (in place: its buffer is its result) reads and writes its
+    update's, the buffer not read (a decode step's KV-cache write: one token's keys, not the cache)."""
+    if op.opcode in ("slice", "dynamic-slice") and op.operands:
+        return {0: shape_bytes(op.shape)}, shape_bytes(op.shape)
+    if op.opcode == "dynamic-update-slice" and len(op.operands) > 1:
+        return {0: 0.0}, shape_bytes(shapes.get(op.operands[1], ""))
+    return {}, shape_bytes(op.shape)
 
 
 def _fusion_traffic(body: tp.Sequence[Instruction], nested: tp.Callable[[str], tuple[dict[int, float], float]]
@@ -307,7 +320,7 @@ def hbm_traffic(hlo_text: str) -> list[tuple[str, str, str, float]]:
             if op.opcode in NO_TRAFFIC or op.opcode.endswith("-done"):
                 continue
             fused = fused_computation(op)
-            partial, written = traffic(fused) if fused in computations else ({}, shape_bytes(op.shape))
+            partial, written = traffic(fused) if fused in computations else _unfused_traffic(op, shapes)
             moved = written + sum(partial.get(i, shape_bytes(shapes.get(a, ""))) for i, a in enumerate(op.operands))
             if moved:
                 kind = ("fusion (dot)" if multiplies(fused) else "fusion") if fused in computations else op.opcode

@@ -213,17 +213,28 @@ class CausalLM(ModelMethods, nnx.Module):
         if mesh is None:
             return self._typed(KVCache.create(c.num_hidden_layers, batch_size, max_length, layout.kv_heads,
                                               layout.key_dim, dtype, value_dim=layout.value_dim))
+        abstract = self.abstract_cache(batch_size, max_length, mesh=mesh, partition_axis=partition_axis,
+                                       dtype=dtype)
+        return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype, device=x.sharding), abstract)
+
+    def abstract_cache(self, batch_size: int, max_length: int, *, mesh: tp.Any,
+                       partition_axis: PartitionAxis | None = None, dtype=None) -> KVCache:
+        """:meth:`init_cache`'s cache on ``mesh`` as ``jax.ShapeDtypeStruct`` leaves, each with the
+        ``NamedSharding`` it is made with (nothing allocated): the cache a compiled decode step takes
+        (:mod:`workbench.core.compile.steps`). ``mesh`` may be abstract or a virtual cluster's."""
+        c, layout = self.config, kv_layout(self.config)
+        dtype = dtype or self.dtype
         batch_size, max_length = positive_int("batch_size", batch_size), positive_int("max_length", max_length)
         pa = partition_axis or getattr(self, "partition_axis", None) or PartitionAxis()
         shape, decisions = cache_decisions(c, batch_size, max_length, mesh, pa)
         kv_spec = PartitionSpec(None, *(d.spec_entry for d in decisions))  # layers stacked first, whole
         create = lambda: KVCache.create(c.num_hidden_layers, batch_size, max_length, shape[2], shape[3], dtype,
                                         value_dim=layout.value_dim)
-        abstract = jax.eval_shape(create)  # checks the sizes; every leaf is zeros, made in place below
+        abstract = jax.eval_shape(create)  # checks the sizes
         specs = dataclasses.replace(abstract, keys=kv_spec, values=None if layout.value_dim else kv_spec,
                                     valid_BS=PartitionSpec(), positions_B=PartitionSpec(), index=PartitionSpec())
-        return jax.tree.map(lambda x, spec: jnp.zeros(x.shape, x.dtype, device=NamedSharding(mesh, spec)),
-                            abstract, specs)
+        placed = lambda x, spec: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec))
+        return jax.tree.map(placed, abstract, specs)
 
     def init_streaming_cache(self, batch_size: int, *, sinks: int = 4, window: int, dtype=None) -> StreamingKVCache:
         """An empty StreamingLLM cache (:class:`~workbench.core.models.cache.StreamingKVCache`): the first ``sinks``
