@@ -191,3 +191,13 @@ def test_bad_requests_say_what_to_change():
         Constraints(fixed={"model": 2})
     with pytest.raises(TypeError, match=r"a model .* or a ModelConfig"):
         advise("llama", Cluster.h100(), batch_tokens=64, seq_len=8)
+
+
+def test_accumulations_that_divide_no_shard_prune_the_layout_and_say_so():
+    """Constraints.grad_accumulation=(3,) on 8 sequences: no data-parallel split leaves a multiple of 3 sequences
+    a shard (8, 4, 2, 1), so every train layout is pruned, counted under that reason, and why_none says so."""
+    advice = advise(_tiny("llama"), Cluster.h100(nodes=1), batch_tokens=8 * 64, seq_len=64,
+                    constraints=Constraints(grad_accumulation=(3,), pipeline=False))
+    assert not advice.ranked
+    assert advice.pruned["with no allowed grad_accumulation dividing the sequences per data shard"] > 0
+    assert "grad_accumulation" in advice.why_none()

@@ -132,6 +132,8 @@ def pruned_why(shape: dict[str, int], config: tp.Any, cluster: tp.Any, task: str
         return f"with the {b} sequences not dividing over the data axes"
     if pp > 1 and not pipeline_configs(pp, b // data, layers):
         return "with pp and too few sequences per data shard to microbatch"
+    if task == "train" and pp == 1 and not any((b // data) % k == 0 for k in constraints.grad_accumulation):
+        return "with no allowed grad_accumulation dividing the sequences per data shard"
     # tp and sp are the mesh's innermost axes: consecutive GPUs
     if cluster.platform == "gpu" and not constraints.tp_across_nodes and cluster.gpus_per_node % (tp_ * sp):
         return f"with tp x sp across the {cluster.gpus_per_node}-GPU nodes"
