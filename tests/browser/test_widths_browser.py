@@ -16,6 +16,7 @@ import typing as tp
 
 import pytest
 
+from ._measure import MEASURE_JS, SETTLE_JS
 from .conftest import chromium_page, model_errors, notebook_errors, run_notebook_in_lab, temp_notebook
 
 WIDTHS = (1400, 1920)
@@ -43,130 +44,11 @@ _CELLS = [
     "cluster_explorer",
 ]
 
-# Measures explorer `index` (or `root` when given a selector): clipped texts, squeezed table cells, and how many
-# parameter rows (each with the row under it that belongs to it, if any) its table's scroll box shows at the top.
-_MEASURE_JS = """(target) => {
-  const root = typeof target === 'number' ? document.querySelectorAll('.wb-sharding-explorer')[target]
-                                          : document.querySelector(target);
-  const viewport = document.documentElement.clientWidth;
-  const range = document.createRange();
-  const where = (el) => {
-    const named = el.closest('[class*="wb-"]');
-    return named ? [...named.classList].filter((c) => c.startsWith('wb-')).join('.') : el.tagName.toLowerCase();
-  };
-  const shown = (el) => getComputedStyle(el).visibility !== 'hidden' && el.getClientRects().length > 0;
-  const snippet = (text) => (text.length > 70 ? text.slice(0, 35) + ' … ' + text.slice(-30) : text);
-  const rootBox = root.getBoundingClientRect();
-  // the horizontal extent in which el's content can be seen: the explorer, the window, every box that clips it
-  const visibleSpan = (el) => {
-    let left = Math.max(0, rootBox.left), right = Math.min(viewport, rootBox.right);
-    for (let a = el; a; a = a.parentElement) {
-      if (getComputedStyle(a).overflowX === 'visible') continue;
-      const box = a.getBoundingClientRect();
-      left = Math.max(left, box.left + a.clientLeft);
-      right = Math.min(right, box.left + a.clientLeft + a.clientWidth);
-    }
-    return [left, right];
-  };
-  const textNodes = (el) => {
-    const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT), nodes = [];
-    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
-      const parent = n.parentElement;
-      if (n.textContent.trim() && parent && !parent.closest('select, option, datalist, script, style')
-          && shown(parent)) nodes.push(n);
-    }
-    return nodes;
-  };
-
-  const clipped = [];
-  for (const node of textNodes(root)) {
-    const [left, right] = visibleSpan(node.parentElement);
-    range.selectNodeContents(node);
-    const out = [...range.getClientRects()].find((r) => r.width > 0.5 && (r.right > right + 1 || r.left < left - 1));
-    if (out) {
-      const px = (a, b) => `${a.toFixed(0)}-${b.toFixed(0)} px`;
-      clipped.push(`${where(node.parentElement)}: "${snippet(node.textContent.trim())}" spans `
-                   + `${px(out.left, out.right)}, visible ${px(left, right)}`);
-    }
-  }
-  for (const el of [root, ...root.querySelectorAll('*')]) {  // cut off inside its own box (an ellipsis, a label)
-    if (!['hidden', 'clip'].includes(getComputedStyle(el).overflowX) || !shown(el)) continue;
-    const own = [...el.childNodes].filter((n) => n.nodeType === Node.TEXT_NODE && n.textContent.trim());
-    if (own.length && el.scrollWidth > el.clientWidth + 1) {
-      clipped.push(`${where(el)}: "${snippet(el.textContent.trim())}" needs ${el.scrollWidth} px, `
-                   + `has ${el.clientWidth}`);
-    }
-  }
-
-  const width = (r) => [...r.getClientRects()].reduce((sum, rect) => sum + rect.width, 0);
-  const nowrap = (el) => ['nowrap', 'pre'].includes(getComputedStyle(el).whiteSpace);
-  const narrow = [];
-  for (const cell of root.querySelectorAll('td, th')) {
-    if (!shown(cell) || !cell.textContent.trim()) continue;
-    const style = getComputedStyle(cell);
-    const room = cell.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
-    let widest = 0, word = '';
-    const consider = (w, text) => { if (w > widest) { widest = w; word = text; } };
-    if (nowrap(cell)) {
-      range.selectNodeContents(cell);
-      consider(range.getBoundingClientRect().width, cell.textContent.trim());
-    } else {
-      for (const node of textNodes(cell)) {
-        if (nowrap(node.parentElement)) {
-          range.selectNodeContents(node);
-          consider(width(range), node.textContent.trim());
-          continue;
-        }
-        for (const m of node.textContent.matchAll(/\\S+/g)) {
-          range.setStart(node, m.index);
-          range.setEnd(node, m.index + m[0].length);
-          consider(width(range), m[0]);
-        }
-      }
-    }
-    if (widest > room + 1) {
-      const table = cell.closest('table');
-      const head = table && table.rows[0] && table.rows[0].cells[cell.cellIndex];
-      const column = head && head !== cell ? head.textContent.trim() : cell.textContent.trim();
-      narrow.push(`${where(cell)}, column "${snippet(column)}": "${snippet(word)}" is ${widest.toFixed(0)} px, `
-                  + `the column ${room.toFixed(0)} px`);
-    }
-  }
-
-  const wrap = root.querySelector('.wb-explorer-table-wrap');
-  let rows = 0, visible = 0, box_height = null;
-  if (wrap) {
-    wrap.scrollTop = 0;
-    const bottom = wrap.getBoundingClientRect().top + wrap.clientTop + wrap.clientHeight;
-    const params = [...wrap.querySelectorAll('tr.wb-param-row')];
-    rows = params.length;
-    visible = params.filter((row) => {
-      const next = row.nextElementSibling;
-      const last = next && !next.classList.contains('wb-param-row') ? next : row;
-      return last.getBoundingClientRect().bottom <= bottom + 1;
-    }).length;
-    box_height = wrap.clientHeight;
-  }
-  return {clipped, narrow, rows, visible, box_height, width: Math.round(rootBox.width)};
-}"""
-
-# Resolves after three animation frames in a row left the lab's and the explorers' boxes where they were.
-_SETTLE_JS = """async () => {
-  const boxes = () => JSON.stringify([document.querySelector('.jp-NotebookPanel'),
-    ...document.querySelectorAll('.wb-sharding-explorer, .wb-explorer-table-wrap')]
-    .map((el) => el && el.getBoundingClientRect().toJSON()));
-  let last = boxes(), same = 0;
-  for (let frame = 0; frame < 600 && same < 3; frame++) {
-    await new Promise((r) => requestAnimationFrame(r));
-    const now = boxes();
-    same = now === last ? same + 1 : 0;
-    last = now;
-  }
-  return same >= 3;
-}"""
+_EXPLORER = {"root": ".wb-sharding-explorer", "wrap": ".wb-explorer-table-wrap", "row": "wb-param-row"}
+_SETTLED = ".wb-sharding-explorer, .wb-explorer-table-wrap"
 
 
-Measurements = dict[tuple[str, str], dict]  # (file browser state, explorer) -> what _MEASURE_JS returns
+Measurements = dict[tuple[str, str], dict]  # (file browser state, explorer) -> what MEASURE_JS returns
 
 
 @pytest.fixture(scope="module")
@@ -190,9 +72,9 @@ def measure(chromium_path: str, sync_playwright: tp.Callable[[], tp.Any], lab_se
                 for sidebar, command in (("file browser open", "expandLeft"),
                                          ("file browser collapsed", "collapseLeft")):
                     page.evaluate(f"() => window.jupyterapp.shell.{command}()")
-                    assert page.evaluate(_SETTLE_JS), f"the lab's layout did not settle at {width} px"
+                    assert page.evaluate(SETTLE_JS, _SETTLED), f"the lab's layout did not settle at {width} px"
                     for index, name in enumerate(EXPLORERS):
-                        found[sidebar, name] = page.evaluate(_MEASURE_JS, index)
+                        found[sidebar, name] = page.evaluate(MEASURE_JS, {**_EXPLORER, "index": index})
                 page.evaluate("() => window.jupyterapp.shell.expandLeft()")
                 done[width] = found
             return done[width]
@@ -220,7 +102,7 @@ _BAD_PAGE = f"""<div class="wb-sharding-explorer" style="width:200px;overflow:au
 
 def test_the_measurements_catch_clipped_text_a_squeezed_column_and_a_short_scroll_box(lab_page):
     lab_page.set_content(_BAD_PAGE)
-    m = lab_page.evaluate(_MEASURE_JS, ".wb-sharding-explorer")
+    m = lab_page.evaluate(MEASURE_JS, _EXPLORER)
     assert any("wb-cut" in c and "positions mapped to sp" in c for c in m["clipped"]), m["clipped"]
     assert any("wb-past" in c for c in m["clipped"]), m["clipped"]
     assert any('column "why": "replicated"' in n for n in m["narrow"]), m["narrow"]

@@ -153,3 +153,22 @@ def test_pipeline_view():
     view.schedule_control.value, view.microbatches.value = "1f1b", 8
     assert view.redraw() and view.schedule is not None
     assert_usable(view)
+
+
+def test_layout_advisor():
+    """The inputs, constraints, pins, recipe box and format, then the buttons that compile nothing (import and
+    export a recipe, open in the explorer, export); a valid ranking, pin and recipe still work afterwards."""
+    from workbench.core.hardware.cluster import Cluster
+    from workbench.widgets import LayoutAdvisor
+
+    advisor = LayoutAdvisor(tiny("llama", num_hidden_layers=4), Cluster.h100(nodes=1), batch_tokens=4096,
+                            seq_len=256)
+    drive(advisor.widget, click=False)
+    for button in (advisor._import, advisor._export_recipe, advisor._open, advisor._export):
+        if not button.disabled:
+            button.click()
+    assert_usable(advisor)
+    advisor._task.value = "train"
+    assert advisor.rank() and advisor.pin("tp=2") and all(c.mesh_shape["tp"] == 2 for c in advisor.advice.ranked)
+    text = advisor.export_recipe("torchtitan TOML")
+    assert text is not None and advisor.import_recipe(text, "torchtitan TOML"), advisor.error

@@ -15,6 +15,7 @@ from workbench.core.advisor.confirm import MAIN_QUANTITIES
 from workbench.core.tables import Cell, Html, Row, html_table
 from workbench.core.units import format_bytes, format_seconds
 from workbench.core.vocab import OPTIMIZERS, TASKS
+from workbench.widgets._advisor_recipe import RecipeControls
 from workbench.widgets._errors import InlineError
 from workbench.widgets._html import CELL, error_html, escape
 from workbench.widgets.sharding_explorer import ShardingExplorer
@@ -58,46 +59,68 @@ def _breakdown_bar(c: Candidate, scale: float, width_px: int = 180) -> str:
     return f'<div class="wb-advice-bar" style="display:flex;width:{width_px}px">{segments}</div>'
 
 
+# The ranked table's scroll box: about seven rows with their reasons at once, then its own scroll (the widget stays
+# this tall however many rows it lists, tests/browser/test_layout_advisor_widths_browser.py).
+TABLE_MAX_HEIGHT_PX = 520
+
+
+def _memory_cell(c: Candidate, hbm: float | None) -> Html:
+    """The row's memory per device, and the share of HBM on its own line (each part unbroken)."""
+    share = "" if hbm is None else f'<br><span style="white-space:nowrap;color:#555">{c.ledger.total / hbm:.0%} ' \
+                                   f"of HBM</span>"
+    return Html(f'<span style="white-space:nowrap">{escape(format_bytes(c.ledger.total))}</span>{share}')
+
+
 def advice_html(advice: Advice, *, top: int = 10, rejected: int = 5, selected: int | None = None) -> str:
-    """The ranked table (with a step-time breakdown bar per row) and the best few that do not fit, with why."""
-    hbm = advice.cluster.hbm_per_device
+    """The ranked table (with a step-time breakdown bar per row, its reason on its own line under it) in a scroll
+    box of bounded height, and the best few that do not fit, with why."""
     tokens = advice.batch[0] * (1 if advice.task == "decode" else advice.batch[1])
     train = advice.task == "train"
     shown = advice.ranked[:top]
     scale = max([sum(s for _, _, s in _phases(c)) for c in shown] + [1e-12])
-    head = ("#", "layout", "memory/device", "step time", "tokens/s", "MFU", "bound by", "breakdown", "why")
+    head = ("#", "layout", "memory/device", "step time", "tokens/s", "MFU", "bound by", "breakdown")
     rows = []
     for i, c in enumerate(shown, 1):
-        use = "" if hbm is None else f" ({c.ledger.total / hbm:.0%} of HBM)"
         mark = ";background:#eef5ff" if selected == i else ""
-        cells = (str(i), c.label, f"{format_bytes(c.ledger.total)}{use}", format_seconds(c.time_s),
-                 f"{tokens / c.time_s:,.0f}", c.step.mfu_text(), c.step.bound)
+        cells = (str(i), format_seconds(c.time_s), f"{tokens / c.time_s:,.0f}", c.step.mfu_text(), c.step.bound)
         reason = escape(c.reason) + (f'<div class="wb-advice-confirmed" style="color:#1a7f37">'
                                      f"{escape(c.confirm_note)}</div>" if c.confirm_note else "")
-        rows.append(Row([*(Cell(v, "white-space:nowrap") for v in cells), Html(_breakdown_bar(c, scale)),
-                         Cell(Html(reason), attrs={"class": "wb-advice-reason"})],
+        rows.append(Row([Cell(cells[0], "white-space:nowrap;border-bottom:none"),
+                         Cell(c.label, "border-bottom:none;min-width:140px"),
+                         Cell(_memory_cell(c, advice.cluster.hbm_per_device), "border-bottom:none"),
+                         *(Cell(v, "white-space:nowrap;border-bottom:none") for v in cells[1:]),
+                         Cell(Html(_breakdown_bar(c, scale)), "border-bottom:none")],
                         {"class": "wb-advice-row", "data-rank": i, "style": mark}))
+        rows.append(Row([Cell(Html(reason), "color:#333;padding-left:22px",
+                              {"class": "wb-advice-reason", "colspan": len(head)})],
+                        {"class": "wb-advice-why", "data-rank": i, "style": mark}))
     legend = " ".join(f'<span style="white-space:nowrap"><span style="display:inline-block;width:10px;height:10px;'
                       f'background:{color}"></span> {name}</span>' for name, color in _PHASES
                       if train or name != "bubble")  # a bubble is a pipeline's: train steps only
-    table = html_table(rows, head, "wb-advice-table", cell=CELL, head=CELL, style="border-collapse:collapse") \
-        if rows else error_html(advice.why_none())
+    # the header row stays in view as the rows scroll
+    sticky = f"{CELL};font-weight:600;white-space:nowrap;position:sticky;top:0;background:#fff"
+    table = (f'<div class="wb-advice-wrap" style="max-height:{TABLE_MAX_HEIGHT_PX}px;overflow:auto">'
+             f'{html_table(rows, head, "wb-advice-table", cell=CELL, head=sticky, style="border-collapse:collapse")}'
+             f"</div>") if rows else error_html(advice.why_none())
     misses = "".join(f'<li class="wb-advice-rejected">{escape(c.label)}: {escape(c.reason)}</li>'
                      for c in advice.rejected[:rejected])
     missed = (f'<div style="margin-top:4px;font-weight:600">closest that do not fit ({len(advice.rejected)} in all)'
               f'</div><ul style="margin:2px 0">{misses}</ul>') if misses else ""
-    return (f'<div class="wb-advice" style="font-size:12px"><div class="wb-advice-summary">'
+    return (f'<div class="wb-advice" style="font-size:12px;line-height:1.4"><div class="wb-advice-summary">'
             f"{escape(advice.summary())}</div><div style='color:#555'>breakdown: {legend} (each alone; with overlap "
             f"the step takes the longest{', plus the bubble' if train else ''})</div>{table}{missed}</div>")
 
 
-class LayoutAdvisor(InlineError):
+class LayoutAdvisor(RecipeControls, InlineError):
     """Inputs (batch, sequence length, task, optimizer, constraints) that re-rank the layouts of ``model`` on
     ``cluster`` as they change; pick a row to confirm it with the compiler, open it in a
     :class:`~workbench.widgets.sharding_explorer.ShardingExplorer` (which holds the row's plan, gradient accumulation
     included, and counts and prices it as the advisor did: it shows the row's memory, step time and MFU), or export
-    it as code and JSON (which read back as the same plan). ``advisor.advice`` is the last
-    :class:`~workbench.core.advisor.Advice`; ``advisor.error`` the inline error ('' when none).
+    it as code and JSON (which read back as the same plan) or as a torchtitan TOML or MaxText YAML. Axis sizes may be
+    pinned (``tp=8 x pp=2``: :attr:`constraints`' ``fixed``), and a recipe file imported: its batch and mesh set the
+    inputs and pins, and its own plan is chosen among the rows or said why not (:mod:`._advisor_recipe`).
+    ``advisor.advice`` is the last :class:`~workbench.core.advisor.Advice`; ``advisor.error`` the inline error ('' when
+    none).
 
     The inputs mean what :func:`~workbench.core.advisor.advise` takes for the task, and their labels say so: for
     train and prefill ``batch_tokens`` is the tokens per step and ``seq_len`` the sequence length; for decode
@@ -166,7 +189,8 @@ class LayoutAdvisor(InlineError):
                    f"{escape(str(cluster))}</div>"),
             w.HBox([self._tokens, self._seq, self._task, self._optimizer]),
             w.HBox([self._across, self._pipeline, self._zero, self._max_axes, self._headroom]),
-            self._status, self._table, w.HBox([self._row, self._confirm, self._open, self._export]), self._out,
+            *self._build_recipe(c.fixed), self._status, self._table,
+            w.HBox([self._row, self._confirm, self._open, self._export]), self._out,
             self._explorer_box])
         self.widget.add_class("wb-layout-advisor")
         self._show_task(task)
@@ -185,7 +209,7 @@ class LayoutAdvisor(InlineError):
     @property
     def train_only(self) -> tuple[tp.Any, ...]:
         """The controls of a train step alone (hidden for prefill and decode)."""
-        return self._optimizer, self._pipeline, self._zero
+        return self._optimizer, self._pipeline, self._zero, self._export_recipe
 
     def _show_task(self, task: str) -> None:
         """Labels and visible controls for ``task``."""
@@ -227,7 +251,7 @@ class LayoutAdvisor(InlineError):
         self._clear_error()
         self._row.options = options
         self._row.value = options[0][1] if options else None
-        for button in (self._confirm, self._open, self._export):
+        for button in (self._confirm, self._open, self._export, self._export_recipe):
             button.disabled = not options
         return self._render_table()
 
@@ -319,7 +343,8 @@ def _confirmed_html(c: Candidate) -> str:
     (:mod:`workbench.core.cost.reconcile`'s reason); every other reconciled quantity folded below; then the note."""
     conf = c.confirmation
     if c.compiled is None or conf is None:
-        return f'<div class="wb-advisor-confirmed" style="font-size:12px">{escape(c.confirm_note)}</div>'
+        return (f'<div class="wb-advisor-confirmed" style="font-size:12px;line-height:1.4">'
+                f"{escape(c.confirm_note)}</div>")
 
     def table(quantities: tp.Sequence[str]) -> str:
         rows = []
@@ -335,7 +360,7 @@ def _confirmed_html(c: Candidate) -> str:
     rest = [r.quantity for r in conf.rows if r.quantity not in main]
     more = (f"<details><summary>every other quantity reconciled ({len(rest)})</summary>{table(rest)}</details>"
             if rest else "")
-    return (f'<div class="wb-advisor-confirmed" style="font-size:12px"><div style="font-weight:600">'
+    return (f'<div class="wb-advisor-confirmed" style="font-size:12px;line-height:1.4"><div style="font-weight:600">'
             f"{escape(c.label)}: predicted vs compiled</div>"
             f'<div class="wb-confirm-program">The compiled program: {escape(conf.program)}.</div>'
             f"{table(main)}{more}<div class=\"wb-confirm-note\">{escape(c.confirm_note)}</div>"
