@@ -181,3 +181,13 @@ def test_every_ranked_why_adds_up_its_step(advice):
             label, figure = re.fullmatch(r"(.+) (\S+ \w+)", hidden).groups()
             value, err = _figure(figure)
             assert label not in labels and abs(value - _truth(st, label)) <= err, (c.label, first)
+
+
+def test_a_misfit_prints_its_two_figures_apart():
+    """Issue 48's notebook read: Llama-3-70B on v5p:8x8x16 at 4M tokens lists a layout 80.55 GiB against 80.47 GiB
+    usable, which one decimal printed as "80.5 GiB > 80.5 GiB usable HBM". Every misfit's two figures now differ."""
+    advice = advise(full_config("llama-3-70b"), Cluster.tpu("v5p:8x8x16"), batch_tokens=4 * 2**20, seq_len=4096)
+    pairs = [re.match(r"does not fit: (\S+ GiB) > (\S+ GiB) usable HBM", c.reason) for c in advice.rejected]
+    pairs = [m.groups() for m in pairs if m]
+    assert pairs and all(total != usable for total, usable in pairs)
+    assert any(len(total.split()[0].split(".")[1]) == 2 for total, _ in pairs)  # the close one, to two places

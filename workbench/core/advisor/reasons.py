@@ -75,7 +75,9 @@ def _misfit(c: Candidate, usable: float, rescued_by: Candidate | None) -> str:
     (``rescued_by``: remat, accumulation, pipeline microbatches, ZeRO, the experts' placement) fits."""
     parts = c.ledger.parts()
     big = max(parts, key=parts.get)
-    text = (f"does not fit: {gib(c.ledger.total)} > {gib(usable)} usable HBM "
+    # enough decimals that the two figures differ ("80.55 GiB > 80.47 GiB", never "80.5 GiB > 80.5 GiB")
+    places = next((d for d in (1, 2, 3) if gib(c.ledger.total, decimals=d) != gib(usable, decimals=d)), 3)
+    text = (f"does not fit: {gib(c.ledger.total, decimals=places)} > {gib(usable, decimals=places)} usable HBM "
             f"({_PART_NAMES.get(big, big)} {gib(parts[big])})")
     if rescued_by is None:
         return text
