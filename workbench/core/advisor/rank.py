@@ -49,8 +49,9 @@ def ranked_and_rejected(candidates: tp.Iterable[Candidate]) -> tuple[list[Candid
 
 
 def _preference(c: Candidate) -> tuple:
-    """Rank by step time; within :data:`TIE` of each other by :data:`_TIE_BREAKS` (:func:`tie_break` says which
-    decided)."""
+    """Rank by step time in bands of :data:`TIE` (the time rounded on a grid of powers of ``1 + TIE``: two steps under
+    ``TIE`` apart may still fall in neighbouring bands), within a band by :data:`_TIE_BREAKS` (:func:`tie_break`
+    says which decided)."""
     return (round(math.log(c.time_s) / math.log1p(TIE)), *(key(c) for key, _ in _TIE_BREAKS))
 
 
