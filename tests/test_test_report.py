@@ -2,6 +2,7 @@
 junit reports and a stand-in for pytest."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -19,13 +20,19 @@ NOTEBOOKS_XML = """<testsuites><testsuite tests="4" failures="0" errors="1" skip
 <testcase classname="notebooks.11_layout_advisor.ipynb" name="Cell 2" time="25.5"/>
 </testsuite></testsuites>"""
 
+QUICK_XML = """<testsuites><testsuite tests="3" failures="0" errors="0" skipped="1">
+<testcase classname="tests.test_a" name="t1" time="1"/></testsuite></testsuites>"""
+
 
 def legs(tmp_path):
     (tmp_path / "default.xml").write_text(TESTS_XML)
     (tmp_path / "default-notebooks.xml").write_text(NOTEBOOKS_XML)
     (tmp_path / "default-install.time").write_text("0 60.0\n")
     (tmp_path / "default-pytest.time").write_text("0 600.0\n")
-    (tmp_path / "newest-skipped").write_text("no newer Python\n")
+    (tmp_path / "newest-skipped").write_text("its quick tier ran (make test-newest runs the whole leg)\n")
+    (tmp_path / "newest-quick.xml").write_text(QUICK_XML)
+    (tmp_path / "newest-quick-install.time").write_text("0 50.0\n")
+    (tmp_path / "newest-quick-pytest.time").write_text("0 300.0\n")
     return tmp_path
 
 
@@ -47,7 +54,10 @@ def test_the_report_names_the_slowest_notebook_and_fails_on_a_failure(tmp_path, 
     assert test_report.main(str(folder)) == 1  # one failure, one error
     out = capsys.readouterr().out
     assert "2 notebooks run one at a time, the slowest 11_layout_advisor.ipynb in 66 s" in out
-    assert "make-test: 6 passed, 2 failed, 1 skipped" in out
+    assert "make-test: 8 passed, 2 failed, 2 skipped" in out  # the newest quick tier's 2 passed, 1 skipped too
+    assert re.search(r"newest-quick +0 min 50.0 s +5 min 00.0 s +2 passed, 0 failed, 1 skipped", out), out
+    assert re.search(r"newest +- +- +skipped: its quick tier ran", out), out
+    assert "the legs that ran, installs included: 17 min 30.0 s" in out
 
 
 def test_a_leg_runs_its_notebooks_even_when_its_tests_fail(tmp_path):

@@ -4,10 +4,10 @@ one closing line with the counts of both legs.
     python tools/test_report.py build/legs
 
 The legs leave ``<leg>-install.time`` / ``<leg>-pytest.time`` ("<exit status> <seconds>", tools/timed.sh),
-``<leg>.xml`` and ``<leg>-notebooks.xml`` (pytest's junit reports of the leg's two phases, tools/pytest_leg.sh)
-and ``newest-skipped`` (why the newest leg did not run). The machine's speed is numpy's float32 2048^3 matmul,
-best of five, so a run's time can be scaled to another machine (CI machines of this kind differ by 2.5x). Exits 1
-when a leg failed or left no report.
+``<leg>.xml`` and ``<leg>-notebooks.xml`` (pytest's junit reports of the leg's two phases, tools/pytest_leg.sh;
+the newest leg's quick tier, ``newest-quick``, has no notebooks) and ``<leg>-skipped`` (why a leg did not run).
+The machine's speed is numpy's float32 2048^3 matmul, best of five, so a run's time can be scaled to another
+machine (CI machines of this kind differ by 2.5x). Exits 1 when a leg failed or left no report.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 
-LEGS = ("default", "newest")
+LEGS = ("default", "newest-quick", "newest")  # make test runs the first two; NEWEST_IN_TEST=1 the first and last
 
 
 def matmul_gflops(n: int = 2048, runs: int = 5) -> float:

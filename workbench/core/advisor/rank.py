@@ -26,7 +26,7 @@ def pricer(config: tp.Any, cluster: tp.Any, plan: Plan, batch: tuple[int, int], 
     return price_at
 
 
-TIE = 0.01  # step times within 1 % are a tie: the ranking then prefers what a practitioner would
+TIE = 0.01  # step times in one 1 % band (time_band) tie: the ranking then prefers what a practitioner would
 
 
 # What a practitioner prefers between layouts whose step times tie, in order: (the criterion, lower first; why a
@@ -52,12 +52,19 @@ def _preference(c: Candidate) -> tuple:
     """Rank by step time in bands of :data:`TIE` (the time rounded on a grid of powers of ``1 + TIE``: two steps under
     ``TIE`` apart may still fall in neighbouring bands), within a band by :data:`_TIE_BREAKS` (:func:`tie_break`
     says which decided)."""
-    return (round(math.log(c.time_s) / math.log1p(TIE)), *(key(c) for key, _ in _TIE_BREAKS))
+    return (time_band(c), *(key(c) for key, _ in _TIE_BREAKS))
+
+
+def time_band(c: Candidate) -> int:
+    """The :data:`TIE` band of ``c``'s step time (the time rounded on a grid of powers of ``1 + TIE``): layouts in
+    one band tie."""
+    return round(math.log(c.time_s) / math.log1p(TIE))
 
 
 def tie_break(c: Candidate, other: Candidate) -> str:
-    """Why ``c`` ranks after ``other`` when their step times tie (within :data:`TIE`), in words; "" otherwise."""
-    if abs(c.time_s / other.time_s - 1) > TIE:
+    """Why ``c`` ranks after ``other`` when their step times tie (the same :func:`time_band`, as the ranking reads
+    it), in words; "" otherwise (the time decided)."""
+    if time_band(c) != time_band(other):
         return ""
     for key, words in _TIE_BREAKS:
         if key(c) != key(other):

@@ -205,7 +205,8 @@ def _standing(c: Candidate, best: Candidate | None, previous: Candidate | None) 
         words = [f"{c.time_s / best.time_s:.2f}x the best"]
         why_after = tie_break(c, previous) if previous is not None else ""
         if why_after:
-            words.append(f"ties with the row above (within {TIE:.0%}), ranked after it for {why_after}")
+            words.append(f"ties with the row above (the same {TIE:.0%} band of step time), ranked after it for "
+                         f"{why_after}")
         return words
     if best is c:
         return ["the fastest that fits"]

@@ -204,6 +204,27 @@ def from_torchtitan(text_or_path: tp.Any, *, num_devices: int | None = None,
 
 
 # -- export ---------------------------------------------------------------------------------------------------------
+def torchtitan_stage_layers(num_layers: int, num_stages: int, input_weight: int = 1,
+                            output_weight: int = 1) -> list[int]:
+    """The transformer layers of each of ``num_stages`` pipeline stages as torchtitan splits ``num_layers``:
+    ``generate_llm_fqn_per_model_part`` (torchtitan/distributed/pipeline_parallel.py) counts the embedding as
+    ``input_weight`` layers and the norm and output as ``output_weight``, gives each stage the same share of that
+    total and the first ``total % num_stages`` stages one more, then takes the weights off the first and last stage.
+
+    >>> torchtitan_stage_layers(80, 8)  # Llama-3-70B, 2 ranks x 4 stages: a stage of 11 where an even split has 10
+    [10, 11, 10, 10, 10, 10, 10, 9]
+    >>> torchtitan_stage_layers(32, 4)
+    [8, 9, 8, 7]
+    """
+    if num_stages == 1:
+        return [num_layers]
+    per, extra = divmod(num_layers + input_weight + output_weight, num_stages)
+    sizes = [per + (i < extra) for i in range(num_stages)]
+    sizes[0] -= input_weight
+    sizes[-1] -= output_weight
+    return sizes
+
+
 def _torchtitan_remat(recipe: TrainingRecipe) -> list[str]:
     if recipe.remat in ("full", "none"):
         return [f'mode = "{recipe.remat}"']
@@ -230,7 +251,10 @@ def to_torchtitan(recipe: TrainingRecipe) -> str:
     if m["ep"] > 1 and (batch_rule is None or "ep" not in batch_rule):
         lost.append("a batch not split over ep (torchtitan's EP ranks are data-parallel ranks)")
     if p is not None and not p.uneven:
-        lost.append("even pipeline stages (torchtitan's first and last stages hold one layer less)")
+        split = "" if recipe.num_layers is None else \
+            f": it splits the {recipe.num_layers} layers over {p.total_stages} stages as " \
+            + ", ".join(map(str, torchtitan_stage_layers(recipe.num_layers, p.total_stages)))
+        lost.append(f"even pipeline stages (torchtitan counts the embedding and the output as a layer each{split})")
     dp_ways = m["dp"] * m["fsdp"] * m["ep"]
     local, rest = divmod(recipe.batch[0], dp_ways * recipe.grad_accumulation)
     if rest or not local:
