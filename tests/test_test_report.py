@@ -57,20 +57,25 @@ def test_the_report_names_the_slowest_notebook_and_fails_on_a_failure(tmp_path, 
     assert "make-test: 8 passed, 2 failed, 2 skipped" in out  # the newest quick tier's 2 passed, 1 skipped too
     assert re.search(r"newest-quick +0 min 50.0 s +5 min 00.0 s +2 passed, 0 failed, 1 skipped", out), out
     assert re.search(r"newest +- +- +skipped: its quick tier ran", out), out
-    assert "the legs that ran, installs included: 17 min 30.0 s" in out
+    assert "the legs that ran, installs included: 16 min 50.0 s" in out
 
 
 def test_a_leg_runs_its_notebooks_even_when_its_tests_fail(tmp_path):
     calls = tmp_path / "calls"
     fake = tmp_path / "pytest"
-    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {calls}\ncase "$*" in *no:xdist*) exit 0;; *) exit 1;; esac\n')
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {calls}\nprintf "%s\\n" "$XLA_FLAGS" >> {calls}.flags\n'
+                    f'case "$*" in *no:xdist*) exit 0;; *) exit 1;; esac\n')
     fake.chmod(0o755)
     seconds = tmp_path / "seconds.json"
     seconds.write_text("{}")  # a last run's: removed before the leg starts
-    env = dict(os.environ, JOBS="2", WORKBENCH_FILE_SECONDS=str(seconds))
+    env = dict(os.environ, JOBS="2", WORKBENCH_FILE_SECONDS=str(seconds), XLA_FLAGS="--xla_cpu_max_isa=AVX2")
     run = subprocess.run(["bash", os.path.join(ROOT, "tools", "pytest_leg.sh"), str(fake), str(tmp_path / "leg"),
                           "--extra"], env=env)
     assert run.returncode == 1 and not seconds.exists()
     first, second = calls.read_text().splitlines()
     assert first == f"-n 2 --dist loadfile --junitxml={tmp_path}/leg.xml --extra tests workbench"
     assert second == f"-p no:xdist --junitxml={tmp_path}/leg-notebooks.xml --extra notebooks"
+    # the tests compile at -O0 (the run's own flags kept); the notebooks as a reader's kernel does
+    tests_flags, notebooks_flags = (tmp_path / "calls.flags").read_text().splitlines()
+    assert tests_flags.split() == ["--xla_cpu_max_isa=AVX2", "--xla_backend_optimization_level=0"]
+    assert notebooks_flags == "--xla_cpu_max_isa=AVX2"
