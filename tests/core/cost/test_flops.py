@@ -33,17 +33,20 @@ def compiled_train_step(family, batch, remat, **overrides):
 FULL_REMAT = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3)
 
 
-@pytest.mark.parametrize("family, batch, remat, overrides", [
-    ("llama", (4, 64), "none", {}),
-    ("llama", (2, 128), "full", FULL_REMAT),
-    ("gpt2", (4, 64), "none", {}),  # GELU MLP, tied head
+# XLA's count over the matmuls' (what XLA adds: norms, softmax, loss, AdamW, and for GPT-2 its tanh GELU), measured
+# with jax 0.10.2 / 0.12.0.1: llama 1.065 / 1.065, llama remat full 1.037 / 1.038, gpt2 1.099 / 1.103. The ceiling is
+# each case's measurement and a few per cent more (the 1.10 all three shared put gpt2 over with jax 0.12's XLA).
+@pytest.mark.parametrize("family, batch, remat, overrides, ceiling", [
+    ("llama", (4, 64), "none", {}, 1.10),
+    ("llama", (2, 128), "full", FULL_REMAT, 1.10),
+    ("gpt2", (4, 64), "none", {}, 1.13),  # GELU MLP, tied head
 ])
-def test_train_flops_match_xla(family, batch, remat, overrides):
+def test_train_flops_match_xla(family, batch, remat, overrides, ceiling):
     model, compiled = compiled_train_step(family, batch, remat, **overrides)
     f = train_flops(model, batch, remat=remat)
     assert matmul_flops(compiled.as_text()) == f.hardware  # every dot of the program, to the FLOP
     xla = compiled.cost_analysis()["flops"]
-    assert f.hardware <= xla <= 1.10 * f.hardware  # XLA adds norms, softmax, loss, AdamW: a few per cent here
+    assert f.hardware <= xla <= ceiling * f.hardware
 
 
 def test_remat_full_adds_about_a_forward():
