@@ -142,8 +142,8 @@ else
 endif
 
 # The newest leg's quick tier: test-quick's unit tests (no notebooks, no browser, no TPU ahead-of-time compiles) on
-# the newest CPython with the newest JAX and flax, torch-free as the whole leg is, at -O0 as a leg's tests run
-# (tools/pytest_leg.sh says why). make test runs it after the default leg; its report is $(LEGS)/newest-quick.xml.
+# the newest CPython with the newest JAX and flax, torch-free as the whole leg is, with TEST_XLA_FLAGS as a leg's
+# tests (tools/pytest_leg.sh). make test runs it after the default leg; its report is $(LEGS)/newest-quick.xml.
 test-newest-quick:
 ifeq ($(NEWEST_PYTHON),)
 	@mkdir -p $(LEGS) && echo "no CPython newer than 3.11 is installed here (pyenv or PATH)" > $(LEGS)/newest-quick-skipped
@@ -152,7 +152,7 @@ else
 	@mkdir -p $(LEGS)
 	@$(TIMED) $(LEGS)/newest-quick-install $(MAKE) --no-print-directory $(NEWEST_VENV)/.test-installed
 	@$(NEWEST_BIN)/python -c 'import sys, jax, flax; print(f"test-newest-quick: Python {sys.version.split()[0]}, jax {jax.__version__}, flax {flax.__version__}")'
-	WORKBENCH_TEST_QUICK=1 XLA_FLAGS="$$XLA_FLAGS --xla_backend_optimization_level=0" \
+	WORKBENCH_TEST_QUICK=1 XLA_FLAGS="$$XLA_FLAGS $$TEST_XLA_FLAGS" \
 	  $(TIMED) $(LEGS)/newest-quick-pytest $(NEWEST_BIN)/pytest -n $(JOBS) --dist loadfile \
 	  -m "not browser" --junitxml=$(LEGS)/newest-quick.xml tests workbench
 endif

@@ -68,14 +68,15 @@ def test_a_leg_runs_its_notebooks_even_when_its_tests_fail(tmp_path):
     fake.chmod(0o755)
     seconds = tmp_path / "seconds.json"
     seconds.write_text("{}")  # a last run's: removed before the leg starts
-    env = dict(os.environ, JOBS="2", WORKBENCH_FILE_SECONDS=str(seconds), XLA_FLAGS="--xla_cpu_max_isa=AVX2")
+    env = dict(os.environ, JOBS="2", WORKBENCH_FILE_SECONDS=str(seconds), XLA_FLAGS="--xla_cpu_max_isa=AVX2",
+               TEST_XLA_FLAGS="--xla_backend_optimization_level=0")
     run = subprocess.run(["bash", os.path.join(ROOT, "tools", "pytest_leg.sh"), str(fake), str(tmp_path / "leg"),
                           "--extra"], env=env)
     assert run.returncode == 1 and not seconds.exists()
     first, second = calls.read_text().splitlines()
     assert first == f"-n 2 --dist loadfile --junitxml={tmp_path}/leg.xml --extra tests workbench"
     assert second == f"-p no:xdist --junitxml={tmp_path}/leg-notebooks.xml --extra notebooks"
-    # the tests compile at -O0 (the run's own flags kept); the notebooks as a reader's kernel does
+    # TEST_XLA_FLAGS reach the tests' phase only (the run's own flags kept in both)
     tests_flags, notebooks_flags = (tmp_path / "calls.flags").read_text().splitlines()
     assert tests_flags.split() == ["--xla_cpu_max_isa=AVX2", "--xla_backend_optimization_level=0"]
     assert notebooks_flags == "--xla_cpu_max_isa=AVX2"

@@ -12,11 +12,13 @@ prefix=$2
 shift 2
 [ -n "${WORKBENCH_FILE_SECONDS:-}" ] && rm -f "$WORKBENCH_FILE_SECONDS"
 status=0
-# The tests compile their in-process programs with LLVM at -O0 (TEST_XLA_FLAGS): the same XLA programs after the
-# same HLO passes, machine code generated in about a third less CPU time (tests/core/models/test_lora.py and
-# test_explicit_axes.py: 84 s against 130 s). Their subprocesses, the compile worker and JupyterLab's kernels start
-# with tests/xla_flags.py's flags, which drop it; the notebooks' phase runs without it, as a reader's kernel does.
-XLA_FLAGS="${XLA_FLAGS:-} ${TEST_XLA_FLAGS---xla_backend_optimization_level=0}" \
+# TEST_XLA_FLAGS: XLA flags for the tests' phase only (not its subprocesses, which start with tests/xla_flags.py's,
+# nor the notebooks). Empty by default. LLVM at -O0 (--xla_backend_optimization_level=0) takes about a third less
+# CPU (test_lora + test_explicit_axes: 84 s against 130 s), but two attention gradient tests then disagree on where
+# the native path's gradient is inf (test_flash.py::test_gradients_match_vanilla, test_flex.py's pallas-vs-native
+# mods2): the optimised code and -O0 do not handle those overflows alike, so it is not the default until that is
+# understood.
+XLA_FLAGS="${XLA_FLAGS:-} ${TEST_XLA_FLAGS:-}" \
   "$pytest" -n "${JOBS:-2}" --dist loadfile --junitxml="$prefix.xml" "$@" tests workbench || status=1
 "$pytest" -p no:xdist --junitxml="$prefix-notebooks.xml" "$@" notebooks || status=1
 exit $status
