@@ -12,6 +12,7 @@ import typing as tp
 
 import ipywidgets as widgets
 
+from workbench.core.advisor.candidate import train_plan_text
 from workbench.core.interop.maxtext import from_maxtext, to_maxtext
 from workbench.core.interop.recipe import TrainingRecipe, recipe_of
 from workbench.core.interop.torchtitan import from_torchtitan, to_torchtitan
@@ -60,12 +61,8 @@ def same_plan(candidate: tp.Any, recipe: TrainingRecipe) -> bool:
 
 def plan_label(recipe: TrainingRecipe) -> str:
     """A recipe's plan in the words of an advisor row's label (``Candidate.label``)."""
-    pl = recipe.pipeline
-    pipe = "" if pl is None else f", {pl.schedule}{f' v={pl.virtual_stages}' if pl.virtual_stages > 1 else ''} " \
-        f"m={pl.num_microbatches}{' uneven stages' if pl.uneven else ''}"
-    accumulate = f", {recipe.grad_accumulation} microbatches accumulated" if recipe.grad_accumulation > 1 else ""
-    return (f"{mesh_label(recipe.mesh_shape)}, remat {recipe.remat}{pipe}{accumulate}"
-            + (", ZeRO-1" if recipe.workbench_zero_stage else ""))
+    return mesh_label(recipe.mesh_shape) + train_plan_text(recipe.remat, recipe.pipeline, recipe.grad_accumulation,
+                                                           recipe.workbench_zero_stage)
 
 
 class RecipeControls:

@@ -29,6 +29,16 @@ def layout_mesh(mesh_shape: tp.Mapping[str, int], cluster: tp.Any = None) -> tp.
     return AbstractMesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(shape))
 
 
+def train_plan_text(remat: str, pipeline: tp.Any, grad_accumulation: int, zero_stage: int) -> str:
+    """A train step's plan beyond its mesh, as a row's label says it: ", remat full, interleaved v=4 m=8, 2
+    microbatches accumulated, ZeRO-1"."""
+    pl = pipeline
+    pipe = "" if pl is None else f", {pl.schedule}{f' v={pl.virtual_stages}' if pl.virtual_stages > 1 else ''} " \
+        f"m={pl.num_microbatches}{' uneven stages' if pl.uneven else ''}"
+    accumulate = f", {grad_accumulation} microbatches accumulated" if grad_accumulation > 1 else ""
+    return f", remat {remat}{pipe}{accumulate}" + (", ZeRO-1" if zero_stage else "")
+
+
 @dataclasses.dataclass
 class Candidate:
     """One layout: its :class:`~workbench.core.plan.Plan` (the mesh's axis sizes, the remat policy, pipeline, ZeRO
@@ -78,15 +88,11 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        pl = self.pipeline
-        pipe = "" if pl is None else f", {pl.schedule}{f' v={pl.virtual_stages}' if pl.virtual_stages > 1 else ''} " \
-            f"m={pl.num_microbatches}{' uneven stages' if pl.uneven else ''}"
         used = f" on {math.prod(self.mesh_shape.values()):,} devices ({self.idle:,} idle)" if self.idle else ""
         if self.ledger.kind != "train":  # no backward: no remat, optimizer, ZeRO or accumulation to name
             return self.mesh_label + used
-        accumulate = f", {self.grad_accumulation} microbatches accumulated" if self.grad_accumulation > 1 else ""
-        return (f"{self.mesh_label}{used}, remat {self.remat}{pipe}{accumulate}"
-                + (", ZeRO-1" if self.zero_stage else ""))
+        return self.mesh_label + used + train_plan_text(self.remat, self.pipeline, self.grad_accumulation,
+                                                         self.zero_stage)
 
     @property
     def time_s(self) -> float:
