@@ -6,7 +6,13 @@ Prices every run in `workbench/core/interop/published_runs.json` (MaxText on TPU
 Megatron-Bridge and NeMo on H100 / H200; the raw records with each quote are in `benchmarks/data/`) with
 `predict_step`, and prints per run: the source, the layout, measured and predicted step time, their ratio, the
 predicted MFU and what bounds the step; then the median and the worst ratio. Target (the issue): every run within
-0.7-1.35x, the median |ratio| within 1.15x. ``--terms`` adds each run's terms. ``--xla`` also compiles each TPU
+0.7-1.35x, the median |ratio| within 1.15x. The ``out of sample`` column prices each run with every constant that
+was fitted to published runs refitted without that run (leave-one-out,
+`workbench/core/interop/out_of_sample.py`); the spread is printed for both, and for the runs no constant was
+fitted to. Then memory: each run's ledger with its recipe as published (its mesh, remat, accumulation, and
+its program: flash attention, vocabulary tiles, host offload, sequence parallelism inside tp), asked of the
+advisor with the run's mesh fixed, and whether the advisor ranks it (fits its HBM less the advisor's 10 % headroom).
+``--terms`` adds each run's terms. ``--xla`` also compiles each TPU
 run's train step with libtpu ahead of time (minutes) and prints XLA's own estimate beside the model's: libtpu's
 ``optimal_seconds`` of the step compiled unrolled with one and with two layers at one sequence a data-parallel
 device, extrapolated to the model's depth and the run's batch (a scanned step's estimate counts its loop body
@@ -82,12 +88,76 @@ def xla_table(runs) -> None:
               f"median {statistics.median(ratios):.2f}")
 
 
+def _out_of_sample(loo, name: str) -> str:
+    """The run's leave-one-out ratio, or '=' where no fitted constant prices it (the ratio is out of sample)."""
+    return "= (none fitted)" if name in loo.unfitted() else f"{loo.ratios[name]:.2f}"
+
+
+def print_out_of_sample(loo, runs, ratios) -> None:
+    """The spread in sample, out of sample, and on the runs no constant was fitted to; each refitted constant."""
+    from workbench.core.interop.published import Accuracy
+
+    def line(label: str, rs: list[float]) -> str:
+        acc = Accuracy(dict(enumerate(rs)))
+        inside = sum(LOW <= r <= HIGH for r in rs)
+        return (f"  {label:<52} {len(rs):>2} runs: {acc.low:.2f} to {acc.high:.2f}, {inside} within {LOW}-{HIGH}x, "
+                f"median |ratio| {acc.median_abs:.3f}x")
+
+    unfitted = set(loo.unfitted())
+    print("\nIn sample and out of it (leave-one-out: each fitted constant refitted without the run it prices):")
+    print(line("in sample, the constants as shipped", list(ratios)))
+    print(line("out of sample, leave-one-out", [loo.ratios[r.name] for r in runs]))
+    print(line("runs no constant was fitted to (as shipped)", [loo.ratios[r.name] for r in runs if r.name in unfitted]))
+    print(line("runs a constant was fitted to, left out", [loo.ratios[r.name] for r in runs if r.name not in unfitted]))
+    print("\nThe constants fitted to published runs (calibration.py): shipped value, the fit on all its runs "
+          "(geometric mean ratio 1), its leave-one-out refits")
+    for refit in loo.refits:
+        left = refit.left_out.values()
+        print(f"  {refit.constant.label:<40} shipped {refit.shipped:.3f}, fit {refit.in_sample:.3f} on "
+              f"{len(refit.runs)} runs, left-out refits {min(left):.3f} to {max(left):.3f}")
+
+
+def memory_table(runs) -> None:
+    """Each run's ledger at its recipe (advised with its mesh fixed), against the HBM: the issue's first target."""
+    from workbench.core.advisor import Constraints, advise
+    from workbench.core.units import format_bytes
+
+    gib = lambda n: format_bytes(n, "GiB")
+    print(header("Memory: each run's ledger with its recipe as published, and whether the advisor ranks it"))
+    rows, ranked_count, fits_count = [], 0, 0
+    for run in runs:
+        p = run.plan
+        mesh = {a: n for a, n in p.mesh_shape.items() if n > 1}
+        advice = advise(run.config, run.cluster, batch_tokens=run.batch[0] * run.batch[1], seq_len=run.batch[1],
+                        remat=p.remat, constraints=Constraints(fixed=mesh, pipeline=p.pipeline is not None,
+                                                               grad_accumulation=(p.grad_accumulation,),
+                                                               **p.program()))
+        mine = [c for c in advice.ranked + advice.rejected if c.plan.label() == p.label()]
+        ranked = [c for c in advice.ranked if c.plan.label() == p.label()]
+        if not mine:
+            rows.append((run.name, p.label(), "-", "-", "-", "-", "not enumerated (its pipeline schedule is not "
+                                                                   "one the advisor tries)"))
+            continue
+        c = (ranked or mine)[0]
+        led = c.ledger
+        ranked_count += bool(ranked)
+        fits_count += bool(led.fits)
+        largest = max(led.parts().items(), key=lambda kv: kv[1])[0]
+        rows.append((run.name, p.label(), gib(led.total), gib(led.hbm_per_device), gib(led.host) if led.host else "",
+                     "yes" if led.fits else "no",
+                     f"ranked {advice.ranked.index(c) + 1}" if ranked else f"does not fit (largest: {largest})"))
+    print_rows(["run", "layout", "ledger", "HBM", "host", "fits HBM", "advisor (10 % headroom)"], rows)
+    print(f"\n{fits_count} of {len(runs)} published layouts fit the HBM in the ledger with their recipe, "
+          f"{ranked_count} ranked by the advisor, which keeps 10 % of HBM free (target: all)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--terms", action="store_true", help="print each run's terms too")
     parser.add_argument("--xla", action="store_true", help="compile the TPU runs and print XLA's own estimate")
     parser.add_argument("--runs", nargs="*", default=None, metavar="NAME", help="only these runs (names or prefixes)")
     args = parser.parse_args()
+    from workbench.core.interop.out_of_sample import leave_one_out
     from workbench.core.interop.published import Accuracy, price, published_runs
     from workbench.core.units import format_seconds
 
@@ -95,6 +165,7 @@ def main() -> None:
     if args.runs:
         runs = tuple(r for r in runs if any(r.name.startswith(prefix) for prefix in args.runs))
     print(header(f"{len(runs)} published training steps: predicted (predict_step) vs measured"))
+    loo = leave_one_out(runs)
     rows, ratios = [], []
     for run in runs:
         step = price(run)
@@ -102,11 +173,13 @@ def main() -> None:
         ratios.append(ratio)
         flag = "" if LOW <= ratio <= HIGH else "  OUTSIDE"
         rows.append((run.name, run.framework, f"{run.cluster.name}", run.layout, format_seconds(run.measured_s),
-                     format_seconds(step.time_s), f"{ratio:.2f}{flag}", step.mfu_text(), step.bound))
+                     format_seconds(step.time_s), f"{ratio:.2f}{flag}", _out_of_sample(loo, run.name), step.mfu_text(),
+                     step.bound))
         if args.terms:
             rows.append(("", "", "", "; ".join(f"{t.name} {format_seconds(t.seconds)}" for t in step.terms
-                                               if t.seconds), "", "", "", "", ""))
-    print_rows(["run", "framework", "cluster", "layout", "measured", "predicted", "ratio", "MFU", "bound"], rows)
+                                               if t.seconds), "", "", "", "", "", ""))
+    print_rows(["run", "framework", "cluster", "layout", "measured", "predicted", "ratio", "out of sample", "MFU",
+                "bound"], rows)
     acc = Accuracy({run.name: ratio for run, ratio in zip(runs, ratios, strict=True)})
     inside = sum(LOW <= r <= HIGH for r in ratios)
     print(f"\nratio predicted / measured: {acc.low:.2f} to {acc.high:.2f}; {inside} of {len(ratios)} runs "
@@ -115,6 +188,8 @@ def main() -> None:
     for chip in sorted({run.chip for run in runs}):
         mine = [r for run, r in zip(runs, ratios, strict=True) if run.chip == chip]
         print(f"  {chip:<24} {len(mine):>2} runs: {min(mine):.2f} to {max(mine):.2f}")
+    print_out_of_sample(loo, runs, ratios)
+    memory_table(runs)
     print("\nSources: each run's url, revision and quoted measurement are in "
           "workbench/core/interop/published_runs.json;\nthe constants the model uses, and which were fitted to which "
           "runs, in workbench/core/hardware/calibration.py.")

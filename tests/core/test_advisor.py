@@ -149,7 +149,7 @@ def test_mfu_counts_the_model_s_flops_not_the_recompute(llama_70b):
     assert not any(row[6].startswith("≤") for row in measured.rows())
     assert all(0.5 <= c.step.mfu <= 0.75 for c in measured.ranked)
     assert all(c.step.mfu < c.step.hfu for c in measured.ranked if c.remat == "full")
-    assert "published runs" in measured.summary() and "published runs" not in advice.summary()
+    assert "published training steps" in measured.summary() and "published" not in advice.summary()
 
 
 def test_what_does_not_fit_says_by_how_much_and_which_remat_would(llama_70b):

@@ -5,6 +5,7 @@ against a reference the confirm code does not make: the compiled program's own m
 the same step compiled directly, the microbatch count, the KV cache's bytes by hand; the rows against
 ``cost.reconcile``'s; the words against what a person reads (no exponents, no "0 ns" for work that exists)."""
 
+import dataclasses
 import importlib.util
 import re
 
@@ -148,3 +149,25 @@ def test_the_reviews_decode_row_compares_like_with_like():
     assert compute.row.predicted_text.startswith("in matmuls bound by HBM (")
     assert 0.5 < conf["step time"].row.compiled / conf["step time"].row.predicted < 2
     _reads_as_a_person_does(conf)
+
+
+def test_a_row_planned_with_production_s_program_is_held_against_the_program_compiled():
+    """Planned with flash attention and sequence parallelism inside tp (``PRODUCTION``), a row compiles as the
+    workbench's own program (its XLA attention, its residual stream whole over tp): the compiled memory is held
+    against that program's ledger, the same one a row planned with the workbench's program would have, and the
+    note says which program was compiled and which was ranked."""
+    from workbench.core.plan import PRODUCTION
+
+    model, cluster, batch = _tiny(), Cluster.h100(nodes=1), (16, 512)
+    fixed = Constraints(pipeline=False, fixed={"fsdp": 4, "tp": 2}, grad_accumulation=(1,))
+    planned = advise(model, cluster, batch_tokens=batch[0] * batch[1], seq_len=batch[1], remat="none",
+                     constraints=dataclasses.replace(fixed, **PRODUCTION))
+    own = advise(model, cluster, batch_tokens=batch[0] * batch[1], seq_len=batch[1], remat="none", constraints=fixed)
+    c, same = planned.ranked[0], own.ranked[0]
+    assert c.plan.program() == PRODUCTION and c.mesh_shape == same.mesh_shape
+    assert c.ledger.total < same.ledger.total  # no scores saved, the residual stream split over tp
+    c = planned.confirm_one(c)
+    memory = c.confirmation["memory: total"]
+    assert memory.row.predicted == same.ledger.total  # held against the workbench program's ledger
+    assert "compiled as the workbench's program (xla attention" in c.confirm_note
+    assert "not the ranked one (flash attention" in c.confirm_note

@@ -136,3 +136,23 @@ def test_the_review_s_rows_open_at_the_memory_the_advisor_listed(advisor, label,
     assert advisor.open_in_explorer()
     assert advisor.explorer.ledger().total / 2**30 == pytest.approx(gib, abs=0.05)
     assert advisor.explorer.ledger().fits
+
+
+def test_a_row_of_production_s_program_opens_counted_for_that_program():
+    """Planned with the program production runs (flash attention, sequence parallelism inside tp), a row opens in
+    the explorer with that program: its ledger is the row's (not the workbench's own, whose scores and unsplit
+    residual stream the advisor did not count), and the panel says which program it counts."""
+    from workbench.core.advisor import Constraints
+    from workbench.core.plan import PRODUCTION, program_text
+
+    advisor = LayoutAdvisor(_bf16(full_config("llama-3-70b")), Cluster.h100(nodes=32), batch_tokens=4 * 2**20,
+                            seq_len=8192, constraints=Constraints(fixed={"fsdp": 32, "tp": 8}, **PRODUCTION))
+    c = advisor.selected()
+    assert c.plan.program() == PRODUCTION
+    assert advisor.open_in_explorer() and not advisor.error, advisor.error
+    explorer = advisor.explorer
+    assert explorer.program == PRODUCTION and explorer.ledger().total == c.ledger.total
+    own = ShardingExplorer(explorer.model, explorer.exported_layout(), cluster=advisor.cluster,
+                           batch=advisor.advice.batch).ledger()
+    assert own.total > c.ledger.total  # the workbench's own program keeps more
+    assert html.escape(program_text(PRODUCTION), quote=False) in explorer._ledger_out.value

@@ -15,6 +15,7 @@ from workbench.core.interop.maxtext import from_maxtext
 from workbench.core.interop.torchtitan import from_torchtitan
 from workbench.core.models import CausalLM
 from workbench.core.models.presets import full_config
+from workbench.core.plan import PRODUCTION
 from workbench.core.units import format_seconds
 from workbench.widgets._advisor_recipe import RECIPE_FORMATS, parse_pins, pins_text, same_plan
 from workbench.widgets.layout_advisor import LayoutAdvisor
@@ -71,15 +72,17 @@ def test_pinned_axes_rank_what_the_advisor_ranks_with_them_fixed(llama_70b):
 
 
 @pytest.mark.parametrize("cluster, tokens, seq_len", [
-    (Cluster.h100(nodes=32), 4 * 2**20, 8192),  # the top rows accumulate microbatches
-    (Cluster.tpu("v5p:8x8x16"), 4 * 2**20, 4096),  # the top rows pipeline, interleaved v=4: stages per rank
+    (Cluster.h100(nodes=32), 4 * 2**20, 8192),  # the top rows pipeline, interleaved v=4: stages per rank
+    (Cluster.tpu("v5p:8x8x16"), 8 * 2**20, 4096),  # the top rows accumulate microbatches
 ], ids=["32 x 8 H100, 8k", "v5p 8x8x16, 4k"])
 def test_an_exported_row_imported_again_is_the_same_row(llama_70b, cluster, tokens, seq_len):
-    """Llama-3-70B, 4M tokens a step, where the top rows accumulate microbatches (H100) or pipeline interleaved at
-    v=4 (v5p, whose torchtitan file says the stages per rank in the model's layers). Each of the top three, written
-    as a torchtitan TOML and as a MaxText YAML and read back, is the same plan, sets the same batch, pins its mesh
-    and is the chosen row, at the same memory and step time."""
-    advisor = LayoutAdvisor(llama_70b, cluster, batch_tokens=tokens, seq_len=seq_len)
+    """Llama-3-70B, where the top rows pipeline interleaved at v=4 (H100, 4M tokens a step: the torchtitan file
+    says the stages per rank in the model's layers) or accumulate microbatches (v5p, 8M tokens). Each of the top
+    three, written as a torchtitan TOML and as a MaxText YAML and read back, is the same plan, sets the same batch,
+    pins its mesh and is the chosen row, at the same memory and step time. The advisor plans the program both
+    frameworks run (flash attention, sequence parallelism inside tp), the one each import sets."""
+    advisor = LayoutAdvisor(llama_70b, cluster, batch_tokens=tokens, seq_len=seq_len,
+                            constraints=Constraints(**PRODUCTION))
     top = advisor.advice.ranked[:3]
     assert any(c.grad_accumulation > 1 for c in top) or any(c.pipeline is not None for c in top)
     for rank in (1, 2, 3):
@@ -108,10 +111,12 @@ def test_an_exported_row_imported_again_is_the_same_row(llama_70b, cluster, toke
             assert f"ranks {advisor._row.value} of {len(advisor.advice.ranked)}" in advisor._out.value
 
 
-def test_a_published_recipe_that_does_not_fit_says_what_would(llama_8b):
+def test_torchtitan_s_own_recipe_ranks_with_its_own_program(llama_8b):
     """torchtitan's llama3_8b.toml (verbatim) on one 8-GPU H100 node: 8 sequences of 8,192 on fsdp=8 under
-    selective 'op' checkpointing, priced as dots_saveable. The panel gives the advisor's reason for that plan: it
-    does not fit, and names the change that makes it fit; the source's approximations are listed."""
+    selective 'op' checkpointing, priced as dots_saveable. With the workbench's own program (XLA attention, its
+    scores and probabilities saved) that plan does not fit, 304.7 GiB; torchtitan runs SDPA's flash kernels, and
+    the import re-ranks every row with the recipe's program: the recipe's plan ranks first and is chosen. The
+    panel names the program and the source's approximations."""
     cluster = Cluster.h100(nodes=1)
     advisor = LayoutAdvisor(llama_8b, cluster, batch_tokens=2**16, seq_len=4096, task="decode")
     advisor._recipe_text.value = (RECIPES / "torchtitan_llama3_8b.toml").read_text()
@@ -119,25 +124,45 @@ def test_a_published_recipe_that_does_not_fit_says_what_would(llama_8b):
     recipe = from_torchtitan(advisor._recipe_text.value, num_devices=8)
     assert advisor._task.value == "train" and advisor._optimizer.layout.display is None  # train controls back
     assert (advisor._tokens.value, advisor._seq.value) == (recipe.batch[0] * recipe.batch[1], recipe.batch[1])
-    expected = advise(llama_8b, cluster, batch_tokens=recipe.batch[0] * recipe.batch[1], seq_len=recipe.batch[1],
-                      constraints=Constraints(fixed={"fsdp": 8}))
-    miss = next(c for c in expected.rejected if same_plan(c, recipe))
-    found = advisor._out.value
+    tokens = recipe.batch[0] * recipe.batch[1]
+    own = advise(llama_8b, cluster, batch_tokens=tokens, seq_len=recipe.batch[1],
+                 constraints=Constraints(fixed={"fsdp": 8}))
+    miss = next(c for c in own.rejected if same_plan(c, recipe))
     assert "does not fit" in miss.reason and "it fits" in miss.reason
-    assert miss.reason.replace("'", "&#x27;").replace(">", "&gt;") in found
+    assert recipe.attention == "flash" and advisor.constraints.attention == "flash"
+    assert same_plan(advisor.selected(), recipe) and advisor.advice.ranked.index(advisor.selected()) == 0
+    found = advisor._out.value
+    assert "ranks 1 of" in found and "flash attention" in found
     assert "priced as dots_saveable" in found and "llama3/8B" in found
 
 
-def test_a_recipe_the_advisor_does_not_weigh_is_priced_alone(llama_8b):
-    """MaxText's gpu/models/llama3_8b.yml (verbatim) on 8 H100: 96 sequences of 8,192 under
-    'minimal_with_context' (priced as dots_saveable). The advisor stops at the least recompute that fits, so this
-    plan is not among its rows; the panel says so and gives its step from the same step model (the recipe's
-    ``price``)."""
+def test_a_recipe_that_does_not_fit_says_what_would(llama_8b):
+    """MaxText's gpu/models/llama3_8b.yml (verbatim) on 8 H100: 96 sequences of 8,192, 12 a GPU, under
+    'minimal_with_context' (priced as dots_saveable) with flash attention: its saved projections alone are about
+    12 x 8,192 rows x 32 layers x 51k bfloat16 values a row, 300 GiB. The panel gives the advisor's reason: it does
+    not fit, and names the change that makes it fit."""
     cluster = Cluster.h100(nodes=1)
     advisor = LayoutAdvisor(llama_8b, cluster, batch_tokens=2**16, seq_len=4096)
     text = (RECIPES / "maxtext_gpu_llama3_8b.yml").read_text()
     assert advisor.import_recipe(text, "MaxText YAML") and not advisor.error
     recipe = from_maxtext(text, num_devices=8)
+    expected = advise(llama_8b, cluster, batch_tokens=recipe.batch[0] * recipe.batch[1], seq_len=recipe.batch[1],
+                      constraints=Constraints(fixed={"fsdp": 8}, **recipe.program))
+    miss = next(c for c in expected.rejected if same_plan(c, recipe))
+    assert "does not fit" in miss.reason and "it fits" in miss.reason
+    assert miss.reason.replace("'", "&#x27;").replace(">", "&gt;") in advisor._out.value
+
+
+def test_a_recipe_the_advisor_does_not_weigh_is_priced_alone(llama_8b):
+    """torchtitan's llama3_8b.toml with full checkpointing: with flash attention a plan that saves every matmul's
+    output fits, and the advisor stops at the least recompute that fits, so this plan is not among its rows; the
+    panel says so and gives its step from the same step model (the recipe's ``price``)."""
+    cluster = Cluster.h100(nodes=1)
+    advisor = LayoutAdvisor(llama_8b, cluster, batch_tokens=2**16, seq_len=4096)
+    text = (RECIPES / "torchtitan_llama3_8b.toml").read_text().replace('mode = "selective"', 'mode = "full"')
+    assert advisor.import_recipe(text, "torchtitan TOML") and not advisor.error
+    recipe = from_torchtitan(text, num_devices=8)
+    assert recipe.remat == "full"
     assert not any(same_plan(c, recipe) for c in (*advisor.advice.ranked, *advisor.advice.rejected))
     step = recipe.price(llama_8b.config, cluster)
     assert "does not weigh" in advisor._out.value

@@ -31,10 +31,13 @@ import typing as tp
 from workbench.core.checks import batch_shape, one_of, positive_int
 from workbench.core.mesh import MESH_AXES, axis_sizes
 from workbench.core.pipeline_schedule import PipelineConfig
-from workbench.core.vocab import REMATS
+from workbench.core.vocab import ATTENTION_KERNELS, REMATS
 from workbench.core.zero import check_zero_stage
 
 BATCH_AXES = ("fsdp", "dp")  # PartitionAxis().batch_axis: the axes a batch splits over by default
+# the program production runs (Plan's attention, vocab_tiles, offload, sequence_parallel): a flash kernel, sequence
+# parallelism inside tensor parallelism, the loss whole and nothing offloaded unless a recipe says so
+PRODUCTION = {"attention": "flash", "vocab_tiles": 1, "offload": False, "sequence_parallel": True}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +50,15 @@ class Plan:
     ``dp``); ``grad_accumulation`` microbatches run one after another; ``batch_axes`` the mesh axes the batch
     splits over; ``dtype`` the parameters' and activations' ("bf16", "int8", "fp8"); ``capacity_factor`` pads each
     expert (None: dropless); ``tp_overlap`` hides tensor parallelism's collectives behind its matmuls (None: the
-    platform's default); ``experts_fsdp=False`` keeps expert weights whole over ``fsdp``.
+    platform's default); ``experts_fsdp=False`` keeps expert weights whole over ``fsdp``. The program, which the
+    ledger counts (:mod:`workbench.core.cost.ledger`): ``attention`` the kernel
+    (:data:`~workbench.core.vocab.ATTENTION_KERNELS`: ``"xla"``, scores materialised, or ``"flash"``, what
+    MaxText, torchtitan, Megatron and NeMo run), ``vocab_tiles`` the chunks the loss's tokens are computed in
+    (MaxText's ``num_vocab_tiling``), ``offload`` the saved activations kept in host memory, ``sequence_parallel``
+    the activations outside tensor parallelism's matmuls split over ``tp`` (Megatron's ``--sequence-parallel``;
+    every published TP run uses it). The defaults are the workbench's own program, the one ``confirm`` and the
+    explorer compile; :data:`PRODUCTION` is what the published runs use. The step model prices attention at a
+    flash kernel's rate whichever kernel is named: the XLA attention's time is not modelled.
     """
 
     mesh_shape: tp.Mapping[str, int]
@@ -61,11 +72,21 @@ class Plan:
     capacity_factor: float | None = None
     tp_overlap: bool | None = None
     experts_fsdp: bool = True
+    attention: str = "xla"
+    vocab_tiles: int = 1
+    offload: bool = False
+    sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "mesh_shape", types.MappingProxyType(axis_sizes(self.mesh_shape, "a plan's mesh")))
         one_of("remat", self.remat, REMATS)
+        one_of("attention", self.attention, ATTENTION_KERNELS)
+        set_(self, "vocab_tiles", positive_int("vocab_tiles", self.vocab_tiles,
+                                               what="a positive int (chunks the loss's tokens are computed in)"))
+        for name in ("offload", "sequence_parallel"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} is True or False; got {getattr(self, name)!r}")
         set_(self, "zero_stage", check_zero_stage(self.zero_stage))
         set_(self, "grad_accumulation", positive_int("grad_accumulation", self.grad_accumulation))
         set_(self, "batch_axes", tuple(self.batch_axes))
@@ -95,6 +116,12 @@ class Plan:
         (:func:`microbatch`)."""
         return microbatch(batch, self.grad_accumulation)
 
+    def program(self) -> dict[str, tp.Any]:
+        """The program's choices the ledger counts: ``attention``, ``vocab_tiles``, ``offload``,
+        ``sequence_parallel`` (:func:`workbench.core.cost.ledger.ledger`'s keywords)."""
+        return {"attention": self.attention, "vocab_tiles": self.vocab_tiles, "offload": self.offload,
+                "sequence_parallel": self.sequence_parallel}
+
     def label(self) -> str:
         """``"fsdp=16 x tp=4"``, then the pipeline and the accumulated microbatches where there are any."""
         text = " x ".join(f"{a}={n}" for a, n in self.mesh_shape.items() if n > 1) or "one device"
@@ -105,6 +132,19 @@ class Plan:
         if self.grad_accumulation > 1:
             text += f", {self.grad_accumulation} accumulated microbatches"
         return text
+
+
+def program_text(program: tp.Mapping[str, tp.Any]) -> str:
+    """A program (:meth:`Plan.program`) in words.
+
+    >>> program_text(PRODUCTION)
+    'flash attention, the loss whole, sequence parallel inside tp'
+    """
+    words = [f"{program['attention']} attention",
+             "the loss whole" if program["vocab_tiles"] == 1 else f"the loss in {program['vocab_tiles']} tiles"]
+    words += ["saved activations offloaded"] if program["offload"] else []
+    words.append("sequence parallel inside tp" if program["sequence_parallel"] else "no sequence parallel")
+    return ", ".join(words)
 
 
 def microbatch(batch: tuple[int, int], grad_accumulation: int) -> tuple[int, int]:
@@ -131,4 +171,4 @@ def _divisors(n: int, most: int = 12) -> list[int]:
     return found if len(found) <= most else [*found[:most - 1], n]
 
 
-__all__ = ["BATCH_AXES", "Plan", "microbatch"]
+__all__ = ["BATCH_AXES", "PRODUCTION", "Plan", "microbatch", "program_text"]

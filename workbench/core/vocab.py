@@ -7,5 +7,8 @@ TASKS = ("train", "prefill", "decode")
 # the remat policies of models/stack.py that the ledger and the step model count
 REMATS = ("none", "dots_saveable", "full")
 OPTIMIZERS = ("adamw", "adafactor", "sgd")
+# how a step's attention runs: "xla" materialises the scores (the workbench's own program), "flash" tiles them in
+# on-chip memory and never writes them to HBM (cuDNN, FlashAttention, TPU splash: what production runs use)
+ATTENTION_KERNELS = ("xla", "flash")
 
-__all__ = ["OPTIMIZERS", "REMATS", "TASKS"]
+__all__ = ["ATTENTION_KERNELS", "OPTIMIZERS", "REMATS", "TASKS"]

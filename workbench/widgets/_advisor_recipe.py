@@ -8,6 +8,7 @@ and chosen row.
 
 from __future__ import annotations
 
+import dataclasses
 import typing as tp
 
 import ipywidgets as widgets
@@ -17,6 +18,7 @@ from workbench.core.interop.maxtext import from_maxtext, to_maxtext
 from workbench.core.interop.recipe import TrainingRecipe, recipe_of
 from workbench.core.interop.torchtitan import from_torchtitan, to_torchtitan
 from workbench.core.mesh import MESH_AXES
+from workbench.core.plan import program_text
 from workbench.core.units import format_seconds
 from workbench.widgets._cluster_html import mesh_label, parse_mesh_label
 from workbench.widgets._html import escape
@@ -142,6 +144,9 @@ class RecipeControls:
             self._zero.value = bool(recipe.workbench_zero_stage) or self._zero.value
             self._fixed = {a: n for a, n in recipe.mesh_shape.items() if n > 1}  # the rest are 1: same devices
             self._pins.value = pins_text(self._fixed)
+            # the recipe's program (its attention kernel, vocabulary tiles, offload, sequence parallelism) is what
+            # every row of the re-ranking runs: the framework's, not the workbench's own
+            self._given = dataclasses.replace(self._given, **recipe.program)
         finally:
             self._quiet = False
         if not self.rank():
@@ -181,6 +186,7 @@ class RecipeControls:
                 found += f" Priced alone by the same step model: {format_seconds(step.time_s)} a step."
         model = "" if recipe.model is None else \
             f" The recipe names the model {recipe.model}; the rows are this advisor's model."
+        model += f" Every row runs the recipe's program: {program_text(recipe.program)}."
         notes = "".join(f"<li>{escape(n)}</li>" for n in recipe.notes)
         notes = f'<div>read as the workbench runs it:</div><ul style="margin:2px 0">{notes}</ul>' if notes else ""
         return (f'<div class="wb-advisor-recipe" style="{_PANEL}"><div class="wb-advisor-recipe-found">'
@@ -198,7 +204,7 @@ class RecipeControls:
                 raise ValueError(f"a recipe file is a training run's; this row is a {self.advice.task} step: "
                                  f"switch the task to train")
             model = None if self.recipe is None else self.recipe.model
-            recipe = recipe_of(c.layout(self.model), self.advice.batch, model=model)
+            recipe = recipe_of(c.layout(self.model), self.advice.batch, model=model, program=c.plan.program())
             text = RECIPE_FORMATS[fmt][1](recipe)
         if failed:
             return None

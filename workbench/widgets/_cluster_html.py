@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typing as tp
 
-from workbench.core.interop.published import accuracy_text
+from workbench.core.interop.out_of_sample import accuracy_text
 from workbench.core.mesh import MESH_AXES
 from workbench.core.tables import Row, cell_style, html_table
 from workbench.core.units import format_bytes, format_seconds
@@ -76,10 +76,11 @@ def _bar(segments: tp.Sequence[tuple[str, str, float, str]], scale: float, width
 
 
 def ledger_html(ledger: tp.Any, *, n_devices: int, compiled_total: int | None = None, compiled_note: str = "",
-                tokens: str = "", width_px: int = _BAR_PX) -> str:
+                tokens: str = "", width_px: int = _BAR_PX, program: str = "") -> str:
     """The ledger's parts per device as one stacked bar against the device's HBM (a red line), the verdict
-    (fits, or by how much it does not), ``tokens`` (how the batch splits: a line of text), and, once a step is
-    compiled, XLA's total beside the prediction."""
+    (fits, or by how much it does not), ``tokens`` (how the batch splits: a line of text), the ``program`` counted
+    (``plan.program_text``) and what it keeps in host memory, and, once a step is compiled, XLA's total beside the
+    prediction."""
     hbm = ledger.hbm_per_device
     parts = [(name, title, color, getattr(ledger, name)) for name, title, color in LEDGER_PARTS]
     scale = max(ledger.total, hbm or 0, compiled_total or 0, 1) * 1.05
@@ -120,6 +121,9 @@ def ledger_html(ledger: tp.Any, *, n_devices: int, compiled_total: int | None = 
             f'<div class="wb-ledger-verdict" style="color:{color};margin:2px 0">{escape(verdict)}</div>'
             f'{"".join(rows)}<div style="margin-top:4px;line-height:1.7">{legend}</div>'
             + (f'<div class="wb-ledger-tokens" style="color:#555">{escape(tokens)}</div>' if tokens else "")
+            + (f'<div class="wb-ledger-program" style="color:#555">counted for {escape(program)}'
+               + (f"; {escape(format_bytes(ledger.host))} of saved activations in host memory" if ledger.host else "")
+               + "</div>" if program else "")
             + f"{versus}</div>")
 
 

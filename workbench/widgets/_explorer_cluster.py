@@ -13,7 +13,7 @@ import typing as tp
 import numpy as np
 
 from workbench.core.cost import ledger as ledgers
-from workbench.core.plan import microbatch
+from workbench.core.plan import Plan, microbatch, program_text
 from workbench.core.views.explore_step import batch_split, compiled_step_time, predicted_step, step_ledger
 from workbench.widgets._cluster_html import ledger_html, mesh_label, parse_mesh_label, step_time_html
 
@@ -27,6 +27,7 @@ class ClusterPanels:
     layout: tp.Any
     cluster: tp.Any
     model: tp.Any
+    program: dict[str, tp.Any]
     collectives: tp.Any
     _compiled_key: tuple | None
 
@@ -35,7 +36,7 @@ class ClusterPanels:
         accumulation, ZeRO stage, a ``pp`` mesh's pipeline), against the cluster's HBM
         (:func:`~workbench.core.views.explore_step.step_ledger`)."""
         return step_ledger(self.model, self.exported_layout(), self.cluster, task=self._task.value,
-                           batch=self._batch(), optimizer=self._optimizer_name.value)
+                           batch=self._batch(), optimizer=self._optimizer_name.value, program=self.program)
 
     def _step_key(self) -> tuple:
         """What a compiled step was compiled for: when any of it changes, its panels are stale."""
@@ -95,8 +96,11 @@ class ClusterPanels:
                 note = "; XLA:TPU's peak"
             k = layout.grad_accumulation
             note += f" of one of its {k} microbatches; the ledger adds the gradients' sum" if k > 1 else ""
+            if self.program != Plan({}).program():
+                note += (f"; compiled as the workbench's own program ({program_text(Plan({}).program())}), not the "
+                         f"one the ledger counts")
         self._ledger_out.value = ledger_html(led, n_devices=self.layout.mesh.size, compiled_total=compiled,
-                                             compiled_note=note,
+                                             compiled_note=note, program=program_text(self.program),
                                              tokens=batch_split(layout, self._task.value, self._batch()))
 
     def _on_mesh_choice(self, change: dict[str, tp.Any]) -> None:

@@ -293,7 +293,7 @@ class LayoutAdvisor(RecipeControls, InlineError):
             cluster = c.cluster or self.cluster
             # Advice.batch is (sequences, length): for decode the length is the KV cache's, as the explorer takes it
             explorer = ShardingExplorer(model, c.layout(model, cluster), cluster=cluster,
-                                        batch=self.advice.batch, task=self.advice.task)
+                                        batch=self.advice.batch, task=self.advice.task, program=c.plan.program())
             explorer._optimizer_name.value = self.advice.optimizer
             self.explorer = explorer
             self._explorer_box.children = (explorer.widget,)

@@ -23,6 +23,7 @@ from workbench.core.axes import MODE_TRAIN, PartitionAxis, label
 from workbench.core.checks import one_of
 from workbench.core.cost import ledger as ledgers
 from workbench.core.mesh import describe_mesh
+from workbench.core.plan import Plan
 from workbench.core.views import explore
 from workbench.core.views.expert_dispatch import expert_parallel_summary
 from workbench.core.views.explore_step import explorer_mesh, pipelined, resolve_on, step_model
@@ -100,9 +101,13 @@ class ShardingExplorer(PlanControls, ClusterPanels, InlineError):
                  mesh: Mesh | jax.sharding.AbstractMesh | tp.Mapping[str, int] | explore.Layout | None = None,
                  partition_axis: PartitionAxis | None = None, rules: tp.Sequence[tuple[str, tp.Any]] | None = None,
                  mode: str = MODE_TRAIN, *, optimizer: bool = True, kv_cache: tuple[int, int] | None = None,
-                 batch: tuple[int, int] = (8, 64), cluster: tp.Any = None, task: str = "train"):
+                 batch: tuple[int, int] = (8, 64), cluster: tp.Any = None, task: str = "train",
+                 program: tp.Mapping[str, tp.Any] | None = None):
         self.model = model
         self.cluster = cluster  # a virtual Cluster: "collectives" and "experts" compile for its devices
+        # the program the ledger counts (Plan.program(): attention kernel, vocab tiles, offload, sequence
+        # parallelism); the workbench's own, which "collectives" compiles, unless given (an advised row's, a recipe's)
+        self.program = Plan({}, **dict(program or {})).program()
         one_of("task", task, TASKS)
         # raises on a bad start
         if isinstance(mesh, explore.Layout):  # a planned layout (e.g. an advised one): all it carries

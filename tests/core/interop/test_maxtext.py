@@ -2,6 +2,7 @@
 source) parse to the numbers they state, price on a matching cluster, and survive a round trip; bad input says
 what to change."""
 
+import dataclasses
 import pathlib
 import types
 
@@ -32,7 +33,8 @@ def test_v6e_llama3_1_405b_two_slices():
     assert r.mesh_shape["fsdp"] == 256 * 2 and r.devices == 512  # ici_fsdp 256 x dcn_fsdp 2
     assert r.dcn_shape["fsdp"] == 2 and r.slices == 2
     assert r.batch == (512, 8192)  # per_device_batch_size 1
-    assert (r.source_remat, r.remat) == ("custom", "dots_saveable")
+    assert (r.source_remat, r.remat, r.offload) == ("custom", "full", True)  # only the layer's input kept: offloaded
+    assert (r.attention, r.sequence_parallel) == ("flash", False)  # no tensor parallelism
     assert r.price(cluster=Cluster.tpu("v6e:16x16", slices=2)).time_s > 0  # model_name llama3.1-405b's preset
     with pytest.raises(ValueError, match=r"slices=2"):
         r.price(full_config("llama-3.1-405b"), Cluster.tpu("v5p:8x8x8"))
@@ -79,13 +81,15 @@ def test_published_recipes_round_trip(name, devices):
 
 
 # -- round trips of workbench recipes ---------------------------------------------------------------------------
-ROUND_TRIP = [
-    TrainingRecipe({"fsdp": 8, "tp": 4}, (64, 4096), "full", zero_stage=3),
+ROUND_TRIP = [  # each in a program MaxText runs: its embed activations split over tensor (sequence parallel)
+    TrainingRecipe({"fsdp": 8, "tp": 4}, (64, 4096), "full", zero_stage=3, sequence_parallel=True),
     TrainingRecipe({"dp": 2, "fsdp": 4}, (16, 2048), "dots_saveable", zero_stage=1),
     TrainingRecipe({"fsdp": 4, "sp": 4}, (12, 32768), "none", grad_accumulation=3, zero_stage=3),
     TrainingRecipe({"pp": 4, "fsdp": 2}, (32, 2048), "full", zero_stage=3, pipeline=PipelineConfig(4, 8, "gpipe")),
     TrainingRecipe({"pp": 2, "tp": 4}, (16, 2048), "full", pipeline=PipelineConfig(2, 4, "interleaved", 2),
-                   num_layers=8),
+                   num_layers=8, sequence_parallel=True, attention="flash", vocab_tiles=4),
+    TrainingRecipe({"fsdp": 8}, (64, 8192), "full", zero_stage=3, attention="flash", offload=True),
+    TrainingRecipe({"fsdp": 8}, (64, 8192), "dots_saveable", zero_stage=3, offload=True),
     TrainingRecipe({"fsdp": 4, "ep": 4}, (32, 4096), "full", zero_stage=3, axis_rules=(("batch_axis", ("fsdp",)),)),
     TrainingRecipe({"dp": 4, "fsdp": 64}, (512, 8192), "full", zero_stage=3, dcn_shape={"dp": 4}),
     TrainingRecipe({"fsdp": 256}, (32, 8192), "full", zero_stage=3),  # per_device_batch_size 0.125
@@ -111,7 +115,9 @@ def test_candidate_exports():
     assert (r.zero_stage, r.devices) == (1, 16)
     text = to_maxtext(r)
     assert "ici_tensor_parallelism: 2" in text and "shard_optimizer_over_data: true" in text
-    assert from_maxtext(text).same_run(r)
+    # the workbench's own program keeps the residual stream whole over tp; MaxText's splits it, and says so
+    assert "the residual stream whole over tp" in text.splitlines()[1]
+    assert from_maxtext(text).same_run(dataclasses.replace(r, sequence_parallel=True))
 
 
 def test_logical_axis_rules():

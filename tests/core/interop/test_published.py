@@ -8,7 +8,8 @@ import pytest
 
 from workbench.core.cost.predicted import predict_step
 from workbench.core.hardware.cluster import Cluster
-from workbench.core.interop.published import accuracy, accuracy_text, price, published_runs
+from workbench.core.interop.out_of_sample import accuracy_text
+from workbench.core.interop.published import accuracy, price, published_runs
 from workbench.core.models.presets import full_config
 from workbench.core.pipeline_schedule import PipelineConfig
 
@@ -29,7 +30,7 @@ def test_every_published_run_within_0_7_to_1_35_and_the_median_within_1_15():
     assert not outside
     assert acc.median_abs <= 1.15
     assert statistics.median(acc.ratios.values()) == pytest.approx(1, abs=0.15)
-    assert f"on {len(acc.ratios)} published runs" in accuracy_text()
+    assert f"on {len(acc.ratios)} published training steps" in accuracy_text()
 
 
 def test_llama_3_70b_on_a_v5p_pod_predicts_an_mfu_practitioners_recognise():

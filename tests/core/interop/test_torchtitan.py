@@ -2,6 +2,7 @@
 citing its source) parse to the numbers they state, price on a matching cluster, and survive a round trip; bad
 input says what to change."""
 
+import dataclasses
 import pathlib
 
 import pytest
@@ -87,19 +88,30 @@ def test_layout_resolves():
 
 
 # -- round trips of workbench recipes ---------------------------------------------------------------------------
+TORCHTITAN = {"attention": "flash"}  # its program: SDPA's flash kernels, sequence parallel with tp (below)
 ROUND_TRIP = [
-    TrainingRecipe({"fsdp": 8, "tp": 4}, (64, 4096), "full", zero_stage=3),
-    TrainingRecipe({"dp": 2, "fsdp": 4}, (64, 2048), "none", grad_accumulation=4, zero_stage=3),
-    TrainingRecipe({"fsdp": 4, "sp": 4}, (4, 131072), "dots_saveable", zero_stage=3),
+    TrainingRecipe({"fsdp": 8, "tp": 4}, (64, 4096), "full", zero_stage=3, sequence_parallel=True, **TORCHTITAN),
+    TrainingRecipe({"dp": 2, "fsdp": 4}, (64, 2048), "none", grad_accumulation=4, zero_stage=3, **TORCHTITAN),
+    TrainingRecipe({"fsdp": 4, "sp": 4}, (4, 131072), "dots_saveable", zero_stage=3, **TORCHTITAN),
     TrainingRecipe({"pp": 4, "fsdp": 2}, (32, 2048), "full", zero_stage=3,
-                   pipeline=PipelineConfig(4, 16, "gpipe", uneven=True)),
+                   pipeline=PipelineConfig(4, 16, "gpipe", uneven=True), **TORCHTITAN),
     TrainingRecipe({"pp": 8, "fsdp": 2, "tp": 8}, (64, 8192), "full", zero_stage=3,
-                   pipeline=PipelineConfig(8, 32, "interleaved", 2, uneven=True)),
+                   pipeline=PipelineConfig(8, 32, "interleaved", 2, uneven=True), sequence_parallel=True,
+                   **TORCHTITAN),
     TrainingRecipe({"pp": 4, "fsdp": 2}, (32, 2048), "full", zero_stage=3,
-                   pipeline=PipelineConfig(4, 16, "interleaved", 4, uneven=True), num_layers=30),
+                   pipeline=PipelineConfig(4, 16, "interleaved", 4, uneven=True), num_layers=30, **TORCHTITAN),
     TrainingRecipe({"fsdp": 2, "ep": 4}, (32, 4096), "full", zero_stage=3,
-                   axis_rules=(("batch_axis", ("fsdp", "ep")),)),
+                   axis_rules=(("batch_axis", ("fsdp", "ep")),), **TORCHTITAN),
 ]
+
+
+def test_the_workbench_s_own_program_exports_with_what_torchtitan_runs_instead():
+    r = TrainingRecipe({"fsdp": 8, "tp": 4}, (64, 4096), "full", zero_stage=3)  # XLA attention, no SP
+    text = to_torchtitan(r)
+    assert "XLA attention" in text.splitlines()[1] and "the residual stream whole over tp" in text.splitlines()[1]
+    back = from_torchtitan(text)
+    assert (back.attention, back.sequence_parallel) == ("flash", True)
+    assert back.same_run(dataclasses.replace(r, attention="flash", sequence_parallel=True))
 
 
 @pytest.mark.parametrize("recipe", ROUND_TRIP, ids=lambda r: r._shape_text())

@@ -9,7 +9,7 @@ import typing as tp
 
 from workbench.core.advisor.candidate import Candidate, gib
 from workbench.core.advisor.confirm import confirm_candidate, demoted_reason
-from workbench.core.interop.published import accuracy_text
+from workbench.core.interop.out_of_sample import accuracy_text
 from workbench.core.tables import html_table
 from workbench.core.units import format_seconds
 
@@ -93,8 +93,11 @@ class Advice:
         pruned = ", ".join(f"{n} {why}" for why, n in self.pruned.items() if n)
         steps = [c.step for c in (self.ranked or self.rejected)[:1]]
         how = ""
-        if steps and steps[0].measured_model:
+        if steps and steps[0].measured_model and self.task == "train":
             how = f". Step times and MFU are predictions: {accuracy_text()}"
+        elif steps and steps[0].measured_model:
+            how = (f". Step times are predictions; no {self.task} step has been held against a measured one (the "
+                   f"step model's spread is known for training steps only: {accuracy_text()})")
         elif steps and steps[0].ideal:
             how = ". Step times are the ideal roofline (matmuls at peak): MFU marked ≤ is an upper bound"
         batch = f"{self.batch[0]} sequences, KV cache {self.batch[1]}" if self.task == "decode" else \

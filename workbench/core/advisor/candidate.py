@@ -59,6 +59,8 @@ class Candidate:
     reconciled: list = dataclasses.field(default_factory=list)  # cost.reconcile rows: predicted vs compiled, why
     confirmation: tp.Any = None  # confirm.Confirmation: the compiled program in words, its rows and the step's
     confirm_note: str = ""
+    # the same step's ledger under another program (keywords attention, vocab_tiles, offload): what confirm compiles
+    reledger: tp.Callable[..., tp.Any] | None = None
 
     # the plan's fields, as the rows, reasons and widgets read them
     mesh_shape = property(lambda self: dict(self.plan.mesh_shape))

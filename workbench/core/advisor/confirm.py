@@ -23,6 +23,7 @@ from workbench.core.cost.ledger import ledger, libtpu_version, zero_parameter_co
 from workbench.core.cost.price import price
 from workbench.core.cost.reconcile import Row, format_value, reconcile
 from workbench.core.hardware.calibration import calibration
+from workbench.core.plan import Plan, program_text
 from workbench.core.units import format_seconds
 
 # The quantities a confirmed row shows first (the step and its parts, and the memory); the rest support them.
@@ -104,6 +105,11 @@ def _signed(value: float, unit: str) -> str:
     return "none" if not value else ("+" if value > 0 else "") + format_value(value, unit)
 
 
+# what compile_step builds (a Plan's defaults): the workbench's own attention (scores in HBM), the loss over the
+# whole vocabulary at once, nothing offloaded, the residual stream whole over tp
+WORKBENCH_PROGRAM = Plan({}).program()
+
+
 def confirm_candidate(c: Candidate, model: tp.Any, cluster: tp.Any, *, task: str, batch: tuple[int, int],
                       optimizer: str, progress: tp.Callable[[str], None] | None = None) -> bool:
     """Compile ``c`` (advised for ``model`` on ``cluster``, a ``task`` step of ``batch``; a decode step's batch is
@@ -126,25 +132,33 @@ def confirm_candidate(c: Candidate, model: tp.Any, cluster: tp.Any, *, task: str
     c.compiled = compile_step(model, part, c.mesh_shape, kind=kind, batch=program, optimizer=optimizer,
                               partition_axis=c.partition_axis, rules=c.rules or None, pipeline=c.pipeline,
                               zero_stage=c.zero_stage, kv_length=batch[1] if task == "decode" else None)
-    # the prediction and ledger of the program compiled: one microbatch's train step where the step accumulates
-    predicted, held = c.step, c.ledger
+    # the prediction and ledger of the program compiled: the workbench's (XLA attention, the loss whole, nothing
+    # offloaded), one microbatch's train step where the step accumulates
+    other_program = c.plan.program() != WORKBENCH_PROGRAM
+    step_ledger = c.reledger(**WORKBENCH_PROGRAM) if other_program and c.reledger else c.ledger
+    predicted, held = c.step, step_ledger
     if m > 1:
         efficiency = None if c.step.measured_model else c.step.efficiency
         predicted = price(c.plan.replace(grad_accumulation=1), model, part, program, task, efficiency=efficiency)
         held = ledger(model, c.layout(model), kind=task, batch=program, optimizer=optimizer, remat=c.remat,
-                      cluster=part, zero_stage=c.zero_stage)
+                      cluster=part, zero_stage=c.zero_stage, **WORKBENCH_PROGRAM)
     # priced as the prediction was: its matmuls' efficiency, and (the measured model) links at the attained fraction
     network = calibration(part.chip).network.value if c.step.measured_model else None
     c.compiled_step = step_time(c.compiled, efficiency=predicted.efficiency, model_flops=predicted.model_flops,
                                 network_efficiency=network)
     seq_len = program[1]
     c.reconciled = reconcile(predicted, c.compiled_step, held, c.compiled, seq_len=seq_len)
-    whole = c.reconciled if m == 1 else reconcile(c.step, c.compiled_step, c.ledger, c.compiled, seq_len=seq_len)
+    whole = c.reconciled if m == 1 else reconcile(c.step, c.compiled_step, step_ledger, c.compiled, seq_len=seq_len)
     c.confirmation = Confirmation(_program_words(c, model, part, task, batch, program, optimizer), m,
                                   tuple(_step_rows(c.reconciled, whole, m)))
     total = c.confirmation["memory: total"].compiled_step
     here = _ledger_total_compiled_here(c, held.total, model, cluster, task)
     c.confirm_note = _compiled_note(c, held.total, here, task)
+    if other_program:
+        c.confirm_note += (f"; compiled as the workbench's program ({program_text(WORKBENCH_PROGRAM)}), not the "
+                           f"ranked one ({program_text(c.plan.program())}): held against that program's ledger, "
+                           f"{gib(step_ledger.total, decimals=2)}, where the ranking's was "
+                           f"{gib(c.ledger.total, decimals=2)}")
     if cluster.platform != "tpu":  # XLA:CPU in the worker: bfloat16 math widened, CPU fusion
         c.confirm_note += "; XLA:CPU's buffer assignment (bfloat16 widened), not held against the GPU's HBM"
         return False

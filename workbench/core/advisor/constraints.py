@@ -12,6 +12,7 @@ from workbench.core.checks import is_int, is_positive_int
 from workbench.core.hardware.cluster import prime_factors
 from workbench.core.mesh import MESH_AXES, axis_sizes, mesh_factorizations
 from workbench.core.pipeline_schedule import PipelineConfig
+from workbench.core.plan import Plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +27,12 @@ class Constraints:
     of two), also plan on part of it (:meth:`Cluster.part
     <workbench.core.hardware.cluster.Cluster.part>`), saying how many
     chips stay idle; ``grad_accumulation``: the microbatches per step to try (train, no pipeline) where a layout
-    does not fit without remat at fewer."""
+    does not fit without remat at fewer. The program every layout runs (:class:`~workbench.core.plan.Plan`'s
+    fields of the same names, counted by the ledger): ``attention`` ``"xla"`` (scores in HBM: the workbench's own
+    program, what ``confirm`` compiles) or ``"flash"`` (what production runs use), ``vocab_tiles`` the chunks the
+    loss's tokens are computed in, ``offload`` the saved activations in host memory, ``sequence_parallel`` the
+    activations outside tensor parallelism's matmuls split over ``tp``; ``Constraints(**PRODUCTION)``
+    (:data:`workbench.core.plan.PRODUCTION`) plans the program production runs."""
 
     fixed: tp.Mapping[str, int] = dataclasses.field(default_factory=dict)
     tp_across_nodes: bool = False
@@ -37,8 +43,18 @@ class Constraints:
     split_physical_axes: bool = True
     idle_chips: bool = True
     grad_accumulation: tuple[int, ...] = (1, 2, 4, 8, 16)
+    attention: str = "xla"
+    vocab_tiles: int = 1
+    offload: bool = False
+    sequence_parallel: bool = False
+
+    def program(self) -> dict[str, tp.Any]:
+        """``attention``, ``vocab_tiles``, ``offload``, ``sequence_parallel``: keywords of ``Plan`` and ``ledger``."""
+        return {"attention": self.attention, "vocab_tiles": self.vocab_tiles, "offload": self.offload,
+                "sequence_parallel": self.sequence_parallel}
 
     def __post_init__(self):
+        Plan({}, **self.program())  # checks them
         axis_sizes(self.fixed, "Constraints.fixed")
         if not self.grad_accumulation or not all(is_positive_int(k) for k in self.grad_accumulation):
             raise ValueError(f"Constraints.grad_accumulation is a tuple of positive ints (microbatches per step, 1 "
@@ -119,6 +135,8 @@ def pruned_why(shape: dict[str, int], config: tp.Any, cluster: tp.Any, task: str
         return f"with more than {constraints.max_split_axes} split axes"
     if any(shape[a] != n for a, n in constraints.fixed.items()):
         return "not of the fixed sizes"
+    if pp > 1 and constraints.offload:
+        return "with pp and offload (a pipeline's offload is not modelled)"
     if ep > 1 and experts % ep:
         return f"with ep not dividing the {experts} experts"
     if tp_ > 1 and (config.num_attention_heads % tp_ or config.intermediate_size % tp_):

@@ -138,6 +138,7 @@ class _Request:
     mode: str = dataclasses.field(init=False)
     kv_length: int | None = dataclasses.field(init=False)
     usable: float = dataclasses.field(init=False)  # bytes of HBM a layout may take
+    program: dict[str, tp.Any] = dataclasses.field(init=False)  # attention kernel, vocab tiles, offload
 
     def __post_init__(self):
         self.config = self.model.config
@@ -145,6 +146,8 @@ class _Request:
         self.mode = MODE_DECODE if self.task == "decode" else MODE_TRAIN
         self.kv_length = self.seq_len if self.task == "decode" else None
         self.usable = self.cluster.hbm_per_device * (1 - self.constraints.headroom)
+        # offload moves a train step's saved activations; prefill and decode save none
+        self.program = {**self.constraints.program(), **({} if self.task == "train" else {"offload": False})}
 
 
 # -- enumerate and hold to HBM ----------------------------------------------------------------------------------
@@ -187,10 +190,12 @@ def _layouts(rq: _Request, part: tp.Any, shape: dict[str, int]) -> tp.Iterator[C
             layouts[depth, experts_fsdp] = Layout.of(model, layout_mesh(shape), shape_pa, shape_rules, rq.mode)
         accumulations = [k for k in rq.constraints.grad_accumulation if rows % k == 0] \
             if rq.task == "train" and pipeline is None else [1]
+        program = rq.program
         ledger_at = functools.partial(_ledger_at, model, layouts[depth, experts_fsdp], kind=rq.task, batch=rq.batch,
                                       optimizer=rq.optimizer, cluster=part, pipeline=pipeline,
-                                      kv_length=rq.kv_length, zero_stage=zero)
-        plan = Plan(shape, pipeline=pipeline, zero_stage=zero, batch_axes=batch_axes, experts_fsdp=experts_fsdp)
+                                      kv_length=rq.kv_length, zero_stage=zero, **program)
+        plan = Plan(shape, pipeline=pipeline, zero_stage=zero, batch_axes=batch_axes, experts_fsdp=experts_fsdp,
+                    **program)
         candidate = functools.partial(_candidate, plan, partition_axis=shape_pa, rules=shape_rules,
                                       cluster=part if idle else None, idle=idle)
         price_at = functools.partial(_price_at, rq, part, plan)
@@ -219,7 +224,8 @@ def _held(ledger_at: tp.Callable[[int, str], tp.Any], candidate: tp.Callable[...
     if k_most > 1 or len(remats) > 1:
         led = ledger_at(k_most, frugal)
         if led.total > usable:  # not even so: that one, rejected, says by how much
-            yield candidate(remat=frugal, ledger=led, price=price_at(k_most), fits=False, grad_accumulation=k_most)
+            yield candidate(remat=frugal, ledger=led, price=price_at(k_most), fits=False, grad_accumulation=k_most,
+                            reledger=functools.partial(ledger_at, k_most, frugal))
             return
     fitted_at = None  # the first accumulation that fits; one more is tried if only remat did
     for k in sorted(accumulations):
@@ -229,7 +235,8 @@ def _held(ledger_at: tp.Callable[[int, str], tp.Any], candidate: tp.Callable[...
         for r in remats:
             led = ledger_at(k, r)
             fits = led.total <= usable
-            yield candidate(remat=r, ledger=led, price=price, fits=fits, grad_accumulation=k)
+            yield candidate(remat=r, ledger=led, price=price, fits=fits, grad_accumulation=k,
+                            reledger=functools.partial(ledger_at, k, r))
             if led.params + led.grads + led.optimizer + led.kv_cache > usable:
                 fitted_at = (0, "none")  # the state alone overflows: no remat or microbatching helps
                 break

@@ -27,6 +27,22 @@ split activations; ``H_l`` heads, ``t_kv`` keys):
   its width (SwiGLU 6, GeGLU 8, GPT-2's GELU 6, GPT-OSS's clamped SwiGLU 9, gate and up included), per
   expert row for a MoE, plus the experts' outputs; MLA its two latent norms, the key ``[c ; k_pe]``, the
   value ``c``, the query, ``q_nope``, ``PV`` and its output;
+
+with ``attention="flash"`` (cuDNN, FlashAttention, TPU splash: the kernel production runs use, the rate the step
+model prices) no score is written to HBM: a layer keeps the kernel's output and its float32 log-sum-exp per
+query and head (``H_l``) where the policy saves the attention, instead of ``QK^T`` and the probabilities, and the
+attention's backward recomputes its scores tile by tile in on-chip memory (no score-sized phase). Not measured
+here: XLA:CPU and this libtpu compile the workbench's XLA attention, so the flash ledger is the XLA one with the
+score-sized arrays taken out, the kernels' own design (FlashAttention-2, section 3.1).
+
+With ``sequence_parallel=True`` (Megatron-LM's ``--sequence-parallel``, torchtitan's TP plan, MaxText's embed
+activations over its tensor axis) the activations of width ``D`` outside the tensor-parallel matmuls (the layer's
+input, the norms' residuals, ``o_proj``'s and a sandwich norm's ``down_proj``'s outputs, reduce-scattered instead
+of all-reduced) are split over ``tp`` along the sequence: each device keeps ``D / tp`` of them a row.
+
+With ``offload=True`` (MaxText's ``offload`` remat entries, torchtitan's CPU offload of saved activations) what
+the policy saves lives in host memory (:attr:`ActivationBytes.host`); a device holds two layers of it, the one its
+backward uses and the next one arriving (the ledger's assumption, not measured).
 """
 
 from __future__ import annotations
@@ -40,7 +56,7 @@ import numpy as np
 from workbench.core.axes import BATCH, LENGTH
 from workbench.core.checks import one_of
 from workbench.core.shapes import capacity
-from workbench.core.vocab import REMATS
+from workbench.core.vocab import ATTENTION_KERNELS, REMATS
 
 # A resolved workbench.core.sharding.plan.Layout (not imported: sharding sits above the cost layer).
 Layout = tp.Any
@@ -133,15 +149,21 @@ def _expert_rows(layout: Layout, prefix: str, strategy: str, data_axes: set[str]
 
 
 def layer_set(layout: Layout, prefix: str = "layers/", *, t_kv: int, moe_strategy: str = "dense",
-              tokens: int = 1, capacity_factor: float | None = None) -> LayerSet:
+              tokens: int = 1, capacity_factor: float | None = None, attention: str = "xla",
+              sequence_parallel: bool = False) -> LayerSet:
     """Per token row, what one layer of the stack under ``prefix`` keeps for its backward (see the module
-    doc for the three policies); ``t_kv`` keys per query, ``tokens`` the device's tokens (a MoE's capacity)."""
+    doc for the three policies, the two ``attention`` kernels and ``sequence_parallel``); ``t_kv`` keys per query,
+    ``tokens`` the device's tokens (a MoE's capacity)."""
+    one_of("attention", attention, ATTENTION_KERNELS)
+    flash = attention == "flash"
     sizes = dict(layout.mesh.shape)
     data_axes = set(_data_axes(layout))
     c = layout.config
     width = lambda name: _width(layout, prefix + name, data_axes, sizes)
     has = lambda name: prefix + name in layout.paths
     d = c.hidden_size
+    # the width-D activations outside the tensor-parallel matmuls, split over tp along the sequence with SP
+    ds = d / (sizes.get(layout.partition_axis.tensor_parallel_axis, 1) if sequence_parallel else 1)
     # -- attention: heads on this device, its dot outputs and what its elementwise ops keep
     if c.mla:
         q_path = "self_attn/q_b_proj/kernel" if has("self_attn/q_b_proj/kernel") else "self_attn/q_proj/kernel"
@@ -151,19 +173,22 @@ def layer_set(layout: Layout, prefix: str = "layers/", *, t_kv: int, moe_strateg
         # absorbed form (mla.py): kv_b_proj's halves act per head, q_nope -> q_lat (H C) and PV (H C) -> (H V);
         # every head reads one key [c ; k_pe] and one value c
         attn_dots = q_lora + width(q_path) + width("self_attn/kv_a_proj_with_mqa/kernel") + heads * lat \
-            + heads * lat + heads * c.v_head_dim + d
+            + heads * lat + heads * c.v_head_dim + ds
         rms_f32, rms_dt = NORM_RESIDUALS["rms"]
+        scores_dt = 0 if flash else heads * t_kv  # the probabilities in the model's dtype
         attn_none = ((rms_dt + 1) * q_lora + rms_dt * lat + (lat + rope) + lat + heads * (lat + rope)
-                     + heads * c.qk_nope_head_dim + heads * lat + heads * c.v_head_dim + heads * t_kv,
+                     + heads * c.qk_nope_head_dim + heads * lat + heads * c.v_head_dim + scores_dt,
                      rms_f32 * (q_lora + lat))
     else:
         q, k, v = (width(f"self_attn/{n}_proj/kernel") for n in "qkv")
         heads = c.num_attention_heads / _model_split(layout[prefix + "self_attn/q_proj/kernel"], 2, data_axes, sizes)
-        attn_dots = q + k + v + heads * c.head_dim + d  # PV, o_proj's output (the residual sum's operand)
+        attn_dots = q + k + v + heads * c.head_dim + ds  # PV, o_proj's output (the residual sum's operand)
         qk_f32, qk_dt = NORM_RESIDUALS[_norm_kind(c)] if c.qk_norm else (0, 0)
         # rotated q and k, v, the attention output, the probabilities in the model's dtype (+ two float32 below)
-        attn_none = (q + k + v + heads * c.head_dim + heads * t_kv + qk_dt * (q + k), qk_f32 * (q + k))
-    attn_f32 = heads * t_kv  # QK^T: float32 logits (accumulation_dtype), then the float32 softmax
+        scores_dt = 0 if flash else heads * t_kv
+        attn_none = (q + k + v + heads * c.head_dim + scores_dt + qk_dt * (q + k), qk_f32 * (q + k))
+    # QK^T: float32 logits (accumulation_dtype), then the float32 softmax; a flash kernel's log-sum-exp instead
+    attn_f32 = heads if flash else heads * t_kv
     # -- MLP: a dense one (swiglu / gelu), or experts
     moe = c.mlp_type == "moe" and prefix == "layers/"
     if moe:
@@ -182,14 +207,16 @@ def layer_set(layout: Layout, prefix: str = "layers/", *, t_kv: int, moe_strateg
         up = width("mlp/up_proj/kernel")
         gated = has("mlp/gate_proj/kernel")
         mlp_type = "swiglu" if gated else c.mlp_type
-        mlp_dots = (2 if gated else 1) * up + (d if c.sandwich_norms else 0)  # down_proj feeds the post-MLP norm
+        mlp_dots = (2 if gated else 1) * up + (ds if c.sandwich_norms else 0)  # down_proj feeds the post-MLP norm
         mlp_none = ACTIVATION_RESIDUALS[(mlp_type, c.hidden_act)] * up
     # -- norms over D: their residuals, and the outputs that feed the attention's and the MLP's matmuls
     norms = 4 if c.sandwich_norms else 2
     n_f32, n_dt = NORM_RESIDUALS[_norm_kind(c)]
-    dots = (d + attn_dots + mlp_dots, attn_f32)
-    none = (attn_none[0] + mlp_none + (norms * n_dt + 2) * d, attn_none[1] + 2 * attn_f32 + norms * n_f32 * d)
-    return LayerSet(full=(d, 0), dots_saveable=dots, none=none)
+    dots = (ds + attn_dots + mlp_dots, attn_f32)
+    scores_f32 = 0 if flash else 2 * attn_f32  # the logits and the softmax, float32
+    none = (attn_none[0] + mlp_none + (norms * n_dt + 2) * ds, attn_none[1] + scores_f32 + attn_f32 * flash
+            + norms * n_f32 * ds)
+    return LayerSet(full=(ds, 0), dots_saveable=dots, none=none)
 
 
 def layer_stacks(layout: Layout) -> list[tuple[str, int]]:
@@ -246,10 +273,21 @@ def _layer_kinds(layout: Layout, prefix: str) -> int:
     return len({c.layer_kind(i) for i in layers})
 
 
+class ActivationBytes(tp.NamedTuple):
+    """A train step's activations per device: ``kept`` for the backward in HBM, the backward's ``working`` set,
+    and what is ``host``-resident (offloaded: :func:`activation_bytes`)."""
+
+    kept: int
+    working: int
+    host: int = 0
+
+
 def activation_bytes(layout: Layout, batch: tuple[int, int], remat: str, dtype: tp.Any, compiler: str = "tpu",
-                     moe_strategy: str = "dense", capacity_factor: float | None = None) -> tuple[int, int]:
-    """``(kept for the backward, the backward's working set)`` in bytes per device (see the module doc);
-    ``compiler`` ("tpu" or "cpu") is the XLA backend whose working set to estimate."""
+                     moe_strategy: str = "dense", capacity_factor: float | None = None, attention: str = "xla",
+                     offload: bool = False, sequence_parallel: bool = False) -> ActivationBytes:
+    """What a train step keeps for its backward, its backward's working set and (``offload=True``) what it keeps
+    in host memory, in bytes per device (see the module doc); ``compiler`` ("tpu" or "cpu") is the XLA backend
+    whose working set to estimate, ``attention`` the kernel (:data:`~workbench.core.vocab.ATTENTION_KERNELS`)."""
     one_of("remat", remat, REMATS, what=" for the ledger")
     if compiler not in WORKING_SET:
         raise ValueError(f"compiler must be one of {tuple(WORKING_SET)}; got {compiler!r}")
@@ -257,7 +295,9 @@ def activation_bytes(layout: Layout, batch: tuple[int, int], remat: str, dtype: 
     item = np.dtype(dtype).itemsize
     rows = b * t
     stacks = [(prefix, n, layer_set(layout, prefix, t_kv=batch[1], moe_strategy=moe_strategy, tokens=rows,
-                                    capacity_factor=capacity_factor)) for prefix, n in layer_stacks(layout)]
+                                    capacity_factor=capacity_factor, attention=attention,
+                                    sequence_parallel=sequence_parallel))
+              for prefix, n in layer_stacks(layout)]
     kept = sum(n * s.bytes_per_row(remat, item) for _, n, s in stacks) * rows
     dots = [s.bytes_per_row("dots_saveable", item) * rows for _, _, s in stacks]
     recompute = sum(dots) if remat != "none" else max(dots)  # with remat each stack's loop recomputes apart
@@ -266,8 +306,11 @@ def activation_bytes(layout: Layout, batch: tuple[int, int], remat: str, dtype: 
     cast_dtype = dtype if compiler == "tpu" else None  # XLA:TPU gathers the compute-dtype copy (cast_bytes)
     gathered = max(gathered_layer_bytes(layout, prefix, cast_dtype) for prefix, _, _ in stacks)
     working = 2 * gathered + WORKING_SET[compiler][remat] * recompute + switch
-    attention = attention_backward_bytes(layout, batch, remat, dtype, compiler)
-    return int(kept), int(max(working, attention))
+    scores = attention_backward_bytes(layout, batch, remat, dtype, compiler) if attention == "xla" else 0
+    if offload:  # all of it written to the host; two layers' saved sets on the device
+        in_flight = 2 * max(s.bytes_per_row(remat, item) for _, _, s in stacks) * rows
+        return ActivationBytes(int(min(kept, in_flight)), int(max(working, scores)), int(kept))
+    return ActivationBytes(int(kept), int(max(working, scores)))
 
 
 def attention_scores(layout: Layout, batch: tuple[int, int], prefix: str = "layers/") -> float:
@@ -292,7 +335,8 @@ def attention_backward_bytes(layout: Layout, batch: tuple[int, int], remat: str,
     1.10 / 1.07 / 1.68 GiB against 1.15 / 1.15 / 1.65; Llama-3-70B's layers, ``remat="full"``, one sequence of
     4096 a device, 14.59 against 15.28 on v5p:2x2x2 ``fsdp=8`` (2 layers), 13.78 on v5p:4x4x4 ``fsdp=64`` (8
     layers), 14.03 on v5p:8x8x16 ``fsdp=1024`` (80 layers). The whole ledger: -1.6 to +3.4 %, -3.6 %, +5.3 %, +2.9 %
-    (-40.0 to -7.1 %, -26.6 %, -23.1 %, -19.4 % before this phase was counted)."""
+    (-40.0 to -7.1 %, -26.6 %, -23.1 %, -19.4 % before this phase was counted). A flash kernel has no such phase
+    (:func:`activation_bytes` leaves it out under ``attention="flash"``)."""
     per_score = SCORE_BYTES[compiler].get(remat, 0)
     if not per_score:
         return 0

@@ -60,6 +60,14 @@ Parts, per device (every device holds the same; specs divide their dimensions):
   and 0.0.50 are not measured and count as 0.0.42. To hold the ledger against a step compiled here, give the
   cluster the installed release (``Cluster.tpu(..., libtpu=libtpu_version())``);
 - ``kv_cache``: keys and values of every layer (:func:`kv_cache_bytes`);
+- the program as production runs it (the :class:`~workbench.core.plan.Plan`'s ``attention``, ``vocab_tiles``,
+  ``offload`` and ``sequence_parallel``): a ``"flash"`` attention kernel writes no scores to HBM (no score-sized
+  arrays in ``activations`` or ``temporaries``: :mod:`~workbench.core.cost.activations`); the loss over
+  ``vocab_tiles`` chunks of the tokens (MaxText's ``num_vocab_tiling``, chunked cross-entropy) holds one chunk's
+  logits; ``offload`` keeps what the remat policy saves in host memory (``host``, beside the HBM parts, not in
+  ``total``) and two layers of it in HBM; ``sequence_parallel`` splits the width-``D`` activations outside the
+  tensor-parallel matmuls over ``tp``. The function's defaults are the workbench's own program (what
+  ``compile_step`` builds and the measurements above compiled); a ``Plan``'s are production's;
 - with a ``pipeline`` (a :class:`workbench.core.pipeline.PipelineConfig` on a ``pp`` mesh axis): the stacked
   layers' parameters, gradients and optimizer state divide by the stage count (the layout must split
   ``LAYERS`` over ``pp``: ``pipeline_partition_axis()``); ``activations`` are what the schedule keeps alive,
@@ -95,7 +103,7 @@ import typing as tp
 import numpy as np
 
 from workbench.core.axes import MODE_DECODE, MODE_TRAIN, PartitionAxis, shard_shape
-from workbench.core.checks import one_of
+from workbench.core.checks import one_of, positive_int
 from workbench.core.cost.activations import (
     activation_bytes,
     cast_bytes,
@@ -109,7 +117,7 @@ from workbench.core.cost.activations import (
 from workbench.core.pipeline_schedule import activation_stash_bytes
 from workbench.core.plan import microbatch
 from workbench.core.units import format_bytes
-from workbench.core.vocab import OPTIMIZERS, TASKS
+from workbench.core.vocab import ATTENTION_KERNELS, OPTIMIZERS, TASKS
 from workbench.core.zero import state_split
 
 # A resolved workbench.core.sharding.plan.Layout: the ledger reads its parameters' blocks and its mesh; it is not
@@ -144,6 +152,7 @@ class Ledger:
     kv_cache: int = 0
     inputs: int = 0
     hbm_per_device: float | None = None
+    host: int = 0  # offloaded activations, in host memory (not in total, which is HBM)
 
     PARTS: tp.ClassVar[tuple[str, ...]] = ("params", "grads", "optimizer", "activations", "kv_cache",
                                            "temporaries", "inputs")
@@ -170,6 +179,8 @@ class Ledger:
         what = "between steps" if self.kind == "state" else f"{self.kind} step, remat={self.remat}"
         lines = [f"{what}: {gib(self.total)} per device"]
         lines += [f"  {part:<12}{gib(n)}" for part, n in self.parts().items() if n]
+        if self.host:
+            lines.append(f"  {'host':<12}{gib(self.host)} (offloaded activations, in host memory)")
         if self.hbm_per_device is not None:
             verdict = "fits" if self.fits else f"does NOT fit: {gib(-self.headroom)} over"
             lines.append(f"  HBM {gib(self.hbm_per_device)}: {verdict}")
@@ -256,7 +267,8 @@ def kv_cache_bytes(layout: Layout, batch: int, max_length: int, dtype: tp.Any) -
 def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[int, int] = (8, 128),
            optimizer: str = "adamw", remat: str | None = None, kv_length: int | None = None,
            cluster: tp.Any = None, partition_axis: PartitionAxis | None = None, pipeline: tp.Any = None,
-           zero_stage: int | None = None, grad_accumulation: int = 1) -> Ledger:
+           zero_stage: int | None = None, grad_accumulation: int = 1, attention: str = "xla", vocab_tiles: int = 1,
+           offload: bool = False, sequence_parallel: bool = False) -> Ledger:
     """Bytes per device of one ``kind`` step of ``model`` laid out by ``layout`` (see the module doc).
 
     ``batch = (B, T)``: rows and positions of a train step or a prefill (a decode step takes ``(B, 1)``);
@@ -266,8 +278,16 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
     ``PipelineConfig``, train steps only) counts a pipelined step (see the module doc); ``zero_stage`` (default the
     layout's) splits the optimizer state over ``dp`` at 1; ``grad_accumulation`` (train steps without a pipeline)
     counts one of that many microbatches of ``batch`` and the sum of their gradients (see the module doc).
+    ``attention`` (``"xla"`` or ``"flash"``), ``vocab_tiles``, ``offload`` and ``sequence_parallel`` are the
+    program's (see the module doc; a :class:`~workbench.core.plan.Plan` names them).
     """
     one_of("kind", kind, TASKS)
+    one_of("attention", attention, ATTENTION_KERNELS)
+    positive_int("vocab_tiles", vocab_tiles, what="a positive int (chunks the loss's tokens are computed in)")
+    program = dict(attention=attention, vocab_tiles=vocab_tiles, offload=offload, sequence_parallel=sequence_parallel)
+    if offload and kind != "train":
+        raise ValueError(f"offload moves a train step's saved activations to the host; a {kind} step saves none: "
+                         f"pass offload=False")
     if grad_accumulation != 1:
         micro = microbatch(batch, grad_accumulation)
         if kind != "train":
@@ -277,7 +297,7 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
                              "the pipeline's microbatches (PipelineConfig.num_microbatches) and leave "
                              "grad_accumulation=1")
         one = ledger(model, layout, kind=kind, batch=micro, optimizer=optimizer, remat=remat, kv_length=kv_length,
-                     cluster=cluster, partition_axis=partition_axis, zero_stage=zero_stage)
+                     cluster=cluster, partition_axis=partition_axis, zero_stage=zero_stage, **program)
         return dataclasses.replace(one, temporaries=one.temporaries + one.grads)
     remat = getattr(model, "remat", "none") if remat is None else remat
     dtype = np.dtype(getattr(model, "dtype", np.float32))
@@ -290,18 +310,24 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
     # ZeRO-1 on XLA:TPU from libtpu 0.0.50: the parameters' working copy beside their donated buffers
     copies = zero_parameter_copy_bytes(layout, zero_stage, compiler, getattr(cluster, "libtpu", None)) \
         if kind == "train" else 0
+    loss = lambda rows: int(LOGITS_COPIES[compiler] * logits_bytes(layout, rows) / vocab_tiles)
     if pipeline is not None:
         if kind != "train":
             raise ValueError("the pipeline ledger counts train steps; pass kind='train' or pipeline=None")
-        kept, temporaries = pipeline_activation_bytes(layout, pipeline, batch, remat, dtype, compiler, **moe)
+        if offload:
+            raise ValueError("offload with a pipeline is not modelled: a stage's stash of microbatches is what it "
+                             "keeps; pass offload=False")
+        kept, temporaries = pipeline_activation_bytes(layout, pipeline, batch, remat, dtype, compiler, **moe,
+                                                      attention=attention, vocab_tiles=vocab_tiles,
+                                                      sequence_parallel=sequence_parallel)
         return Ledger(kind, remat, layout.param_bytes, gradient_bytes(layout, zero_stage),
                       optimizer_bytes(layout, optimizer, zero_stage), kept, cast + copies + temporaries, 0, ids, hbm)
     if kind == "train":
-        kept, working = activation_bytes(layout, batch, remat, dtype, compiler, **moe)
+        acts = activation_bytes(layout, batch, remat, dtype, compiler, **moe, attention=attention, offload=offload,
+                                sequence_parallel=sequence_parallel)
         return Ledger(kind, remat, layout.param_bytes, gradient_bytes(layout, zero_stage),
-                      optimizer_bytes(layout, optimizer, zero_stage), kept,
-                      cast + copies + max(working, int(LOGITS_COPIES[compiler] * logits_bytes(layout, batch))), 0,
-                      ids, hbm)
+                      optimizer_bytes(layout, optimizer, zero_stage), acts.kept,
+                      cast + copies + max(acts.working, loss(batch)), 0, ids, hbm, host=acts.host)
     b, t = batch
     length = kv_length or t
     if layout.mode != MODE_TRAIN and kind == "decode" and layout.mode != MODE_DECODE:
@@ -310,17 +336,21 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
     step_batch = batch if kind == "prefill" else (b, 1)
     sb, st, _ = tokens_per_device(layout, step_batch, layout.mode)
     layers = [(prefix, layer_set(layout, prefix, t_kv=length, moe_strategy=moe["moe_strategy"], tokens=sb * st,
-                                 capacity_factor=moe["capacity_factor"])) for prefix, _ in layer_stacks(layout)]
+                                 capacity_factor=moe["capacity_factor"], attention=attention,
+                                 sequence_parallel=sequence_parallel))
+              for prefix, _ in layer_stacks(layout)]
     # one layer's gathered weights and its matmul outputs, then the logits
     working = max(gathered_layer_bytes(layout, prefix) + s.bytes_per_row("dots_saveable", dtype.itemsize) * sb * st
                   for prefix, s in layers)
     return Ledger(kind, "none", layout.param_bytes, kv_cache=kv,
-                  temporaries=int(working) + logits_bytes(layout, step_batch), inputs=ids, hbm_per_device=hbm)
+                  temporaries=int(working) + logits_bytes(layout, step_batch) // vocab_tiles, inputs=ids,
+                  hbm_per_device=hbm)
 
 
 def pipeline_activation_bytes(layout: Layout, pipeline: tp.Any, batch: tuple[int, int], remat: str, dtype: tp.Any,
                               compiler: str = "tpu", moe_strategy: str = "dense",
-                              capacity_factor: float | None = None) -> tuple[int, int]:
+                              capacity_factor: float | None = None, attention: str = "xla",
+                              vocab_tiles: int = 1, sequence_parallel: bool = False) -> tuple[int, int]:
     """``(kept, temporaries)`` bytes per device of a pipelined train step (see the module doc)."""
     sizes = dict(layout.mesh.shape)
     if sizes.get("pp", 1) != pipeline.num_stages:
@@ -340,10 +370,12 @@ def pipeline_activation_bytes(layout: Layout, pipeline: tp.Any, batch: tuple[int
     b = big // data_ways
     whole = 2 * b * t * c.hidden_size * item  # the embeddings in, their gradient out
     micro = (big // pipeline.num_microbatches, t)
-    _, working = activation_bytes(layout, micro, remat, dtype, compiler, moe_strategy, capacity_factor)
+    working = activation_bytes(layout, micro, remat, dtype, compiler, moe_strategy, capacity_factor,
+                               attention=attention, sequence_parallel=sequence_parallel).working
     per_stage = pipeline.check_layers(c.num_hidden_layers - c.first_dense_layers)
     mb, mt, _ = tokens_per_device(layout, micro, layout.mode)
     stage_layer = layer_set(layout, "layers/", t_kv=t, moe_strategy=moe_strategy, tokens=mb * mt,
-                            capacity_factor=capacity_factor)
+                            capacity_factor=capacity_factor, attention=attention, sequence_parallel=sequence_parallel)
     stage_kept = int(per_stage * stage_layer.bytes_per_row(remat, item) * mb * mt)
-    return stash + whole, stage_kept + max(working, int(LOGITS_COPIES[compiler] * logits_bytes(layout, micro)))
+    loss = int(LOGITS_COPIES[compiler] * logits_bytes(layout, micro) / vocab_tiles)
+    return stash + whole, stage_kept + max(working, loss)

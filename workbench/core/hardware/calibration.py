@@ -24,7 +24,9 @@ The mechanisms (:mod:`workbench.core.cost.kernels` prices them):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import typing as tp
 
 from workbench.core.hardware.chips import H100, H100_500W, H200, TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, Hardware
 
@@ -138,4 +140,22 @@ def calibration(chip: Hardware) -> ChipCalibration:
     return CALIBRATIONS[chip]
 
 
-__all__ = ["ADAMW_F32_BYTES", "CALIBRATIONS", "FLASH_BACKWARD", "ChipCalibration", "Evidence", "calibration"]
+@contextlib.contextmanager
+def overridden(chips: tp.Iterable[Hardware], field: str, value: float, source: str) -> tp.Iterator[None]:
+    """Within the block, ``field`` of each chip's calibration is ``value`` (an :class:`Evidence` citing
+    ``source``); restored after. For refitting a constant (leave-one-out: :mod:`workbench.core.interop.out_of_sample`),
+    never for shipping one: a shipped constant is edited here with its evidence."""
+    if not isinstance(getattr(_H100, field, None), Evidence):
+        raise ValueError(f"{field!r} is not an efficiency of ChipCalibration; one of "
+                         f"{[f.name for f in dataclasses.fields(ChipCalibration) if f.type.startswith('Evidence')]}")
+    saved = {chip: calibration(chip) for chip in chips}
+    try:
+        for chip, cal in saved.items():
+            CALIBRATIONS[chip] = dataclasses.replace(cal, **{field: Evidence(value, source)})
+        yield
+    finally:
+        CALIBRATIONS.update(saved)
+
+
+__all__ = ["ADAMW_F32_BYTES", "CALIBRATIONS", "FLASH_BACKWARD", "ChipCalibration", "Evidence", "calibration",
+           "overridden"]

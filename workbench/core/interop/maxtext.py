@@ -66,6 +66,8 @@ MAXTEXT_BASE: dict[str, tp.Any] = {
     "shard_optimizer_over_data": False,
     "num_slices": -1,
     "override_logical_axis_rules": False,
+    "attention": "autoselected",
+    "num_vocab_tiling": 1,
     **{f"ici_{a}_parallelism": 1 for a in MAXTEXT_AXES},
     **{f"dcn_{a}_parallelism": 1 for a in MAXTEXT_AXES},
     "ici_fsdp_parallelism": -1,  # "recommended ICI axis to be auto-sharded"
@@ -120,12 +122,22 @@ MAXTEXT_REMATS: dict[str, tuple[str, str | None]] = {
     "save_qkv_proj": ("dots_saveable", "it saves only q, k, v projections: the rest's recompute is not priced"),
     "save_out_proj": ("dots_saveable", "it saves only the attention output projection: the rest's recompute is not "
                                        "priced"),
-    "qkv_proj_offloaded": ("dots_saveable", "it offloads the q, k, v projections to host memory, which the workbench "
-                                            "does not model (they count in HBM)"),
-    "minimal_offloaded": ("dots_saveable", "it offloads the projections to host memory, which the workbench does not "
-                                           "model (they count in HBM)"),
-    "custom": ("dots_saveable", "its per-tensor choices (remat, device, offload to host) are not modelled"),
+    "qkv_proj_offloaded": ("dots_saveable", "it saves only the q, k, v projections (offloaded to host memory: "
+                                            "counted there), the rest's recompute is not priced"),
+    "minimal_offloaded": ("dots_saveable", None),
+    "custom": ("dots_saveable", "its per-tensor choices between saving and recomputing are priced as saving every "
+                                "projection"),
 }
+# The remat policies that keep what they save in host memory (the ledger's offload).
+OFFLOADED_REMATS = ("qkv_proj_offloaded", "minimal_offloaded")
+# remat_policy 'custom': each tensor's base.yml choice ('device' keeps it in HBM, 'offload' in host memory, 'remat'
+# recomputes it). All 'remat' but the layer's input is full remat.
+CUSTOM_TENSORS = {"decoder_layer_input": "device", "context": "remat", "mlpwi": "remat", "mlpwi_0": "remat",
+                  "mlpwi_1": "remat", "mlpwo": "remat", "query_proj": "remat", "key_proj": "remat",
+                  "value_proj": "remat", "qkv_proj": "remat", "out_proj": "remat"}
+# MaxText's attention -> the kernel the ledger counts (autoselected runs splash, TPU's flash kernel, to train)
+MAXTEXT_ATTENTION = {"dot_product": "xla", "flash": "flash", "autoselected": "flash", "cudnn_flash_te": "flash",
+                     "cudnn_flash_jax": "flash"}
 
 
 def _load_yaml(text: str) -> dict[str, tp.Any]:
@@ -198,9 +210,22 @@ def _axis_rules(cfg: tp.Mapping[str, tp.Any], sizes: tp.Mapping[str, int], notes
     return tuple(rules)
 
 
-def _remat(name: tp.Any, notes: list[str]) -> str:
+def _custom(cfg: tp.Mapping[str, tp.Any]) -> tuple[str | None, bool]:
+    """remat_policy 'custom': the workbench policy its per-tensor choices are (None: not one), and whether it
+    offloads any tensor."""
+    choices = {name: cfg.get(name, default) for name, default in CUSTOM_TENSORS.items()}
+    bad = {n: c for n, c in choices.items() if c not in ("device", "offload", "remat")}
+    if bad:
+        raise ValueError(f"remat_policy 'custom' takes 'device', 'offload' or 'remat' per tensor; got {bad}")
+    full = all(c == "remat" for n, c in choices.items() if n != "decoder_layer_input")
+    return ("full" if full else None), "offload" in choices.values()
+
+
+def _remat(name: tp.Any, notes: list[str], cfg: tp.Mapping[str, tp.Any] | None = None) -> str:
     if name not in MAXTEXT_REMATS:
         raise ValueError(f"remat_policy {name!r} is not one of MaxText's {sorted(MAXTEXT_REMATS)}; use one of those")
+    if name == "custom" and _custom(cfg or {})[0] == "full":
+        return "full"  # every tensor recomputed but the layer's input: what full remat keeps
     remat, why = MAXTEXT_REMATS[name]
     if why:
         notes.append(f"MaxText remat_policy {name!r} " + ("is priced as no remat: " if remat == "none" else
@@ -313,7 +338,12 @@ def from_maxtext(text_or_path: tp.Any, *, num_devices: int | None = None, num_sl
     seqs = global_batch_int(pdbs * devices * ga, "per_device_batch_size",
                             f"{pdbs:g} x {devices} devices x {ga} accumulation steps")
     length = config_int("max_target_length", cfg["max_target_length"])
-    remat = _remat(cfg["remat_policy"], notes)
+    remat = _remat(cfg["remat_policy"], notes, cfg)
+    offload = cfg["remat_policy"] in OFFLOADED_REMATS or (cfg["remat_policy"] == "custom" and _custom(cfg)[1])
+    if cfg["attention"] not in MAXTEXT_ATTENTION:
+        raise ValueError(f"attention {cfg['attention']!r} is not one the workbench reads; one of "
+                         f"{sorted(MAXTEXT_ATTENTION)}")
+    tiles = config_int("num_vocab_tiling", cfg["num_vocab_tiling"])
     pipeline, layers = _pipeline(cfg, given, mesh["pp"], num_layers, notes)
     zero = 3 if mesh["fsdp"] > 1 else 0
     if cfg["shard_optimizer_over_data"]:
@@ -322,9 +352,13 @@ def from_maxtext(text_or_path: tp.Any, *, num_devices: int | None = None, num_sl
         else:
             notes.append("MaxText shard_optimizer_over_data has no data axis to shard over (data parallelism 1)")
     rules = _axis_rules(cfg, mesh, notes)
+    # base.yml shards the embed activations (activation_embed) over tensor: the residual stream split over tp
+    embed = dict(rules).get("hidden_state_axis", default_field_axes("hidden_state_axis", mesh))
     return TrainingRecipe(mesh, (seqs, length), remat, ga, zero, pipeline, dcn_shape,
                           model=None if model == "default" else model, source_remat=cfg["remat_policy"],
-                          axis_rules=rules, num_layers=layers, notes=tuple(notes))
+                          axis_rules=rules, num_layers=layers, attention=MAXTEXT_ATTENTION[cfg["attention"]],
+                          vocab_tiles=tiles, offload=offload, sequence_parallel=mesh["tp"] > 1 and "tp" in embed,
+                          notes=tuple(notes))
 
 
 # -- export ---------------------------------------------------------------------------------------------------------
@@ -332,11 +366,22 @@ def _number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
-def _maxtext_remat(recipe: TrainingRecipe) -> str:
+def _maxtext_remat(recipe: TrainingRecipe) -> list[str]:
+    """The remat_policy lines of ``recipe``: its policy, offloaded where it offloads."""
+    if recipe.offload and recipe.remat == "full":  # the layer's input offloaded, every other tensor recomputed
+        return ["remat_policy: 'custom'", "decoder_layer_input: 'offload'"]
+    if recipe.offload and recipe.source_remat == "custom":  # the tpu-recipes' custom policy: the layer's input and
+        # the attention's projections offloaded (its per-tensor choices are not kept: they are priced as this)
+        offloaded = ("decoder_layer_input", "query_proj", "key_proj", "value_proj", "out_proj")
+        return ["remat_policy: 'custom'", *(f"{name}: 'offload'" for name in offloaded)]
+    if recipe.offload:
+        return ["remat_policy: 'minimal_offloaded'"]
     if recipe.remat != "dots_saveable":
-        return recipe.remat
+        return [f"remat_policy: '{recipe.remat}'"]
     src = recipe.source_remat
-    return src if src in MAXTEXT_REMATS and MAXTEXT_REMATS[src][0] == "dots_saveable" else "minimal_with_context"
+    name = src if src in MAXTEXT_REMATS and MAXTEXT_REMATS[src][0] == "dots_saveable" and src not in \
+        (*OFFLOADED_REMATS, "custom") else "minimal_with_context"
+    return [f"remat_policy: '{name}'"]
 
 
 def _rules_to_write(recipe: TrainingRecipe) -> tuple[list[tuple[str, tuple[str, ...]]], list[str]]:
@@ -362,6 +407,12 @@ def to_maxtext(recipe: TrainingRecipe) -> str:
     if p is not None and p.num_microbatches % p.num_stages:
         raise ValueError(f"MaxText needs num_pipeline_microbatches a multiple of the {p.num_stages} stages; the recipe "
                          f"has {p.num_microbatches}: change the pipeline's num_microbatches")
+    if recipe.offload and recipe.remat == "none":
+        raise ValueError("MaxText offloads what a remat policy saves; remat 'none' saves everything in HBM: pick "
+                         "remat 'full' or 'dots_saveable' to offload, or offload=False")
+    if recipe.mesh_shape["tp"] > 1 and not recipe.sequence_parallel:
+        lost.append("the residual stream whole over tp (MaxText shards the embed activations over tensor: its run "
+                    "keeps them split, sequence_parallel)")
     rules, unsaid = _rules_to_write(recipe)
     lost += [f"PartitionAxis.{f} (no MaxText logical axis)" for f in unsaid]
     ici, dcn = recipe.ici_shape, recipe.dcn_shape
@@ -378,8 +429,10 @@ def to_maxtext(recipe: TrainingRecipe) -> str:
     for kind, shape in (("ici", ici), ("dcn", dcn)):
         lines += [f"{kind}_{_EXPORT_AXES[a]}_parallelism: {shape[a]}" for a in MESH_AXES]
     lines += [f"per_device_batch_size: {_number(pdbs)}", f"max_target_length: {recipe.batch[1]}",
-              f"gradient_accumulation_steps: {recipe.grad_accumulation}",
-              f"remat_policy: '{_maxtext_remat(recipe)}'"]
+              f"gradient_accumulation_steps: {recipe.grad_accumulation}", *_maxtext_remat(recipe),
+              f"attention: '{'flash' if recipe.attention == 'flash' else 'dot_product'}'"]
+    if recipe.vocab_tiles > 1:
+        lines.append(f"num_vocab_tiling: {recipe.vocab_tiles}")
     if recipe.zero_stage in (1, 2):
         lines.append("shard_optimizer_over_data: true")
     if p is not None:

@@ -27,7 +27,7 @@ from workbench.core.hardware.chips import H100, H100_500W, H200
 from workbench.core.hardware.cluster import Cluster
 from workbench.core.models.config import ModelConfig
 from workbench.core.pipeline_schedule import PipelineConfig
-from workbench.core.plan import BATCH_AXES, Plan
+from workbench.core.plan import BATCH_AXES, PRODUCTION, Plan
 
 RUNS_FILE = pathlib.Path(__file__).with_name("published_runs.json")
 
@@ -80,10 +80,11 @@ def _run(raw: dict[str, tp.Any]) -> PublishedRun:
                                   p.get("virtual_stages") if p.get("schedule") == "interleaved" else None,
                                   uneven=p.get("uneven", False))
     recompute = float(raw["recompute"])
-    plan = Plan(dict(raw["mesh"]), remat="full" if recompute > 0 else "none", recompute=recompute, pipeline=pipeline,
+    remat = raw.get("remat", "full" if recompute > 0 else "none")
+    plan = Plan(dict(raw["mesh"]), remat=remat, recompute=recompute, pipeline=pipeline,
                 dtype=raw["dtype"], batch_axes=tuple(raw.get("batch_axes", BATCH_AXES)),
                 grad_accumulation=raw.get("grad_accumulation", 1), capacity_factor=raw.get("capacity_factor"),
-                tp_overlap=raw.get("tp_overlap"))
+                tp_overlap=raw.get("tp_overlap"), **{**PRODUCTION, **{k: raw[k] for k in PRODUCTION if k in raw}})
     return PublishedRun(raw["name"], raw["framework"], _config(raw["model"]), _cluster(raw["cluster"]), plan,
                         tuple(raw["batch"]), float(raw["measured_s"]), raw["source"], raw.get("remat_note", ""),
                         raw.get("note", ""))
@@ -127,7 +128,8 @@ class Accuracy:
         runs = [r for r in published_runs() if r.name in self.ratios]
         frameworks = ", ".join(sorted({r.framework.split(" (")[0] for r in runs}))
         chips = ", ".join(sorted({" ".join(r.chip.split()[:2 if r.chip.startswith("TPU") else 1]) for r in runs}))
-        return (f"on {len(self.ratios)} published runs ({frameworks}; {chips}) predictions were {self.low:.2f}x to "
+        return (f"on {len(self.ratios)} published training steps ({frameworks}; {chips}) predictions were "
+                f"{self.low:.2f}x to "
                 f"{self.high:.2f}x the measured step time, typically within {(self.median_abs - 1):.0%}")
 
 
@@ -137,9 +139,4 @@ def accuracy() -> Accuracy:
     return Accuracy({run.name: price(run).time_s / run.measured_s for run in published_runs()})
 
 
-def accuracy_text() -> str:
-    """:meth:`Accuracy.text` of :func:`accuracy`, for a view to print beside a prediction."""
-    return accuracy().text()
-
-
-__all__ = ["RUNS_FILE", "Accuracy", "PublishedRun", "accuracy", "accuracy_text", "price", "published_runs"]
+__all__ = ["RUNS_FILE", "Accuracy", "PublishedRun", "accuracy", "price", "published_runs"]

@@ -39,6 +39,7 @@ from workbench.core.sharding.plan import Layout
 # (see workbench_zero_stage).
 STATED_ZERO_STAGES = (0, 1, 2, 3)
 _PARTITION_FIELDS = tuple(f.name for f in dataclasses.fields(PartitionAxis))
+PROGRAM_FIELDS = tuple(Plan({}).program())  # attention, vocab_tiles, offload, sequence_parallel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +50,10 @@ class TrainingRecipe:
     optimizer state split over ``dp``), ``pipeline`` (a :class:`PipelineConfig` over ``pp``, or None), ``dcn_shape``
     (how many TPU slices each axis spans; all ones on one slice), ``model`` (the source's model name),
     ``axis_rules`` (``PartitionAxis`` fields the source maps differently from the workbench's defaults, as
-    ``(field, mesh axes)``), ``num_layers`` (the layers a pipeline splits, when the source says) and ``notes``
-    (every approximation, in words)."""
+    ``(field, mesh axes)``), ``num_layers`` (the layers a pipeline splits, when the source says), the program
+    (``attention``, ``vocab_tiles``, ``offload``, ``sequence_parallel``: :class:`~workbench.core.plan.Plan`'s
+    fields; a framework's recipe reads its own, the workbench's own program by default) and ``notes`` (every
+    approximation, in words)."""
 
     mesh_shape: tp.Mapping[str, int]
     batch: tuple[int, int]
@@ -63,6 +66,10 @@ class TrainingRecipe:
     source_remat: str | None = None
     axis_rules: tuple[tuple[str, tuple[str, ...]], ...] = ()
     num_layers: int | None = None
+    attention: str = "xla"
+    vocab_tiles: int = 1
+    offload: bool = False
+    sequence_parallel: bool = False
     notes: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -135,13 +142,14 @@ class TrainingRecipe:
     @classmethod
     def from_layout(cls, layout_or_mesh_shape: tp.Any, *, batch: tuple[int, int], remat: str | None = None,
                     pipeline: PipelineConfig | None = None, zero_stage: int | None = None,
-                    grad_accumulation: int | None = None, model: str | None = None, num_layers: int | None = None
-                    ) -> TrainingRecipe:
+                    grad_accumulation: int | None = None, model: str | None = None, num_layers: int | None = None,
+                    program: tp.Mapping[str, tp.Any] | None = None) -> TrainingRecipe:
         """The recipe of a :class:`~workbench.core.sharding.plan.Layout`, an advisor ``Candidate`` (anything with
         ``mesh_shape``, ``remat``, ``pipeline``, ``zero_stage``, ``grad_accumulation``) or a plain mesh shape dict.
         Keywords given override what the object carries. ZeRO: the object's stage 1 (optimizer state over ``dp``)
         is kept, else stage 3 when ``fsdp > 1``. ``num_layers`` (the pipelined layers) defaults to a Layout's model
-        config's."""
+        config's; ``program`` (``Plan.program()``: attention, vocab_tiles, offload, sequence_parallel) to a
+        Candidate's plan's, else the workbench's own."""
         obj = layout_or_mesh_shape
         if isinstance(obj, tp.Mapping):
             shape, carried = dict(obj), {}
@@ -166,8 +174,10 @@ class TrainingRecipe:
         config = getattr(obj, "config", None)
         if num_layers is None and pipeline is not None and hasattr(config, "num_hidden_layers"):
             num_layers = config.num_hidden_layers - getattr(config, "first_dense_layers", 0)
+        if program is None:
+            program = obj.plan.program() if isinstance(getattr(obj, "plan", None), Plan) else {}
         return cls(shape, tuple(batch), remat, accumulation, zero, pipeline, model=model, axis_rules=rules,
-                   num_layers=num_layers)
+                   num_layers=num_layers, **program)
 
     # -- onto a model and a cluster -------------------------------------------------------------------------
     def check_cluster(self, cluster: tp.Any) -> None:
@@ -229,11 +239,16 @@ class TrainingRecipe:
         return 1 if self.zero_stage in (1, 2) and self.mesh_shape["dp"] > 1 else 0
 
     @property
+    def program(self) -> dict[str, tp.Any]:
+        """``attention``, ``vocab_tiles``, ``offload``, ``sequence_parallel`` (:meth:`Plan.program`)."""
+        return {name: getattr(self, name) for name in PROGRAM_FIELDS}
+
+    @property
     def plan(self) -> Plan:
         """How the workbench runs this recipe's step: its :class:`~workbench.core.plan.Plan` (the mesh, remat,
-        pipeline, ZeRO stage as a Layout takes it, accumulation and batch axes)."""
+        pipeline, ZeRO stage as a Layout takes it, accumulation, batch axes and the program)."""
         return Plan(self.mesh_shape, remat=self.remat, pipeline=self.pipeline, zero_stage=self.workbench_zero_stage,
-                    grad_accumulation=self.grad_accumulation, batch_axes=self.batch_axes)
+                    grad_accumulation=self.grad_accumulation, batch_axes=self.batch_axes, **self.program)
 
     def price(self, model_config: tp.Any = None, cluster: tp.Any = None, **kwargs: tp.Any) -> tp.Any:
         """The predicted train step of ``model_config`` (a ModelConfig or a model name; None: the model the recipe

@@ -198,9 +198,11 @@ def from_torchtitan(text_or_path: tp.Any, *, num_devices: int | None = None,
             notes.append(f"torchtitan runs {accumulation} accumulation steps of {micro} pipelined microbatches each")
     remat, source_remat = _remat(_section(doc, "activation_checkpoint"), notes)
     rules = (("batch_axis", tuple(a for a in ("fsdp", "dp", "ep") if mesh[a] > 1)),) if ep > 1 else ()
+    # torchtitan's attention is SDPA (flash / cuDNN kernels on H100), its TP plan shards norms and residuals along
+    # the sequence (SequenceParallel), its loss is computed whole, nothing offloaded
     return TrainingRecipe(mesh, (global_batch, seq_len), remat, accumulation, 3 if mesh["fsdp"] > 1 else 0, pipeline,
                           model=model, source_remat=source_remat, axis_rules=rules, num_layers=layers,
-                          notes=tuple(notes))
+                          attention="flash", sequence_parallel=mesh["tp"] > 1, notes=tuple(notes))
 
 
 # -- export ---------------------------------------------------------------------------------------------------------
@@ -255,6 +257,14 @@ def to_torchtitan(recipe: TrainingRecipe) -> str:
             f": it splits the {recipe.num_layers} layers over {p.total_stages} stages as " \
             + ", ".join(map(str, torchtitan_stage_layers(recipe.num_layers, p.total_stages)))
         lost.append(f"even pipeline stages (torchtitan counts the embedding and the output as a layer each{split})")
+    if recipe.attention != "flash":
+        lost.append("XLA attention with its scores in HBM (torchtitan runs SDPA's flash kernels)")
+    if recipe.vocab_tiles > 1:
+        lost.append(f"the loss in {recipe.vocab_tiles} vocabulary tiles (torchtitan computes it whole)")
+    if recipe.offload:
+        lost.append("saved activations offloaded to host memory")
+    if m["tp"] > 1 and not recipe.sequence_parallel:
+        lost.append("the residual stream whole over tp (torchtitan's TP plan splits it along the sequence)")
     dp_ways = m["dp"] * m["fsdp"] * m["ep"]
     local, rest = divmod(recipe.batch[0], dp_ways * recipe.grad_accumulation)
     if rest or not local:

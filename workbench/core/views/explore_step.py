@@ -106,12 +106,14 @@ def experts_over_fsdp(layout: Layout) -> bool:
 
 
 def step_ledger(model: tp.Any, layout: Layout, cluster: tp.Any, *, task: str, batch: tuple[int, int],
-                optimizer: str) -> ledgers.Ledger:
+                optimizer: str, program: tp.Mapping[str, tp.Any] | None = None) -> ledgers.Ledger:
     """The memory ledger of one ``task`` step (:func:`workbench.core.cost.ledger.ledger`) of ``batch = (B, T)``
     against the cluster's HBM, run as :func:`step_plan` says: a train step with its remat policy, ZeRO stage and
     gradient accumulation (one microbatch's activations, the gradients' sum beside them), on a ``pp > 1`` mesh
     its pipeline, whose uneven stages are held as the deepest one on every device
-    (:func:`~workbench.core.pipeline.stage_padded`), as the advisor holds them."""
+    (:func:`~workbench.core.pipeline.stage_padded`), as the advisor holds them. ``program`` (``Plan.program()``:
+    the attention kernel, vocabulary tiles, offload, sequence parallelism; default the workbench's own) is the
+    program counted."""
     plan = step_plan(layout, task=task, batch=batch)
     rows, kv_length = step_batch(task, batch)
     padded = stage_padded(model, plan.pipeline)
@@ -119,7 +121,8 @@ def step_ledger(model: tp.Any, layout: Layout, cluster: tp.Any, *, task: str, ba
         layout = layout.replace(padded)
     return ledgers.ledger(padded, layout, kind=task, batch=rows, kv_length=kv_length, optimizer=optimizer,
                           remat=plan.remat, cluster=cluster, pipeline=plan.pipeline, zero_stage=plan.zero_stage,
-                          grad_accumulation=plan.grad_accumulation)
+                          grad_accumulation=plan.grad_accumulation,
+                          **{**dict(program or {}), **({"offload": False} if task != "train" else {})})
 
 
 def predicted_step(layout: Layout, cluster: tp.Any, *, task: str, batch: tuple[int, int]) -> StepTime:

@@ -1,0 +1,107 @@
+"""The program as production runs it, in the ledger (workbench/core/cost/ledger.py): a flash attention kernel, the
+loss in vocabulary tiles, saved activations offloaded to the host, sequence parallelism inside tensor parallelism.
+Each held against a hand count of the arrays it adds or removes."""
+
+import jax.numpy as jnp
+import pytest
+from jax.sharding import AbstractMesh, AxisType
+
+from workbench.core.cost.activations import SCORE_BYTES, activation_bytes, layer_set
+from workbench.core.cost.ledger import LOGITS_COPIES, ledger
+from workbench.core.mesh import MESH_AXES
+from workbench.core.plan import PRODUCTION, Plan
+from workbench.core.views.explore import Layout
+from workbench.models import CausalLM, ModelConfig, tiny_config
+
+HEADS, HIDDEN, LAYERS = 4, 128, 2
+
+
+def _mesh(**sizes):
+    shape = tuple(sizes.get(name, 1) for name in MESH_AXES)
+    return AbstractMesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(shape))
+
+
+def _model(**overrides):
+    config = ModelConfig.from_hf(tiny_config("llama", hidden_size=HIDDEN, num_attention_heads=HEADS,
+                                             num_key_value_heads=HEADS, num_hidden_layers=LAYERS, **overrides))
+    return CausalLM.lazy_init(config, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+
+
+def test_flash_keeps_no_scores_only_a_float32_log_sum_exp_per_head():
+    """Without remat the XLA program keeps the probabilities once in bfloat16 and twice in float32 (10 bytes a score);
+    dots_saveable keeps QK^T in float32 (4); a flash kernel keeps its log-sum-exp, 4 bytes per query and head."""
+    model, t = _model(), 256
+    layout = Layout.of(model, _mesh(fsdp=2))
+    xla = layer_set(layout, t_kv=t)
+    flash = layer_set(layout, t_kv=t, attention="flash")
+    per_row = lambda s, remat: s.bytes_per_row(remat, 2)
+    assert per_row(xla, "none") - per_row(flash, "none") == HEADS * t * (2 + 2 * 4) - HEADS * 4
+    assert per_row(xla, "dots_saveable") - per_row(flash, "dots_saveable") == HEADS * (t - 1) * 4
+    assert per_row(xla, "full") == per_row(flash, "full")
+
+
+def test_flash_has_no_score_sized_backward_phase():
+    """On XLA:TPU the XLA attention's backward holds SCORE_BYTES a score (b t H t of them); flash holds none, so a
+    long sequence's working set falls to the layer's backward."""
+    model, batch = _model(), (2, 4096)
+    layout = Layout.of(model, _mesh(fsdp=2))
+    xla = activation_bytes(layout, batch, "full", jnp.bfloat16)
+    flash = activation_bytes(layout, batch, "full", jnp.bfloat16, attention="flash")
+    scores = 1 * 4096 * HEADS * 4096  # one sequence a device
+    assert xla.working >= SCORE_BYTES["tpu"]["full"] * scores
+    assert flash.working < scores  # not a byte a score
+    assert flash.kept == xla.kept
+
+
+def test_vocab_tiles_divide_the_loss_phase():
+    """The loss's logits, LOGITS_COPIES float32 copies of b t V, held one tile at a time."""
+    model, batch = _model(vocab_size=32768), (8, 64)
+    layout = Layout.of(model, _mesh(fsdp=2))
+    vocab = model.config.vocab_size
+    loss = LOGITS_COPIES["tpu"] * 4 * 64 * vocab * 4  # 4 sequences a device
+    whole = ledger(model, layout, batch=batch, remat="full", attention="flash")
+    tiled = ledger(model, layout, batch=batch, remat="full", attention="flash", vocab_tiles=4)
+    assert whole.temporaries == pytest.approx(loss, rel=0.01)  # the loss is this step's largest phase
+    layer = activation_bytes(layout, batch, "full", jnp.bfloat16, attention="flash").working  # the other phase
+    assert tiled.temporaries == pytest.approx(max(loss / 4, layer), rel=0.01)
+    assert loss / 4 > layer / 2  # the tiles still weigh: the assertion above is not the layer's alone
+
+
+def test_offload_moves_the_saved_activations_to_the_host_and_keeps_two_layers():
+    model, batch = _model(), (8, 64)
+    layout = Layout.of(model, _mesh(fsdp=2))
+    on_device = ledger(model, layout, batch=batch, remat="full")
+    offloaded = ledger(model, layout, batch=batch, remat="full", offload=True)
+    one_layer = 4 * 64 * HIDDEN * 2  # remat="full": each layer's bfloat16 input, 4 sequences a device
+    assert on_device.activations == LAYERS * one_layer
+    assert offloaded.host == LAYERS * one_layer
+    assert offloaded.activations == min(2, LAYERS) * one_layer
+    assert offloaded.total == on_device.total - on_device.activations + offloaded.activations
+    with pytest.raises(ValueError, match="offload=False"):
+        ledger(model, layout, kind="prefill", batch=batch, offload=True)
+
+
+def test_sequence_parallel_splits_the_layer_input_over_tp():
+    """remat="full" keeps each layer's input, (b, t, D): with sequence parallelism each tp device keeps t / tp of
+    its positions (Megatron-LM's --sequence-parallel, Korthikanti et al. 2022, section 4.2.2)."""
+    model, batch = _model(), (8, 64)
+    layout = Layout.of(model, _mesh(fsdp=2, tp=4))
+    whole = ledger(model, layout, batch=batch, remat="full")
+    split = ledger(model, layout, batch=batch, remat="full", sequence_parallel=True)
+    assert whole.activations == LAYERS * 4 * 64 * HIDDEN * 2
+    assert split.activations == whole.activations // 4
+    no_tp = Layout.of(model, _mesh(fsdp=8))
+    assert ledger(model, no_tp, batch=batch, remat="full", sequence_parallel=True).activations == \
+        ledger(model, no_tp, batch=batch, remat="full").activations
+
+
+def test_a_plan_names_the_program_and_refuses_what_is_not_one():
+    assert Plan({"fsdp": 8}).program() == {"attention": "xla", "vocab_tiles": 1, "offload": False,
+                                           "sequence_parallel": False}  # the workbench's own, as ledger's defaults
+    assert Plan({"fsdp": 8}, **PRODUCTION).program() == PRODUCTION
+    with pytest.raises(ValueError, match="attention must be one of"):
+        Plan({"fsdp": 8}, attention="splash")
+    with pytest.raises(ValueError, match="vocab_tiles"):
+        Plan({"fsdp": 8}, vocab_tiles=0)
+    with pytest.raises(TypeError, match="offload is True or False"):
+        Plan({"fsdp": 8}, offload="yes")
