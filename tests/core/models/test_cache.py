@@ -36,9 +36,22 @@ def incremental_logits(model, cache, ids, mask):
 
 
 def jitted_incremental_logits(model, cache, ids, mask):
+    """:func:`incremental_logits` in one compiled program: the prefill, then the decode steps as a ``lax.scan``
+    (as ``generate``'s loop runs them), so the model is compiled twice, not once per step."""
     graphdef, state = nnx.split(model)
-    run = jax.jit(lambda state, cache, ids, mask: incremental_logits(nnx.merge(graphdef, state), cache, ids, mask))
-    return run(state, cache, ids, mask)
+
+    def run(state, cache, ids, mask):
+        out = nnx.merge(graphdef, state)(ids[:, :PREFILL], mask[:, :PREFILL], cache=cache)
+
+        def step(cache, ids_and_mask_B):
+            ids_B, mask_B = ids_and_mask_B
+            out = nnx.merge(graphdef, state)(ids_B[:, None], mask_B[:, None], cache=cache)
+            return out.cache, out.logits[:, 0]
+
+        cache, logits_SBV = jax.lax.scan(step, out.cache, (ids[:, PREFILL:].T, mask[:, PREFILL:].T))
+        return jnp.concatenate([out.logits, jnp.swapaxes(logits_SBV, 0, 1)], axis=1), cache
+
+    return jax.jit(run)(state, cache, ids, mask)
 
 
 @pytest.mark.parametrize("family, kind", [

@@ -162,14 +162,22 @@ def test_experts_must_split_over_ep():
         shard_model(layer, mesh)(tokens(b=8))
 
 
+# Depths: the fewest layers that keep each family's MoE structure (compile time grows with the layers; a scan of one
+# layer compiles as no loop at all). One MoE layer for Mixtral, and for DeepSeek-V3 after its dense layer (Qwen3-MoE's
+# tiny default already is a dense and an MoE layer); GPT-OSS keeps its 2 MoE layers of alternating kinds, so one
+# family runs alltoall inside the layer scan (2 trips, each picking its layer kind with a switch), forward and back.
+DEPTH = {"mixtral": 1, "deepseek_v3": 2}
+
+
 @functools.cache
 def tiny_moe(family):
-    """The tiny ``family`` model with 8 experts (so they split over every ep), built once for the tests
-    below (``with_options`` and ``shard_model`` return new models; this one stays as built)."""
+    """The tiny ``family`` model with 8 experts (so they split over every ep) and ``DEPTH`` layers, built once
+    for the tests below (``with_options`` and ``shard_model`` return new models; this one stays as built)."""
     from workbench.models import tiny
 
     names = {"qwen3_moe": "num_experts", "deepseek_v3": "n_routed_experts"}  # the HF configs' names for E
-    return tiny(family, **{names.get(family, "num_local_experts"): 8})
+    depth = {"num_hidden_layers": DEPTH[family]} if family in DEPTH else {}
+    return tiny(family, **{names.get(family, "num_local_experts"): 8}, **depth)
 
 
 def forward_batch(family):
@@ -230,7 +238,7 @@ def test_token_counts_that_ep_does_not_divide_are_padded():
     tokens."""
     from workbench.models import GenerationConfig, tiny
 
-    model = tiny("mixtral")
+    model = tiny("mixtral", num_hidden_layers=1)  # the padding is each MoE layer's: one shows it
     ids = jnp.asarray(np.random.default_rng(3).integers(1, model.config.vocab_size, (2, 7)), jnp.int32)
     sharded = model.shard_model(make_mesh(dp=2, fsdp=1, ep=4))
     with jax.default_matmul_precision("highest"):

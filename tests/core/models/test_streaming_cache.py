@@ -33,14 +33,17 @@ def kept(n: int, sinks: int = SINKS, window: int = WINDOW) -> list[int]:
 
 def reference_logits(model, rows: list[np.ndarray]) -> list[np.ndarray]:
     """For each row's real token stream, the plain forward (no cache) of ``ids[kept(n)]`` from position 0, its
-    last position's logits, for every ``n``; sequences of one length run as one batch."""
+    last position's logits, for every ``n``. All of them run as one batch (one compiled program, not one per
+    length), each right-padded to the longest: the plain forward is causal, so a sequence's last position sees
+    none of the padding after it (were it not causal, the streamed logits, which never see later tokens, would
+    differ and the test fail)."""
     wanted = [(b, n, row[kept(n)]) for b, row in enumerate(rows) for n in range(len(row))]
+    longest = max(len(seq) for _, _, seq in wanted)
+    padded = np.stack([np.pad(seq, (0, longest - len(seq))) for _, _, seq in wanted])
+    logits = np.asarray(model(jnp.asarray(padded)).logits)
     out = [np.zeros((len(row), model.config.vocab_size), np.float32) for row in rows]
-    for length in sorted({len(seq) for _, _, seq in wanted}):
-        group = [(b, n, seq) for b, n, seq in wanted if len(seq) == length]
-        logits = np.asarray(model(jnp.asarray(np.stack([seq for _, _, seq in group]))).logits[:, -1])
-        for (b, n, _), row_logits in zip(group, logits, strict=True):
-            out[b][n] = row_logits
+    for (b, n, seq), seq_logits in zip(wanted, logits, strict=True):
+        out[b][n] = seq_logits[len(seq) - 1]
     return out
 
 
@@ -78,9 +81,10 @@ def test_each_step_equals_the_plain_forward_of_the_kept_tokens(family, prefill):
         real_prefill = int(np.asarray(mask[b, :prefill]).sum())
         # a prefill chunk is attended whole, as the plain forward of it: beyond the slots its own logits are that
         # forward's, then the steps after it hold the sinks and the last window of it
-        whole = np.asarray(model(jnp.asarray(row[:real_prefill][None])).logits[0]) if real_prefill else None
+        beyond = real_prefill > SINKS + WINDOW
+        whole = np.asarray(model(jnp.asarray(row[:real_prefill][None])).logits[0]) if beyond else None
         for n in range(len(row)):
-            ref = whole[n] if n < real_prefill and real_prefill > SINKS + WINDOW else want[b][n]
+            ref = whole[n] if n < real_prefill and beyond else want[b][n]
             assert_float32_close(got_b[n], ref, accumulation=ACCUMULATION, stages=STAGES)
     assert cache.lengths_B.tolist() == [SINKS + WINDOW] * 2 and cache.seen_B.tolist() == [len(r) for r in rows]
 
