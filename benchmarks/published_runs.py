@@ -6,13 +6,13 @@ Prices every run in `workbench/core/interop/published_runs.json` (MaxText on TPU
 Megatron-Bridge and NeMo on H100 / H200; the raw records with each quote are in `benchmarks/data/`) with
 `predict_step`, and prints per run: the source, the layout, measured and predicted step time, their ratio, the
 predicted MFU and what bounds the step; then the median and the worst ratio. Target (the issue): every run within
-0.7-1.35x, the median |ratio| within 1.15x. The ``out of sample`` column prices each run with every constant that
-was fitted to published runs refitted without that run (leave-one-out,
-`workbench/core/interop/out_of_sample.py`); the spread is printed for both, and for the runs no constant was
-fitted to. Then memory: each run's ledger with its recipe as published (its mesh, remat, accumulation, and
-its program: flash attention, vocabulary tiles, host offload, sequence parallelism inside tp), asked of the
-advisor with the run's mesh fixed, and whether the advisor ranks it (fits its HBM less the advisor's 10 % headroom).
-``--terms`` adds each run's terms. ``--xla`` also compiles each TPU
+0.7-1.35x, the median |ratio| within 1.15x. The ``out of sample`` column prices each run with the GEMM rates
+fitted to published runs (each TPU chip's, the fp8 one on H100 / H200) refitted without that run (leave-one-out,
+`workbench/core/interop/out_of_sample.py`; the TPU constants the four chips share are not refitted); the spread
+is printed for both, and for the runs no constant was fitted to. Then memory: each run's ledger with its recipe
+as published (its mesh, remat, accumulation, and its program: flash attention, vocabulary tiles, host offload,
+sequence parallelism inside tp), asked of the advisor with the run's mesh fixed, and whether the advisor ranks it
+(fits its HBM less the advisor's 10 % headroom). ``--terms`` adds each run's terms. ``--xla`` also compiles each TPU
 run's train step with libtpu ahead of time (minutes) and prints XLA's own estimate beside the model's: libtpu's
 ``optimal_seconds`` of the step compiled unrolled with one and with two layers at one sequence a data-parallel
 device, extrapolated to the model's depth and the run's batch (a scanned step's estimate counts its loop body
@@ -104,7 +104,9 @@ def print_out_of_sample(loo, runs, ratios) -> None:
                 f"median |ratio| {acc.median_abs:.3f}x")
 
     unfitted = set(loo.unfitted())
-    print("\nIn sample and out of it (leave-one-out: each fitted constant refitted without the run it prices):")
+    print("\nIn sample and out of it (leave-one-out: the GEMM rates fitted to these runs, each TPU chip's and the fp8 "
+          "one on H100 / H200,\nrefitted without the run each prices; the TPU constants the four chips share are "
+          "not refitted):")
     print(line("in sample, the constants as shipped", list(ratios)))
     print(line("out of sample, leave-one-out", [loo.ratios[r.name] for r in runs]))
     print(line("runs no constant was fitted to (as shipped)", [loo.ratios[r.name] for r in runs if r.name in unfitted]))

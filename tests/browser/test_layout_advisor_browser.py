@@ -69,9 +69,12 @@ _PLANNER_CELLS = [
     "from workbench.core.hardware.cluster import Cluster\n"
     "from workbench.core.models.presets import full_config\n"
     "from workbench.models import CausalLM\n"
+    "from workbench.core.advisor import Constraints\n"
+    "from workbench.core.plan import PRODUCTION\n"
     "from workbench.widgets import LayoutAdvisor\n"
     "model = CausalLM.lazy_init(full_config('llama-3-70b'), dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)\n"
-    "advisor = LayoutAdvisor(model, Cluster.h100(nodes=32), batch_tokens=4 * 2**20, seq_len=8192)\n"
+    "advisor = LayoutAdvisor(model, Cluster.h100(nodes=32), batch_tokens=4 * 2**20, seq_len=8192,\n"
+    "                        constraints=Constraints(pipeline=False, **PRODUCTION))\n"
     "advisor",
 ]
 
@@ -87,9 +90,11 @@ def planner_notebook() -> tp.Iterator[str]:
 
 def test_a_planner_pins_axes_exports_and_imports_a_recipe_and_opens_the_row_in_the_explorer(
         lab_page, lab_server, planner_notebook):
-    """The review's session, in the browser: Llama-3-70B on 32 x 8 H100 at 8k. Axes pinned in the box re-rank every
-    row to them; the top row exported as a torchtitan TOML into the recipe box and imported again is found as row 1;
-    opened in the explorer it shows the row's memory (the ledger's verdict) and step time."""
+    """The review's session, in the browser: Llama-3-70B on 32 x 8 H100 at 8k, planned with the program torchtitan
+    runs (flash attention: an import sets the recipe's program, so the round trip keeps it) and without pipelines
+    (torchtitan's stages are uneven, which the advisor weighs only where it must). Axes pinned in the box
+    re-rank every row to them; the top row exported as a torchtitan TOML into the recipe box and imported again is
+    found as row 1; opened in the explorer it shows the row's memory (the ledger's verdict) and step time."""
     cells = run_notebook_in_lab(lab_page, lab_server, planner_notebook, timeout_s=180)
     assert notebook_errors(lab_page) == [] and model_errors(cells) == []
     page = lab_page

@@ -65,7 +65,7 @@ def test_circular_pipeline_test_config_resolves_on_a_model():
     model = CausalLM.lazy_init(ModelConfig.from_hf(tiny_config("llama", num_hidden_layers=32)))
     layout = r.layout(model, Cluster.tpu("v5e:2x2"))
     assert layout.pipeline == r.pipeline and dict(layout.mesh.shape)["pp"] == 4
-    assert TrainingRecipe.from_layout(layout, batch=r.batch).same_run(r)
+    assert TrainingRecipe.from_layout(layout, batch=r.batch, program=r.program).same_run(r)  # a Layout has none
 
 
 @pytest.mark.parametrize("name, devices", [("maxtext_gpu_llama3_8b.yml", 8),
