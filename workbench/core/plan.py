@@ -38,6 +38,7 @@ BATCH_AXES = ("fsdp", "dp")  # PartitionAxis().batch_axis: the axes a batch spli
 # the program production runs (Plan's attention, vocab_tiles, offload, sequence_parallel): a flash kernel, sequence
 # parallelism inside tensor parallelism, the loss whole and nothing offloaded unless a recipe says so
 PRODUCTION = {"attention": "flash", "vocab_tiles": 1, "offload": False, "sequence_parallel": True}
+PROGRAM_FIELDS = tuple(PRODUCTION)  # the fields of a Plan, a recipe and the advisor's constraints naming the program
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +120,7 @@ class Plan:
     def program(self) -> dict[str, tp.Any]:
         """The program's choices the ledger counts: ``attention``, ``vocab_tiles``, ``offload``,
         ``sequence_parallel`` (:func:`workbench.core.cost.ledger.ledger`'s keywords)."""
-        return {"attention": self.attention, "vocab_tiles": self.vocab_tiles, "offload": self.offload,
-                "sequence_parallel": self.sequence_parallel}
+        return {name: getattr(self, name) for name in PROGRAM_FIELDS}
 
     def label(self) -> str:
         """``"fsdp=16 x tp=4"``, then the pipeline and the accumulated microbatches where there are any."""
@@ -171,4 +171,4 @@ def _divisors(n: int, most: int = 12) -> list[int]:
     return found if len(found) <= most else [*found[:most - 1], n]
 
 
-__all__ = ["BATCH_AXES", "PRODUCTION", "Plan", "microbatch", "program_text"]
+__all__ = ["BATCH_AXES", "PRODUCTION", "PROGRAM_FIELDS", "Plan", "microbatch", "program_text"]

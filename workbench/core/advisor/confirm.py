@@ -135,7 +135,11 @@ def confirm_candidate(c: Candidate, model: tp.Any, cluster: tp.Any, *, task: str
     # the prediction and ledger of the program compiled: the workbench's (XLA attention, the loss whole, nothing
     # offloaded), one microbatch's train step where the step accumulates
     other_program = c.plan.program() != WORKBENCH_PROGRAM
-    step_ledger = c.reledger(**WORKBENCH_PROGRAM) if other_program and c.reledger else c.ledger
+    if other_program and c.reledger is None:
+        raise ValueError(f"{c.label} is planned as {program_text(c.plan.program())}, but compiles as the workbench's "
+                         f"program and carries no way to count that program's ledger (Candidate.reledger): confirm "
+                         f"a row of advise()")
+    step_ledger = c.reledger(**WORKBENCH_PROGRAM) if other_program else c.ledger
     predicted, held = c.step, step_ledger
     if m > 1:
         efficiency = None if c.step.measured_model else c.step.efficiency

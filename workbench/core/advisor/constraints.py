@@ -12,7 +12,7 @@ from workbench.core.checks import is_int, is_positive_int
 from workbench.core.hardware.cluster import prime_factors
 from workbench.core.mesh import MESH_AXES, axis_sizes, mesh_factorizations
 from workbench.core.pipeline_schedule import PipelineConfig
-from workbench.core.plan import Plan
+from workbench.core.plan import PROGRAM_FIELDS, Plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +50,7 @@ class Constraints:
 
     def program(self) -> dict[str, tp.Any]:
         """``attention``, ``vocab_tiles``, ``offload``, ``sequence_parallel``: keywords of ``Plan`` and ``ledger``."""
-        return {"attention": self.attention, "vocab_tiles": self.vocab_tiles, "offload": self.offload,
-                "sequence_parallel": self.sequence_parallel}
+        return {name: getattr(self, name) for name in PROGRAM_FIELDS}
 
     def __post_init__(self):
         Plan({}, **self.program())  # checks them

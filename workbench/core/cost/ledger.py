@@ -66,8 +66,8 @@ Parts, per device (every device holds the same; specs divide their dimensions):
   ``vocab_tiles`` chunks of the tokens (MaxText's ``num_vocab_tiling``, chunked cross-entropy) holds one chunk's
   logits; ``offload`` keeps what the remat policy saves in host memory (``host``, beside the HBM parts, not in
   ``total``) and two layers of it in HBM; ``sequence_parallel`` splits the width-``D`` activations outside the
-  tensor-parallel matmuls over ``tp``. The function's defaults are the workbench's own program (what
-  ``compile_step`` builds and the measurements above compiled); a ``Plan``'s are production's;
+  tensor-parallel matmuls over ``tp``. The defaults (the function's and a ``Plan``'s) are the workbench's own
+  program (what ``compile_step`` builds and the measurements above compiled); ``plan.PRODUCTION`` is production's;
 - with a ``pipeline`` (a :class:`workbench.core.pipeline.PipelineConfig` on a ``pp`` mesh axis): the stacked
   layers' parameters, gradients and optimizer state divide by the stage count (the layout must split
   ``LAYERS`` over ``pp``: ``pipeline_partition_axis()``); ``activations`` are what the schedule keeps alive,

@@ -32,14 +32,13 @@ from workbench.core.models.config import ModelConfig
 from workbench.core.models.presets import full_config
 from workbench.core.pipeline import pipeline_partition_axis
 from workbench.core.pipeline_schedule import PipelineConfig
-from workbench.core.plan import Plan
+from workbench.core.plan import PROGRAM_FIELDS, Plan
 from workbench.core.sharding.plan import Layout
 
 # The ZeRO stages a recipe may state (DeepSpeed's 0..3); a Layout runs them as workbench.core.zero.ZERO_STAGES says
 # (see workbench_zero_stage).
 STATED_ZERO_STAGES = (0, 1, 2, 3)
 _PARTITION_FIELDS = tuple(f.name for f in dataclasses.fields(PartitionAxis))
-PROGRAM_FIELDS = tuple(Plan({}).program())  # attention, vocab_tiles, offload, sequence_parallel
 
 
 @dataclasses.dataclass(frozen=True)
