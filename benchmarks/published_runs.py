@@ -31,7 +31,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from _header import header, print_rows  # imports nothing of JAX
 
-LOW, HIGH, MEDIAN = 0.7, 1.35, 1.15
+MEDIAN = 1.15
 
 
 def xla_estimate(run) -> float:
@@ -95,12 +95,14 @@ def _out_of_sample(loo, name: str) -> str:
 
 def print_out_of_sample(loo, runs, ratios) -> None:
     """The spread in sample, out of sample, and on the runs no constant was fitted to; each refitted constant."""
-    from workbench.core.interop.published import Accuracy
+    from workbench.core.interop.published import BAND, Accuracy
+
+    low, high = BAND
 
     def line(label: str, rs: list[float]) -> str:
         acc = Accuracy(dict(enumerate(rs)))
-        inside = sum(LOW <= r <= HIGH for r in rs)
-        return (f"  {label:<52} {len(rs):>2} runs: {acc.low:.2f} to {acc.high:.2f}, {inside} within {LOW}-{HIGH}x, "
+        inside = sum(low <= r <= high for r in rs)
+        return (f"  {label:<52} {len(rs):>2} runs: {acc.low:.2f} to {acc.high:.2f}, {inside} within {low}-{high}x, "
                 f"median |ratio| {acc.median_abs:.3f}x")
 
     unfitted = set(loo.unfitted())
@@ -160,9 +162,10 @@ def main() -> None:
     parser.add_argument("--runs", nargs="*", default=None, metavar="NAME", help="only these runs (names or prefixes)")
     args = parser.parse_args()
     from workbench.core.interop.out_of_sample import leave_one_out
-    from workbench.core.interop.published import Accuracy, price, published_runs
+    from workbench.core.interop.published import BAND, Accuracy, price, published_runs
     from workbench.core.units import format_seconds
 
+    low, high = BAND
     runs = published_runs()
     if args.runs:
         runs = tuple(r for r in runs if any(r.name.startswith(prefix) for prefix in args.runs))
@@ -173,7 +176,7 @@ def main() -> None:
         step = price(run)
         ratio = step.time_s / run.measured_s
         ratios.append(ratio)
-        flag = "" if LOW <= ratio <= HIGH else "  OUTSIDE"
+        flag = "" if low <= ratio <= high else "  OUTSIDE"
         rows.append((run.name, run.framework, f"{run.cluster.name}", run.layout, format_seconds(run.measured_s),
                      format_seconds(step.time_s), f"{ratio:.2f}{flag}", _out_of_sample(loo, run.name), step.mfu_text(),
                      step.bound))
@@ -183,9 +186,9 @@ def main() -> None:
     print_rows(["run", "framework", "cluster", "layout", "measured", "predicted", "ratio", "out of sample", "MFU",
                 "bound"], rows)
     acc = Accuracy({run.name: ratio for run, ratio in zip(runs, ratios, strict=True)})
-    inside = sum(LOW <= r <= HIGH for r in ratios)
+    inside = sum(low <= r <= high for r in ratios)
     print(f"\nratio predicted / measured: {acc.low:.2f} to {acc.high:.2f}; {inside} of {len(ratios)} runs "
-          f"within {LOW}-{HIGH}x; median |ratio| {acc.median_abs:.3f}x (target {MEDIAN}x), worst "
+          f"within {low}-{high}x; median |ratio| {acc.median_abs:.3f}x (target {MEDIAN}x), worst "
           f"{acc.worst_abs:.3f}x")
     for chip in sorted({run.chip for run in runs}):
         mine = [r for run, r in zip(runs, ratios, strict=True) if run.chip == chip]

@@ -209,4 +209,4 @@ def test_a_tie_is_said_exactly_where_the_ranking_breaks_one():
     assert all(s <= b for s, b in zip(said, same_band, strict=True))  # said only within a band
     for prev, c in itertools.pairwise(ranked):
         if time_band(c) != time_band(prev):
-            assert c.time_s >= prev.time_s and "ties with the row above" not in c.reason
+            assert c.ranked_s >= prev.ranked_s and "ties with the row above" not in c.reason

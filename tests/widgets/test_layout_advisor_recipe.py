@@ -104,6 +104,17 @@ def test_an_exported_row_imported_again_is_the_same_row(llama_70b, cluster, toke
                 assert written.pipeline == dataclasses.replace(row.pipeline, uneven=True)
                 assert "does not weigh" in advisor._out.value and "uneven stages" in advisor._out.value
                 continue
+            if fmt == "torchtitan TOML" and row.zero_stage:
+                # torchtitan shards with FSDP (HSDP over dp x fsdp), not ZeRO-1 over dp: the file says it is lost
+                assert f"ZeRO-{row.zero_stage} over dp" in text and written.zero_stage != row.zero_stage
+                assert written.mesh_shape == row.mesh_shape and written.remat == row.remat
+                continue
+            if fmt == "MaxText YAML" and row.pipeline is not None and row.pipeline.schedule == "1f1b":
+                # MaxText's pipeline runs GPipe order: the file says the schedule is lost, the import reads GPipe
+                assert "the 1F1B pipeline schedule" in text
+                assert written.pipeline == dataclasses.replace(row.pipeline, schedule="gpipe")
+                assert "does not weigh" in advisor._out.value and "gpipe" in advisor._out.value, advisor._out.value
+                continue
             assert same_plan(row, written), (fmt, row.label)
             chosen = advisor.selected()
             assert chosen.label == row.label, (fmt, rank)

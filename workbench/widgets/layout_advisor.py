@@ -82,7 +82,7 @@ def advice_html(advice: Advice, *, top: int = 10, rejected: int = 5, selected: i
     rows = []
     for i, c in enumerate(shown, 1):
         mark = ";background:#eef5ff" if selected == i else ""
-        cells = (str(i), format_seconds(c.time_s), f"{tokens / c.time_s:,.0f}", c.step.mfu_text(), c.step.bound)
+        cells = (str(i), c.step_text(), c.tokens_text(tokens), c.step.mfu_text(), c.step.bound)
         reason = escape(c.reason) + (f'<div class="wb-advice-confirmed" style="color:#1a7f37">'
                                      f"{escape(c.confirm_note)}</div>" if c.confirm_note else "")
         rows.append(Row([Cell(cells[0], "white-space:nowrap;border-bottom:none"),

@@ -11,7 +11,6 @@ from workbench.core.advisor.candidate import Candidate, gib
 from workbench.core.advisor.confirm import confirm_candidate, demoted_reason
 from workbench.core.interop.out_of_sample import accuracy_text
 from workbench.core.tables import html_table
-from workbench.core.units import format_seconds
 
 _ROW_HEADER = ("#", "layout", "memory/device", "of HBM", "step", "tokens/s", "MFU", "bound by", "why")  # Advice.rows
 
@@ -78,7 +77,7 @@ class Advice:
         hbm = self.cluster.hbm_per_device
         tokens = self.batch[0] * (1 if self.task == "decode" else self.batch[1])
         return [(str(i), c.label, f"{gib(c.ledger.total)}", "-" if hbm is None else f"{c.ledger.total / hbm:.0%}",
-                 format_seconds(c.time_s), f"{tokens / c.time_s:,.0f}", c.step.mfu_text(), c.step.bound, c.reason)
+                 c.step_text(), c.tokens_text(tokens), c.step.mfu_text(), c.step.bound, c.reason)
                 for i, c in enumerate(self.ranked[:top], 1)]
 
     def table(self, top: int = 10) -> str:
@@ -94,7 +93,7 @@ class Advice:
         steps = [c.step for c in (self.ranked or self.rejected)[:1]]
         how = ""
         if steps and steps[0].measured_model and self.task == "train":
-            how = f". Step times and MFU are predictions: {accuracy_text()}"
+            how = f". Step times and MFU are predictions: {accuracy_text()}" + self._evidence_text()
         elif steps and steps[0].measured_model:
             how = (f". Step times are predictions; no {self.task} step has been held against a measured one (the "
                    f"step model's spread is known for training steps only: {accuracy_text()})")
@@ -105,6 +104,15 @@ class Advice:
         return (f"{self.task} of {self._model_name()} on {self.cluster.name}, {batch}: "
                 f"{self.considered} layouts predicted in {self.seconds:.2f} s, {len(self.ranked)} fit"
                 + (f" (pruned before: {pruned})" if pruned else "") + how)
+
+    def _evidence_text(self) -> str:
+        """How many ranked layouts rest on a regime no published run validates (ranked by their range's slow end)."""
+        if not any(c.standing is not None for c in self.ranked):
+            return ""
+        ranges = sum(c.unvalidated for c in self.ranked)
+        return (f". {ranges} of {len(self.ranked)} rest on a parallelism no published run validates in its regime: "
+                f"their step is a range, ranked by its slow end" if ranges else
+                ". Every layout ranked rests on parallelisms published runs validate")
 
     def _model_name(self) -> str:
         return getattr(getattr(self.model, "config", None), "model_type", type(self.model).__name__)

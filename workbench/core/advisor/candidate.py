@@ -13,7 +13,7 @@ from workbench.core.hardware.cluster import cluster_mesh
 from workbench.core.mesh import MESH_AXES
 from workbench.core.plan import Plan
 from workbench.core.sharding.plan import Layout
-from workbench.core.units import format_bytes
+from workbench.core.units import format_bytes, format_seconds
 
 gib = functools.partial(format_bytes, unit="GiB")  # the advisor's figures to compare, all in GiB
 
@@ -61,6 +61,9 @@ class Candidate:
     confirm_note: str = ""
     # the same step's ledger under another program (keywords attention, vocab_tiles, offload): what confirm compiles
     reledger: tp.Callable[..., tp.Any] | None = None
+    # regimes.Standing: the published runs that validate each part of the layout, or the range of one that rests on
+    # a regime none validates (train steps ranked by evidence; None otherwise)
+    standing: tp.Any = None
 
     # the plan's fields, as the rows, reasons and widgets read them
     mesh_shape = property(lambda self: dict(self.plan.mesh_shape))
@@ -98,7 +101,29 @@ class Candidate:
 
     @property
     def time_s(self) -> float:
+        """The predicted step (the point of a range)."""
         return self.step.time_s
+
+    @property
+    def ranked_s(self) -> float:
+        """The step time the ranking reads: the slow end of the range where the layout rests on a regime no
+        published run validates (:mod:`~workbench.core.advisor.regimes`), else the prediction."""
+        return self.time_s if self.standing is None else self.standing.ranked_s
+
+    @property
+    def unvalidated(self) -> bool:
+        """Whether the layout rests on a regime no published run validates (its step is a range)."""
+        return self.standing is not None and bool(self.standing.unvalidated)
+
+    def step_text(self) -> str:
+        """"1.82 s", or a range "14.8 s to 21.6 s" where a regime is unvalidated."""
+        return self.standing.range_text() if self.unvalidated else format_seconds(self.time_s)
+
+    def tokens_text(self, tokens: int) -> str:
+        """Tokens a second of a step of ``tokens``: a range (slow end first) where the step is one."""
+        if self.unvalidated:
+            return f"{tokens / self.standing.slow_s:,.0f} to {tokens / self.time_s:,.0f}"
+        return f"{tokens / self.time_s:,.0f}"
 
     @property
     def split_axes(self) -> int:

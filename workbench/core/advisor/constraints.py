@@ -8,11 +8,13 @@ import functools
 import typing as tp
 
 from workbench.core.axes import EP, PartitionAxis
-from workbench.core.checks import is_int, is_positive_int
+from workbench.core.checks import is_int, is_positive_int, one_of
 from workbench.core.hardware.cluster import prime_factors
 from workbench.core.mesh import MESH_AXES, axis_sizes, mesh_factorizations
 from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.plan import PROGRAM_FIELDS, Plan
+
+RANKINGS = ("evidence", "model")  # Constraints.ranking
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +34,10 @@ class Constraints:
     program, what ``confirm`` compiles) or ``"flash"`` (what production runs use), ``vocab_tiles`` the chunks the
     loss's tokens are computed in, ``offload`` the saved activations in host memory, ``sequence_parallel`` the
     activations outside tensor parallelism's matmuls split over ``tp``; ``Constraints(**PRODUCTION)``
-    (:data:`workbench.core.plan.PRODUCTION`) plans the program production runs."""
+    (:data:`workbench.core.plan.PRODUCTION`) plans the program production runs. ``ranking``: ``"evidence"`` (a train
+    step resting on a regime no published run validates is a range, ranked by its slow end:
+    :mod:`~workbench.core.advisor.regimes`) or ``"model"`` (every layout by the step model's prediction alone, as a
+    textbook derivation does)."""
 
     fixed: tp.Mapping[str, int] = dataclasses.field(default_factory=dict)
     tp_across_nodes: bool = False
@@ -47,6 +52,7 @@ class Constraints:
     vocab_tiles: int = 1
     offload: bool = False
     sequence_parallel: bool = False
+    ranking: str = "evidence"
 
     def program(self) -> dict[str, tp.Any]:
         """``attention``, ``vocab_tiles``, ``offload``, ``sequence_parallel``: keywords of ``Plan`` and ``ledger``."""
@@ -54,6 +60,7 @@ class Constraints:
 
     def __post_init__(self):
         Plan({}, **self.program())  # checks them
+        one_of("Constraints.ranking", self.ranking, RANKINGS)
         axis_sizes(self.fixed, "Constraints.fixed")
         if not self.grad_accumulation or not all(is_positive_int(k) for k in self.grad_accumulation):
             raise ValueError(f"Constraints.grad_accumulation is a tuple of positive ints (microbatches per step, 1 "

@@ -41,7 +41,8 @@ _TIE_BREAKS: tuple[tuple[tp.Callable[[Candidate], float], str], ...] = (
 
 
 def ranked_and_rejected(candidates: tp.Iterable[Candidate]) -> tuple[list[Candidate], list[Candidate]]:
-    """The candidates that fit, best first (:func:`_preference`), and those that do not, smallest first."""
+    """The candidates that fit, best first (:func:`_preference`: by :attr:`Candidate.ranked_s`, the slow end of
+    a range where one rests on a regime no published run validates), and those that do not, smallest first."""
     candidates = list(candidates)
     ranked = sorted((c for c in candidates if c.fits), key=_preference)
     rejected = sorted((c for c in candidates if not c.fits), key=lambda c: c.ledger.total)
@@ -56,9 +57,9 @@ def _preference(c: Candidate) -> tuple:
 
 
 def time_band(c: Candidate) -> int:
-    """The :data:`TIE` band of ``c``'s step time (the time rounded on a grid of powers of ``1 + TIE``): layouts in
-    one band tie."""
-    return round(math.log(c.time_s) / math.log1p(TIE))
+    """The :data:`TIE` band of the step time ``c`` is ranked by (:attr:`Candidate.ranked_s`, rounded on a grid of
+    powers of ``1 + TIE``): layouts in one band tie."""
+    return round(math.log(c.ranked_s) / math.log1p(TIE))
 
 
 def tie_break(c: Candidate, other: Candidate) -> str:

@@ -64,6 +64,8 @@ def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, resc
     words = [step_sum(st)]
     words += [w for w in (_collectives(st), _tp_across_nodes(c, cluster), _fsdp_exposed(c, batch, task),
                           _idle(c, cluster, batch, config), _accumulated(c, batch), _recomputed(c), _bubble(c)) if w]
+    if c.standing is not None and c.standing.text():
+        words.append(c.standing.text())
     words += _standing(c, best, previous)
     if hbm is not None:
         words.append(f"uses {c.ledger.total / hbm:.0%} of HBM")
@@ -200,14 +202,15 @@ def _bubble(c: Candidate) -> str:
 
 
 def _standing(c: Candidate, best: Candidate | None, previous: Candidate | None) -> list[str]:
-    """How far ``c`` is from the best, and what broke a tie with the layout ranked before it."""
+    """How far ``c`` is from the best (by the step times the ranking reads: a range's slow end), and what broke a
+    tie with the layout ranked before it."""
     if best is not None and c is not best:
-        words = [f"{c.time_s / best.time_s:.2f}x the best"]
+        words = [f"{c.ranked_s / best.ranked_s:.2f}x the best" + (" at its slow end" if c.unvalidated else "")]
         why_after = tie_break(c, previous) if previous is not None else ""
         if why_after:
             words.append(f"ties with the row above (the same {TIE:.0%} band of step time), ranked after it for "
                          f"{why_after}")
         return words
     if best is c:
-        return ["the fastest that fits"]
+        return ["first by its slow end" if c.unvalidated else "the fastest that fits"]
     return []

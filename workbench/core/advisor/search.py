@@ -28,9 +28,11 @@ from workbench.core.advisor.constraints import (
 )
 from workbench.core.advisor.rank import pricer, ranked_and_rejected
 from workbench.core.advisor.reasons import explain
+from workbench.core.advisor.regimes import standing
 from workbench.core.axes import EMPTY, EP, FSDP, MODE_DECODE, MODE_TRAIN, SP, DynamicShardingAxes, PartitionAxis
 from workbench.core.checks import one_of, positive_int
 from workbench.core.cost.ledger import ledger
+from workbench.core.cost.price import price
 from workbench.core.mesh import MESH_AXES
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.sharding import flat_params, path_str, remembered_params
@@ -69,6 +71,8 @@ def advise(model_or_config: tp.Any, cluster: tp.Any, *, batch_tokens: int, seq_l
     pruned: dict[str, int] = {}
     with remembered_params():  # the same abstract models resolved on every mesh: flattened once each
         candidates = [c for part, shape in _shapes(rq, pruned) for c in _layouts(rq, part, shape)]
+    if rq.task == "train" and efficiency is None and rq.constraints.ranking == "evidence":
+        _stand(rq, candidates)
     ranked, rejected = ranked_and_rejected(candidates)
     advice = Advice(rq.model, cluster, task, batch if task != "decode" else (batch[0], seq_len), optimizer, ranked,
                     rejected, len(candidates), pruned, 0.0)
@@ -200,6 +204,20 @@ def _layouts(rq: _Request, part: tp.Any, shape: dict[str, int]) -> tp.Iterator[C
                                       cluster=part if idle else None, idle=idle)
         price_at = functools.partial(_price_at, rq, part, plan)
         yield from _held(ledger_at, candidate, price_at, accumulations, rq.remats, rq.usable)
+
+
+def _stand(rq: _Request, candidates: tp.Sequence[Candidate]) -> None:
+    """Each fitting candidate's :class:`~workbench.core.advisor.regimes.Standing`: the published runs that
+    validate its layout's regimes, or its range."""
+    for c in candidates:
+        if c.fits:
+            part = c.cluster or rq.cluster
+            reprice = functools.partial(_reprice, rq, part)
+            c.standing = standing(c.plan, part, rq.seq_len, c.time_s, reprice)
+
+
+def _reprice(rq: _Request, part: tp.Any, plan: Plan, **options: tp.Any) -> tp.Any:
+    return price(plan, rq.config, part, rq.batch, rq.task, kv_length=rq.kv_length, **options)
 
 
 def _candidate(plan: Plan, *, remat: str, grad_accumulation: int, **fields: tp.Any) -> Candidate:

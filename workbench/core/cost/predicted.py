@@ -60,7 +60,8 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
                  kv_length: int | None = None, dtype: tp.Any = "bf16", efficiency: float | None = None,
                  overlap: bool = True, batch_axes: tp.Sequence[str] = BATCH_AXES, zero_stage: int = 0,
                  grad_accumulation: int = 1, recompute: float | None = None, capacity_factor: float | None = None,
-                 tp_overlap: bool | None = None, causal: bool = True, experts_fsdp: bool = True) -> StepTime:
+                 tp_overlap: bool | None = None, causal: bool = True, experts_fsdp: bool = True,
+                 ring_overlap: bool = True) -> StepTime:
     """The predicted time of one ``task`` step of ``config`` on ``cluster`` with a mesh of ``mesh_shape`` (workbench
     axes, e.g. ``{"fsdp": 16, "tp": 4}``), derived from shapes alone (:mod:`~workbench.core.cost.work` and
     :mod:`~workbench.core.cost.parallel` derive every term).
@@ -81,7 +82,9 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     each expert to ``factor x`` its balanced share of tokens (None: dropless, ragged GEMMs); ``tp_overlap`` hides
     the tensor-parallel collectives behind the matmuls (collective matmul, async TP; default: on TPU, where XLA
     decomposes them into windowed einsums unless told not to, off on GPU, where it takes async TP or Megatron's
-    ``--tp-comm-overlap``); ``causal`` lets the attention kernel skip masked tiles; ``experts_fsdp=False`` keeps the
+    ``--tp-comm-overlap``); ``causal`` lets the attention kernel skip masked tiles; ``ring_overlap=False``
+    leaves ring attention's passes exposed instead of hidden behind the attention kernels (the slow end of a
+    ring no published run validates: :mod:`workbench.core.advisor.regimes`); ``experts_fsdp=False`` keeps the
     expert weights whole over ``fsdp`` (split over ``ep`` and ``tp`` only: no gathers, an all-reduce of their
     gradients over the data axes instead). ``efficiency`` (a float) prices
     the old way instead: the roofline with matmuls at that fraction of peak, compute, memory and communication
@@ -105,7 +108,7 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     if tp_overlap is None:
         tp_overlap = cluster.platform == "tpu"
     return measured_step(counts, step, cluster, overlap=overlap, tp_overlap=tp_overlap, staged=staged,
-                         model_flops=model)
+                         model_flops=model, ring_overlap=ring_overlap)
 
 
 def _check(task: str, remat: str, batch: tp.Any, batch_axes: tp.Sequence[str], mesh_shape: tp.Mapping[str, int],

@@ -16,10 +16,10 @@ from workbench.core.plan import Plan
 
 def price(plan: Plan, model: tp.Any, cluster: Cluster, batch: tuple[int, int], task: str = "train", *,
           kv_length: int | None = None, efficiency: float | None = None, overlap: bool = True,
-          causal: bool = True) -> StepTime:
+          causal: bool = True, ring_overlap: bool = True) -> StepTime:
     """The predicted time of one ``task`` step of ``model`` (a model or its config) run as ``plan`` on ``cluster``,
     for a global ``batch = (sequences, length)`` (:func:`~workbench.core.cost.predicted.predict_step` says what
-    each term is and what ``kv_length``, ``efficiency``, ``overlap`` and ``causal`` change)."""
+    each term is and what ``kv_length``, ``efficiency``, ``overlap``, ``causal`` and ``ring_overlap`` change)."""
     if not isinstance(plan, Plan):
         raise TypeError(f"plan is a workbench.core.plan.Plan; got {type(plan).__name__}")
     config = getattr(model, "config", model)
@@ -28,7 +28,7 @@ def price(plan: Plan, model: tp.Any, cluster: Cluster, batch: tuple[int, int], t
                         overlap=overlap, batch_axes=plan.batch_axes, zero_stage=plan.zero_stage,
                         grad_accumulation=plan.grad_accumulation, recompute=plan.recompute,
                         capacity_factor=plan.capacity_factor, tp_overlap=plan.tp_overlap, causal=causal,
-                        experts_fsdp=plan.experts_fsdp)
+                        experts_fsdp=plan.experts_fsdp, ring_overlap=ring_overlap)
 
 
 __all__ = ["price"]

@@ -54,12 +54,12 @@ def roofline_step(counts: StepCounts, step: StepSizes, cluster: Cluster, *, effi
 
 
 def measured_step(counts: StepCounts, step: StepSizes, cluster: Cluster, *, overlap: bool, tp_overlap: bool,
-                  staged: dict[str, float], model_flops: float) -> StepTime:
+                  staged: dict[str, float], model_flops: float, ring_overlap: bool = True) -> StepTime:
     """The step as the measured model prices it (:func:`measured_terms`); its roofline keeps the ideal counts
     with the hardware FLOPs run (``recompute``'s share of what remat="full" recomputes)."""
     mesh = dict(step.sizes)
     timed, terms, achieved = measured_terms(counts, step, cluster, overlap=overlap, tp_overlap=tp_overlap,
-                                            staged=staged)
+                                            staged=staged, ring_overlap=ring_overlap)
     remat, recompute = step.remat_passes, step.recompute
     flops = sum(counts.flops.values())
     line = roofline(flops - (counts.recomputed * (1 - recompute / remat) if remat else 0.0),
@@ -142,13 +142,15 @@ def _timed_collectives(counts: StepCounts, step: StepSizes, cluster: Cluster, ne
 
 
 def measured_terms(counts: StepCounts, step: StepSizes, cluster: Cluster, *, overlap: bool, tp_overlap: bool,
-                   staged: dict[str, float]) -> tuple[tuple[CollectiveTime, ...], tuple[Term, ...], float]:
+                   staged: dict[str, float], ring_overlap: bool = True
+                   ) -> tuple[tuple[CollectiveTime, ...], tuple[Term, ...], float]:
     """The step as the measured model prices it: its collectives at the network's attained bandwidth, the terms
     whose sum is the step (the bubble last) and the matmuls' achieved fraction of peak.
 
     FSDP gathers and gradient reductions hide behind the forward's and backward's work
     (:func:`~.parallel.data.exposed_s`), ring attention's passes behind the attention kernels
-    (:func:`~.parallel.sequence.exposed_s`); tensor-, expert- and pipeline-parallel collectives sit between
+    (:func:`~.parallel.sequence.exposed_s`; all of them exposed without ``ring_overlap``); tensor-, expert- and
+    pipeline-parallel collectives sit between
     dependent matmuls: exposed unless ``tp_overlap`` hides the tensor-parallel ones behind the matmuls
     (:func:`~.parallel.tensor.exposed_s`)."""
     kernels = _Kernels(cluster, step.rate)
@@ -161,7 +163,7 @@ def measured_terms(counts: StepCounts, step: StepSizes, cluster: Cluster, *, ove
     forward_s, backward_s = sum(kernels.forward.values()), sum(kernels.backward.values())
     exposed = (data.exposed_s(role_s.get("gather", 0.0), role_runs.get("gather", 0), role_s.get("grad", 0.0),
                               role_runs.get("grad", 0), forward_s, backward_s, train=step.train, overlap=overlap)
-               + sequence.exposed_s(role_s.get("ring", 0.0), attention_s, overlap=overlap))
+               + sequence.exposed_s(role_s.get("ring", 0.0), attention_s, overlap=overlap and ring_overlap))
     critical = (tensor.exposed_s(role_s.get("tp", 0.0), matmul_s, hidden=tp_overlap and overlap)
                 + role_s.get("critical", 0.0))
     achieved = kernels.gemm_flops / (kernels.peaks[step.rate] * matmul_s) if matmul_s else 1.0

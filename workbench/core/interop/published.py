@@ -30,6 +30,9 @@ from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.plan import BATCH_AXES, PRODUCTION, Plan
 
 RUNS_FILE = pathlib.Path(__file__).with_name("published_runs.json")
+# predicted / measured within this band: a run the step model predicts (issue 47's target for every run); a run
+# inside it validates the regimes of its layout (:mod:`workbench.core.advisor.regimes`)
+BAND = (0.7, 1.35)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,4 +142,4 @@ def accuracy() -> Accuracy:
     return Accuracy({run.name: price(run).time_s / run.measured_s for run in published_runs()})
 
 
-__all__ = ["RUNS_FILE", "Accuracy", "PublishedRun", "accuracy", "price", "published_runs"]
+__all__ = ["BAND", "RUNS_FILE", "Accuracy", "PublishedRun", "accuracy", "price", "published_runs"]
