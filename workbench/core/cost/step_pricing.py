@@ -196,8 +196,9 @@ def _terms(kernels: _Kernels, achieved: float, fused: dict[str, float], optimize
                                                         f"the float32 weight, moments and gradient, writes weight "
                                                         f"and moments)"),
         Term("FSDP and gradient communication, exposed", exposed, "communication",
-             "what the forward's and backward's work does not hide, the first gather and the last reduction"
-             if overlap else "nothing hidden (overlap=False)"),
+             "what the forward's and backward's work does not hide, the first gather and the last reduction, "
+             "and ring attention's passes the attention kernels do not hide" if overlap else
+             "nothing hidden (overlap=False)"),
         Term("TP, EP and PP collectives", critical, "communication",
              "between dependent matmuls, on the critical path" + (" (TP hidden by collective matmuls)"
                                                                    if tp_overlap else "")),
