@@ -51,7 +51,10 @@ class Candidate:
     ledger: tp.Any
     price: tp.Callable[[str], tp.Any]  # remat policy -> the predicted step (priced when first asked for)
     fits: bool
-    reason: str = ""
+    # the reason in words: set, or written on first read by ``explain_reason`` (reasons.explain sets it: a search
+    # ranks thousands of rows and shows ten)
+    _reason: str | None = dataclasses.field(default=None, repr=False)
+    explain_reason: tp.Callable[[], str] | None = dataclasses.field(default=None, repr=False)
     cluster: tp.Any = None  # the part of the cluster it runs on, when it leaves chips idle
     idle: int = 0  # devices of the cluster it leaves idle
     compiled: tp.Any = None  # virtual.CompiledAnalysis after confirm
@@ -72,6 +75,17 @@ class Candidate:
     zero_stage = property(lambda self: self.plan.zero_stage)
     grad_accumulation = property(lambda self: self.plan.grad_accumulation)  # microbatches run one after another
     experts_fsdp = property(lambda self: self.plan.experts_fsdp)  # with ep and fsdp: experts split over fsdp too
+
+    @property
+    def reason(self) -> str:
+        """Why this layout ranks where it does, or does not fit, in words (:func:`~.reasons.reason`)."""
+        if self._reason is None:
+            self._reason = self.explain_reason() if self.explain_reason is not None else ""
+        return self._reason
+
+    @reason.setter
+    def reason(self, text: str) -> None:
+        self._reason = text
 
     @functools.cached_property
     def step(self) -> tp.Any:

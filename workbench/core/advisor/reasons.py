@@ -5,6 +5,7 @@ reason once the ranking is known."""
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import typing as tp
 
@@ -22,22 +23,22 @@ _PART_NAMES = {"params": "parameters", "grads": "gradients", "optimizer": "optim
 
 
 def explain(advice: Advice, constraints: Constraints) -> None:
-    """Fill in each candidate's reason (see :func:`reason`)."""
+    """Give each candidate its reason (see :func:`reason`), written when first read."""
     fits_by_shape: dict[tuple, list[Candidate]] = {}
     for c in advice.ranked:
         fits_by_shape.setdefault(tuple(c.mesh_shape.values()), []).append(c)
     best = advice.ranked[0] if advice.ranked else None
     for i, c in enumerate(advice.ranked):
-        c.reason = reason(c, advice.cluster, best=best, batch=advice.batch, task=advice.task,
-                          previous=advice.ranked[i - 1] if i else None,
-                          config=getattr(advice.model, "config", None))
+        c.reason, c.explain_reason = None, functools.partial(
+            reason, c, advice.cluster, best=best, batch=advice.batch, task=advice.task,
+            previous=advice.ranked[i - 1] if i else None, config=getattr(advice.model, "config", None))
     for c in advice.rejected:
         # the fastest fitting layout of the same mesh, with this schedule (and its virtual stages) if one fits,
         # else this remat policy; with ZeRO-1 where that fits
         rescued = sorted(fits_by_shape.get(tuple(c.mesh_shape.values()), []),
                          key=lambda f: (*_schedule_changes(c.pipeline, f.pipeline), f.remat != c.remat, -f.zero_stage))
-        c.reason = reason(c, advice.cluster, rescued_by=rescued[0] if rescued else None,
-                          headroom=constraints.headroom)
+        c.reason, c.explain_reason = None, functools.partial(
+            reason, c, advice.cluster, rescued_by=rescued[0] if rescued else None, headroom=constraints.headroom)
 
 
 def _schedule_changes(was: tp.Any, now: tp.Any) -> tuple[bool, bool]:

@@ -78,11 +78,12 @@ class Regime:
         return self.term != "sp" or self.chunk >= other.chunk
 
     def text(self) -> str:
-        """"tp=8 over nvlink", "sp=4 over ici, 2,048-token chunks", "pp=2 interleaved v=4, 4 microbatches a
-        stage"."""
+        """"tp=8 over nvlink", "sp=4 over ici, 2,048-token chunks", "pp=2 interleaved v=4, m=8 (4 microbatches a
+        stage)"."""
         if self.term == "pp":
             v = f" v={self.virtual}" if self.virtual > 1 else ""
-            return f"pp={self.size} {self.schedule}{v}, {self.per_stage:g} microbatches a stage"
+            m = round(self.per_stage * self.size)
+            return f"pp={self.size} {self.schedule}{v}, m={m} ({self.per_stage:g} microbatches a stage)"
         chunk = f", {self.chunk:,}-token chunks" if self.term == "sp" else ""
         return f"{self.term}={self.size} over {self.level}{chunk}"
 
