@@ -122,7 +122,8 @@ def print_out_of_sample(loo, runs, ratios) -> None:
 
 
 def memory_table(runs) -> None:
-    """Each run's ledger at its recipe (advised with its mesh fixed), against the HBM: the issue's first target."""
+    """Each run's ledger at its recipe (advised with its mesh, pipeline, accumulation and program fixed, as many split
+    axes as it has, tp and sp across nodes where it puts them there), against the HBM: the issue's first target."""
     from workbench.core.advisor import Constraints, advise
     from workbench.core.units import format_bytes
 
@@ -133,9 +134,10 @@ def memory_table(runs) -> None:
         p = run.plan
         mesh = {a: n for a, n in p.mesh_shape.items() if n > 1}
         advice = advise(run.config, run.cluster, batch_tokens=run.batch[0] * run.batch[1], seq_len=run.batch[1],
-                        remat=p.remat, constraints=Constraints(fixed=mesh, pipeline=p.pipeline is not None,
-                                                               grad_accumulation=(p.grad_accumulation,),
-                                                               **p.program()))
+                        remat=p.remat, constraints=Constraints(
+                            fixed=mesh, pipeline=p.pipeline is not None, grad_accumulation=(p.grad_accumulation,),
+                            pipelines=(p.pipeline,) if p.pipeline is not None else (),
+                            max_split_axes=max(3, len(mesh)), tp_across_nodes=True, **p.program()))
         mine = [c for c in advice.ranked + advice.rejected if c.plan.label() == p.label()]
         ranked = [c for c in advice.ranked if c.plan.label() == p.label()]
         if not mine:

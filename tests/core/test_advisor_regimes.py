@@ -150,3 +150,20 @@ def test_a_top_layout_below_the_published_one_s_0_85_is_validated():
 def test_ranking_is_one_of_two():
     with pytest.raises(ValueError, match="evidence"):
         Constraints(ranking="fastest")
+
+
+def test_a_recipe_s_pipeline_is_a_row_when_the_constraints_give_it():
+    """Megatron-Bridge's Llama-3-70B on 64 H100s: pp=8 x dp=2 x tp=4, 64 microbatches interleaved at v=5, which the
+    advisor's own pipelines (m = p, 2p, 4p; v = 2, 4) never try. Given in ``Constraints.pipelines`` it is the only
+    pipeline of each pp=8 layout, ranked with its ledger; one of other stages is skipped."""
+    run = next(r for r in published_runs() if r.name == "megatron-bridge-25.11-llama3-70b-h100x64-fp8cs")
+    p = run.plan
+    mesh = {a: n for a, n in p.mesh_shape.items() if n > 1}
+    advice = advise(run.config, run.cluster, batch_tokens=run.batch[0] * run.batch[1], seq_len=run.batch[1],
+                    constraints=Constraints(fixed=mesh, pipelines=(p.pipeline, PipelineConfig(4, 8)),
+                                            **p.program()))
+    rows = advice.ranked + advice.rejected
+    assert rows and {c.pipeline for c in rows} == {p.pipeline}
+    assert any(c.pipeline == p.pipeline for c in advice.ranked)
+    with pytest.raises(TypeError, match="PipelineConfig"):
+        Constraints(pipelines=({"num_stages": 8},))

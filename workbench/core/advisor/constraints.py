@@ -37,7 +37,10 @@ class Constraints:
     (:data:`workbench.core.plan.PRODUCTION`) plans the program production runs. ``ranking``: ``"evidence"`` (a train
     step resting on a regime no published run validates is a range, ranked by its slow end:
     :mod:`~workbench.core.advisor.regimes`) or ``"model"`` (every layout by the step model's prediction alone, as a
-    textbook derivation does)."""
+    textbook derivation does). ``pipelines``: the pipelines a ``pp > 1`` layout may run instead of the advisor's own
+    (1F1B and interleaved at ``m = p, 2p, 4p``): a recipe's schedule, such as Megatron's 64 microbatches interleaved
+    at ``v = 5``; those whose stages are not the mesh's ``pp`` or whose microbatches do not divide a data shard's
+    sequences are skipped."""
 
     fixed: tp.Mapping[str, int] = dataclasses.field(default_factory=dict)
     tp_across_nodes: bool = False
@@ -53,6 +56,7 @@ class Constraints:
     offload: bool = False
     sequence_parallel: bool = False
     ranking: str = "evidence"
+    pipelines: tuple[PipelineConfig, ...] = ()
 
     def program(self) -> dict[str, tp.Any]:
         """``attention``, ``vocab_tiles``, ``offload``, ``sequence_parallel``: keywords of ``Plan`` and ``ledger``."""
@@ -61,6 +65,9 @@ class Constraints:
     def __post_init__(self):
         Plan({}, **self.program())  # checks them
         one_of("Constraints.ranking", self.ranking, RANKINGS)
+        if not all(isinstance(p, PipelineConfig) for p in self.pipelines):
+            raise TypeError(f"Constraints.pipelines is a tuple of PipelineConfig; got {self.pipelines!r}")
+        object.__setattr__(self, "pipelines", tuple(self.pipelines))
         axis_sizes(self.fixed, "Constraints.fixed")
         if not self.grad_accumulation or not all(is_positive_int(k) for k in self.grad_accumulation):
             raise ValueError(f"Constraints.grad_accumulation is a tuple of positive ints (microbatches per step, 1 "

@@ -176,7 +176,7 @@ def _layouts(rq: _Request, part: tp.Any, shape: dict[str, int]) -> tp.Iterator[C
     idle = rq.cluster.num_devices - part.num_devices
     batch_axes = ("fsdp", "dp", "ep") if tokens_over_ep(shape) else ("fsdp", "dp")
     rows = rq.batch[0] // math.prod(shape[a] for a in batch_axes)  # sequences per data shard
-    pipelines = pipeline_configs(shape["pp"], rows, rq.layers) if shape["pp"] > 1 else [None]
+    pipelines = _pipelines(rq, shape["pp"], rows) if shape["pp"] > 1 else [None]
     shape_pa = batch_partition_axis(pipeline_partition_axis(rq.partition_axis) if shape["pp"] > 1 else
                                     rq.partition_axis, shape)
     # with ep and fsdp, the experts either split over fsdp too (gathered like every weight) or stay whole
@@ -204,6 +204,15 @@ def _layouts(rq: _Request, part: tp.Any, shape: dict[str, int]) -> tp.Iterator[C
                                       cluster=part if idle else None, idle=idle)
         price_at = functools.partial(_price_at, rq, part, plan)
         yield from _held(ledger_at, candidate, price_at, accumulations, rq.remats, rq.usable)
+
+
+def _pipelines(rq: _Request, pp: int, rows: int) -> list[tp.Any]:
+    """The pipelines a ``pp``-stage layout with ``rows`` sequences a data shard may run: those the constraints
+    give (of ``pp`` stages, microbatches dividing the rows), else the advisor's own (:func:`pipeline_configs`)."""
+    given = rq.constraints.pipelines
+    if given:
+        return [p for p in given if p.num_stages == pp and rows % p.num_microbatches == 0]
+    return pipeline_configs(pp, rows, rq.layers)
 
 
 def _stand(rq: _Request, candidates: tp.Sequence[Candidate]) -> None:
