@@ -28,10 +28,13 @@ def explain(advice: Advice, constraints: Constraints) -> None:
     for c in advice.ranked:
         fits_by_shape.setdefault(tuple(c.mesh_shape.values()), []).append(c)
     best = advice.ranked[0] if advice.ranked else None
+    # rows predicted faster than the first that rank after it: they rest on regimes no published run validates
+    faster = sum(c.time_s < best.time_s * (1 - TIE) for c in advice.ranked) if best is not None else 0
     for i, c in enumerate(advice.ranked):
         c.reason, c.explain_reason = None, functools.partial(
             reason, c, advice.cluster, best=best, batch=advice.batch, task=advice.task,
-            previous=advice.ranked[i - 1] if i else None, config=getattr(advice.model, "config", None))
+            previous=advice.ranked[i - 1] if i else None, config=getattr(advice.model, "config", None),
+            faster=faster if i == 0 else 0)
     for c in advice.rejected:
         # the fastest fitting layout of the same mesh, with this schedule (and its virtual stages) if one fits,
         # else this remat policy; with ZeRO-1 where that fits
@@ -50,14 +53,14 @@ def _schedule_changes(was: tp.Any, now: tp.Any) -> tuple[bool, bool]:
 
 def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, rescued_by: Candidate | None = None,
            batch: tuple[int, int] | None = None, task: str = "train", headroom: float = 0.0,
-           previous: Candidate | None = None, config: tp.Any = None) -> str:
+           previous: Candidate | None = None, config: tp.Any = None, faster: int = 0) -> str:
     """Why ``c`` ranks where it does, in words, each with the number that decides it: what it does not fit by (and
     which change of its mesh would fit, named), or what its step is made of (:func:`~.breakdown.step_sum`: the
     parts named add up to the step) and what bounds it (collectives longer than the work, a tensor-parallel group
     across nodes, too few tokens per chip to hide FSDP's gathers, a pipeline bubble), the
     chips it leaves idle and why (with ``config``: which of the sequences, heads and layers the idle-making
     factors do not divide), how far it is from the best, and what broke a tie with the layout ranked before it
-    (``previous``)."""
+    (``previous``); the first row says how many rows (``faster``) are predicted faster but rank after it."""
     hbm = cluster.hbm_per_device
     if not c.fits:
         return _misfit(c, hbm * (1 - headroom), rescued_by)
@@ -67,7 +70,7 @@ def reason(c: Candidate, cluster: tp.Any, *, best: Candidate | None = None, resc
                           _idle(c, cluster, batch, config), _accumulated(c, batch), _recomputed(c), _bubble(c)) if w]
     if c.standing is not None and c.standing.text():
         words.append(c.standing.text())
-    words += _standing(c, best, previous)
+    words += _standing(c, best, previous, faster)
     if hbm is not None:
         words.append(f"uses {c.ledger.total / hbm:.0%} of HBM")
     return "; ".join(words)
@@ -202,7 +205,7 @@ def _bubble(c: Candidate) -> str:
     return f"pipeline bubble {bubble:.0%} (p={c.pipeline.num_stages}, m={c.pipeline.num_microbatches})"
 
 
-def _standing(c: Candidate, best: Candidate | None, previous: Candidate | None) -> list[str]:
+def _standing(c: Candidate, best: Candidate | None, previous: Candidate | None, faster: int = 0) -> list[str]:
     """How far ``c`` is from the best (by the step times the ranking reads: a range's slow end), and what broke a
     tie with the layout ranked before it."""
     if best is not None and c is not best:
@@ -212,6 +215,11 @@ def _standing(c: Candidate, best: Candidate | None, previous: Candidate | None) 
             words.append(f"ties with the row above (the same {TIE:.0%} band of step time), ranked after it for "
                          f"{why_after}")
         return words
+    if best is c and faster:
+        first = "first by its slow end" if c.unvalidated else \
+            "first: the fastest whose every part published runs validate"
+        return [f"{first} ({faster:,} layout{'s' if faster > 1 else ''} predicted faster rest on regimes no "
+                f"published run validates, ranked by their slow ends)"]
     if best is c:
         return ["first by its slow end" if c.unvalidated else "the fastest that fits"]
     return []
