@@ -37,6 +37,8 @@ import math
 import typing as tp
 
 from workbench.core.hardware.network import span
+from workbench.core.interop.out_of_sample import out_of_sample
+from workbench.core.interop.published import BAND, published_runs
 from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.plan import Plan
 from workbench.core.units import format_seconds
@@ -120,9 +122,6 @@ class Evidence:
 def validated() -> tuple[Evidence, ...]:
     """Every regime of every published run predicted within :data:`~workbench.core.interop.published.BAND` out
     of sample, with its run."""
-    from workbench.core.interop.out_of_sample import out_of_sample
-    from workbench.core.interop.published import BAND, published_runs
-
     ratios = out_of_sample().ratios
     return tuple(Evidence(run.name, ratios[run.name], regime) for run in published_runs()
                  if BAND[0] <= ratios[run.name] <= BAND[1]
@@ -142,8 +141,6 @@ def _as_priced(regime: Regime, run: tp.Any) -> bool:
 def lowest_ratio() -> float:
     """The lowest predicted / measured ratio on the published runs out of sample: the model's largest miss
     towards too fast, which the slow end of a range allows."""
-    from workbench.core.interop.out_of_sample import out_of_sample
-
     return out_of_sample().accuracy.low
 
 
