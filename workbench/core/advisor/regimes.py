@@ -144,6 +144,7 @@ def lowest_ratio() -> float:
     return out_of_sample().accuracy.low
 
 
+@functools.cache  # a search asks for the same few dozen regimes thousands of times
 def evidence(regime: Regime) -> Evidence | None:
     """The published run nearest ``regime`` that validates it (closest in size, then in ratio to 1), or None."""
     runs = [e for e in validated() if regime.covered_by(e.regime)]
