@@ -106,9 +106,9 @@ def print_out_of_sample(loo, runs, ratios) -> None:
                 f"median |ratio| {acc.median_abs:.3f}x")
 
     unfitted = set(loo.unfitted())
-    print("\nIn sample and out of it (leave-one-out: the GEMM rates fitted to these runs, each TPU chip's and the fp8 "
-          "one on H100 / H200,\nrefitted without the run each prices; the TPU constants the four chips share are "
-          "not refitted):")
+    print("\nIn sample and out of it (leave-one-out: the constants fitted to these runs, each TPU chip's GEMM rate, "
+          "the fp8 one on H100 / H200\nand the Triton flash-attention rate, refitted without the run each prices; "
+          "the TPU constants the four chips share are not refitted):")
     print(line("in sample, the constants as shipped", list(ratios)))
     print(line("out of sample, leave-one-out", [loo.ratios[r.name] for r in runs]))
     print(line("runs no constant was fitted to (as shipped)", [loo.ratios[r.name] for r in runs if r.name in unfitted]))
@@ -195,6 +195,11 @@ def main() -> None:
     for chip in sorted({run.chip for run in runs}):
         mine = [r for run, r in zip(runs, ratios, strict=True) if run.chip == chip]
         print(f"  {chip:<24} {len(mine):>2} runs: {min(mine):.2f} to {max(mine):.2f}")
+    for label, lo, hi in (("up to 8,192 tokens a sequence", 0, 8192), ("16,384-65,536 tokens", 16384, 65536)):
+        mine = [r for run, r in zip(runs, ratios, strict=True) if lo <= run.batch[1] <= hi]
+        if mine:
+            print(f"  {label:<30} {len(mine):>2} runs: {min(mine):.2f} to {max(mine):.2f}, median |ratio| "
+                  f"{Accuracy(dict(enumerate(mine))).median_abs:.3f}x")
     print_out_of_sample(loo, runs, ratios)
     memory_table(runs)
     print("\nSources: each run's url, revision and quoted measurement are in "

@@ -1,10 +1,11 @@
 """Builds workbench/core/interop/published_runs.json from the raw records beside this file (published_runs_tpu.json,
 published_runs_gpu.json: every quote and derivation): which runs have a complete configuration, and the choices
 made in pricing each (the recompute fraction a remat policy comes to, the batch axes, the chip). Run it after
-editing a raw record: python benchmarks/data/build_published_runs.py"""
+editing a raw record: python benchmarks/data/build_published_runs.py (or ... OUT.json to write elsewhere)"""
 
 import json
 import pathlib
+import sys
 
 root = str(pathlib.Path(__file__).resolve().parents[2]) + "/"
 T = {r["name"]: r for r in json.load(open(root + "benchmarks/data/published_runs_tpu.json"))}
@@ -42,9 +43,13 @@ def maxtext2023(m):
                  norm="rms", position="rope")
 
 
-def gpt(m, vocab):
-    return _gelu("gpt3", m, kv_heads=m["num_attention_heads"], head_dim=m["hidden_size"] // m["num_attention_heads"],
-                 vocab=vocab, norm="layer", position="learned")
+def gpt(m, vocab, positions=None):
+    """``positions``: the learned position table's rows, where the run sized it (else the config's default)."""
+    out = _gelu("gpt3", m, kv_heads=m["num_attention_heads"], head_dim=m["hidden_size"] // m["num_attention_heads"],
+                vocab=vocab, norm="layer", position="learned")
+    if positions is not None:
+        out["config"]["max_position_embeddings"] = positions
+    return out
 
 
 def src(r):
@@ -284,16 +289,67 @@ for name, mesh, pipe, ga, model in (
     if ga > 1:
         kw["grad_accumulation"] = ga
     add(raw, **kw)
+
+# --- GPU: llm-foundry's MPT runs at 8k-64k tokens a sequence (FSDP on one 8-GPU node) ----------------------------
+for name in [n for n in G if n.startswith("llmfoundry-")]:
+    raw = G[name]
+    add(
+        raw,
+        framework="llm-foundry",
+        model=gpt(raw["model"], raw["model"]["vocab_size"], positions=raw["model"]["max_position_embeddings"]),
+        cluster=raw["cluster"],
+        mesh=raw["mesh"],
+        batch=raw["batch"],
+        recompute=1.0,
+        remat_note="Composer FSDP activation checkpointing: every block recomputed (full)",
+        dtype="bf16",
+        tp_overlap=False,
+        grad_accumulation=raw["grad_accumulation"],
+        attention="flash_triton",
+        note="llm-foundry's attn_impl 'triton' (Tri Dao's 2022 Triton FlashAttention on triton-pre-mlir), priced at "
+        "its own rate (calibration: attention_kernels['flash_triton'], fitted to these runs)",
+    )
+
+# --- the program each ran (Plan's attention, offload, vocab_tiles; the policies nearest its remat) ----------------
+# every run above used a flash kernel (MaxText's splash, torchtitan's SDPA, Megatron's Transformer Engine)
+OFFLOADED = {n for n in T if n.startswith("tpurecipes-") and "gpt3" not in n}  # MaxText 'offload' remat entries
+PROGRAM = {
+    "tpurecipes-llama3.1-405b-v5p1024": {"vocab_tiles": 4},  # num_vocab_tiling: 4 in its recipe
+    # MaxText's "minimal" saves every projection's output
+    "maxtext-v5p-32b-v5p128": {"remat": "dots_saveable"},
+    "maxtext-v5p-128b-v5p256": {"remat": "dots_saveable"},
+}
+BRIDGE_8B = "megatron-bridge-25.11-llama3-8b-h100x8-fp8cs"
+for r in runs:
+    r.setdefault("attention", "flash")
+    if r["name"] in OFFLOADED:
+        r["offload"] = True
+    r.update(PROGRAM.get(r["name"], {}))
+    if r["name"] == BRIDGE_8B:
+        r.update(
+            recompute=5 / 32,
+            remat="none",
+            remat_note="Megatron-Bridge's perf config (LLAMA3_8B_PRETRAIN_CONFIG_H100_FP8_CS_BASE_CONFIG, "
+            "scripts/performance/configs/llama/llama3_workload_base_configs.py at 5776a6d90; utils/overrides.py sets "
+            "recompute_granularity full, recompute_method block) recomputes 5 of the 32 layers whole: priced as 5/32 "
+            "of the forward recomputed; the ledger does not model block recompute and holds all 32 layers' saved "
+            "activations. TP communication overlapped (perf recipes' default)",
+        )
+
 json.dump(
     {
         "about": "Training steps others measured and published with a complete configuration, as "
         "workbench.core.interop.published prices them. Built from the raw records in "
         "benchmarks/data/published_runs_tpu.json and published_runs_gpu.json (every quote and derivation there); "
-        "the choices made in mapping each run "
-        "(recompute fraction, batch axes, assumptions) are in its fields.",
+        "the choices made in mapping each run (recompute fraction, batch axes, assumptions) are in its fields. "
+        "attention is the kernel each ran (flash: MaxText's splash, torchtitan's SDPA flash/cuDNN, Megatron's "
+        "Transformer Engine fused attention; flash_triton: llm-foundry's Triton FlashAttention); offload says the "
+        "recipe's remat policy keeps its saved tensors in host memory (MaxText's 'offload' entries); vocab_tiles "
+        "is MaxText's num_vocab_tiling. remat, where given, is the workbench policy nearest the run's (MaxText's "
+        "minimal saves every projection's output: dots_saveable); else full where recompute > 0, none at 0.",
         "runs": runs,
     },
-    open(root + "workbench/core/interop/published_runs.json", "w"),
+    open(sys.argv[1] if len(sys.argv) > 1 else root + "workbench/core/interop/published_runs.json", "w"),
     indent=1,
 )
 print(len(runs))

@@ -54,12 +54,13 @@ class Plan:
     platform's default); ``experts_fsdp=False`` keeps expert weights whole over ``fsdp``. The program, which the
     ledger counts (:mod:`workbench.core.cost.ledger`): ``attention`` the kernel
     (:data:`~workbench.core.vocab.ATTENTION_KERNELS`: ``"xla"``, scores materialised, or ``"flash"``, what
-    MaxText, torchtitan, Megatron and NeMo run), ``vocab_tiles`` the chunks the loss's tokens are computed in
+    MaxText, torchtitan, Megatron and NeMo run, or ``"flash_triton"``, llm-foundry's 2022 Triton kernel: no scores
+    either, at its own rate), ``vocab_tiles`` the chunks the loss's tokens are computed in
     (MaxText's ``num_vocab_tiling``), ``offload`` the saved activations kept in host memory, ``sequence_parallel``
     the activations outside tensor parallelism's matmuls split over ``tp`` (Megatron's ``--sequence-parallel``;
     every published TP run uses it). The defaults are the workbench's own program, the one ``confirm`` and the
-    explorer compile; :data:`PRODUCTION` is what the published runs use. The step model prices attention at a
-    flash kernel's rate whichever kernel is named: the XLA attention's time is not modelled.
+    explorer compile; :data:`PRODUCTION` is what the published runs use. The step model prices attention at the
+    named flash kernel's rate, and ``"xla"`` at ``"flash"``'s: the XLA attention's time is not modelled.
     """
 
     mesh_shape: tp.Mapping[str, int]

@@ -8,7 +8,9 @@ TASKS = ("train", "prefill", "decode")
 REMATS = ("none", "dots_saveable", "full")
 OPTIMIZERS = ("adamw", "adafactor", "sgd")
 # how a step's attention runs: "xla" materialises the scores (the workbench's own program), "flash" tiles them in
-# on-chip memory and never writes them to HBM (cuDNN, FlashAttention, TPU splash: what production runs use)
-ATTENTION_KERNELS = ("xla", "flash")
+# on-chip memory and never writes them to HBM (cuDNN, FlashAttention, TPU splash: what production runs use);
+# "flash_triton" is the same algorithm as Tri Dao's 2022 Triton kernel (flash_attn_triton.py on triton-pre-mlir,
+# llm-foundry's attn_impl "triton"), which keeps no scores either but runs at its own, lower rate on an H100
+ATTENTION_KERNELS = ("xla", "flash", "flash_triton")
 
 __all__ = ["ATTENTION_KERNELS", "OPTIMIZERS", "REMATS", "TASKS"]

@@ -28,3 +28,19 @@ def test_price_is_predict_step_with_the_plan_s_fields(plan, batch, task):
 def test_price_takes_a_plan():
     with pytest.raises(TypeError, match=r"plan is a workbench\.core\.plan\.Plan"):
         price({"fsdp": 8}, full_config("llama-3-8b"), Cluster.h100(nodes=1), (8, 4096))
+
+
+def test_the_plans_attention_kernel_sets_the_attention_terms_rate_and_nothing_else():
+    """The 2022 Triton flash kernel at its own long-sequence rate (0.19 of peak on an H100 against cuDNN's 0.59):
+    the attention term grows by their ratio, every other term is the same; "xla" is priced as "flash"."""
+    config, cluster, batch = full_config("llama-3-8b"), Cluster.h100(nodes=1), (8, 32768)
+    steps = {k: price(Plan({"fsdp": 8}, attention=k), config, cluster, batch) for k in ("xla", "flash", "flash_triton")}
+    terms = {k: {t.name: t.seconds for t in s.terms} for k, s in steps.items()}
+    assert terms["xla"] == terms["flash"]
+    name = "attention kernels"
+    assert terms["flash_triton"][name] / terms["flash"][name] == pytest.approx(0.59 / 0.19, rel=1e-9)
+    others = [n for n in terms["flash"] if n not in (name, "FSDP and gradient communication, exposed")]
+    assert {n: terms["flash_triton"][n] for n in others} == {n: terms["flash"][n] for n in others}
+    assert "the 2022 Triton flash attention" in next(t.note for t in steps["flash_triton"].terms if t.name == name)
+    with pytest.raises(ValueError, match="no measured rate for the 'flash_triton' attention kernel on TPU v5p"):
+        price(Plan({"fsdp": 8}, attention="flash_triton"), config, Cluster.tpu("v5p:2x2x2"), batch)

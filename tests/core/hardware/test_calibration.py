@@ -10,12 +10,14 @@ import statistics
 import pytest
 
 from workbench.core.cost.compiled_step import step_time
-from workbench.core.cost.kernels import attention_efficiency, gemm_efficiency, memory_seconds
+from workbench.core.cost.kernels import attention_efficiency, attention_rate, gemm_efficiency, memory_seconds
 from workbench.core.cost.predicted import predict_step
 from workbench.core.hardware.calibration import CALIBRATIONS, calibration
-from workbench.core.hardware.chips import H100
+from workbench.core.hardware.chips import H100, TPU_V5P
 from workbench.core.hardware.cluster import Cluster
+from workbench.core.interop.published import price, published_runs
 from workbench.core.models.presets import full_config
+from workbench.core.vocab import ATTENTION_KERNELS
 
 ROOT = pathlib.Path(__file__).parents[3]
 MEASURED = json.loads((ROOT / "benchmarks/data/h100_measured_2026-11-27.json").read_text())
@@ -56,6 +58,34 @@ def test_flash_attention_within_10_percent():
         assert predicted / a["seconds"] == pytest.approx(1, abs=0.10), (a["seq"], a["head_dim"])
 
 
+def test_the_triton_flash_rate_is_what_two_published_mpt_runs_imply():
+    """llm-foundry's MPT-7B on 8 H100s at 32,768 and 65,536 tokens a sequence (benchmarks/data/
+    published_runs_gpu.json, quoted from its README): the same 1,048,576 tokens a step, so the same matmuls, norms
+    and gathers; the 27.5 s between the steps is attention's extra causal FLOPs, 4.5 x 2 T d a token a layer
+    (forward, backward 2.5x, the full remat's second forward) over 8 GPUs. The step model's difference agrees."""
+    raw = {r["name"]: r for r in json.loads((ROOT / "benchmarks/data/published_runs_gpu.json").read_text())}
+    short, long_ = (raw[f"llmfoundry-mpt-7b-h100x8-fsdp-{k}k-bf16"] for k in (32, 64))
+    (b_s, t_s), (b_l, t_l) = short["batch"], long_["batch"]
+    assert b_s * t_s == b_l * t_l == 1_048_576 and short["model"]["hidden_size"] == 4096
+    measured = long_["measured"]["step_time_s"] - short["measured"]["step_time_s"]
+    extra_flops = b_s * t_s * 4.5 * 2 * (t_l - t_s) * 4096 * 32 / 8
+    assert extra_flops / measured / PEAK == pytest.approx(calibration(H100).attention_kernels["flash_triton"].value,
+                                                          abs=0.01)
+    runs = {r.name: r for r in published_runs()}
+    predicted = [price(runs[f"llmfoundry-mpt-7b-h100x8-fsdp-{k}k-bf16"]).time_s for k in (32, 64)]
+    assert (predicted[1] - predicted[0]) / measured == pytest.approx(1, abs=0.1)
+
+
+def test_a_kernel_without_a_rate_on_a_chip_says_which_have_one():
+    assert attention_rate(H100, "xla") == attention_rate(H100, "flash") == calibration(H100).attention.value
+    assert attention_rate(H100, "flash_triton") < attention_rate(H100, "flash")
+    with pytest.raises(ValueError, match=r"no measured rate for the 'flash_triton' attention kernel on TPU v5p; "
+                                         r"kernels with one there: \['flash', 'xla'\]"):
+        attention_rate(TPU_V5P, "flash_triton")
+    with pytest.raises(ValueError, match="attention"):
+        attention_rate(H100, "flash9")
+
+
 def test_memory_bound_kernels_within_15_percent():
     for row in MEASURED["memory"]:
         predicted = memory_seconds(row["bytes"], H100, H100.hbm_bandwidth)
@@ -83,6 +113,8 @@ def test_every_constant_is_sourced_or_says_it_is_not():
                 path = evidence.source.split(" in this repository")[0]
                 assert path.startswith("benchmarks/data/") and (ROOT / path).is_file(), (name, field)
             assert 0 < evidence.value <= (4 if field == "fusion" else 1), (name, field)
+        for kernel, evidence in cal.attention_kernels.items():
+            assert kernel in ATTENTION_KERNELS and evidence.source and 0 < evidence.value <= 1, (name, kernel)
     assert calibration(H100).gemm.sourced
     with pytest.raises(ValueError, match="calibrated chips"):
         calibration(dataclasses.replace(H100, name="TPU v9"))

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from workbench.core.hardware.calibration import calibration, overridden
-from workbench.core.hardware.chips import TPU_V6E
+from workbench.core.hardware.chips import H100, TPU_V6E
 from workbench.core.interop.out_of_sample import FITTED, accuracy_text, fit, leave_one_out, out_of_sample
 from workbench.core.interop.published import accuracy, published_runs
 
 V6E_GEMM = next(c for c in FITTED if c.label == "TPU v6e gemm")
+TRITON = next(c for c in FITTED if c.field == "attention_kernels.flash_triton")
 
 
 def _v6e_runs():
@@ -66,6 +67,16 @@ def test_the_shipped_constants_are_back_after_refitting():
     with pytest.raises(ValueError, match="not an efficiency"):
         with overridden([TPU_V6E], "tile", 64, "a test"):
             pass
+    with overridden([H100], "attention_kernels.flash_triton", 0.5, "a test"):
+        assert calibration(H100).attention_kernels["flash_triton"].value == 0.5
+        assert calibration(H100).attention.value == 0.59  # the other rates stay
+    assert calibration(H100).attention_kernels["flash_triton"].value == before[TRITON.label]
+
+
+def test_the_triton_rate_is_fitted_to_the_runs_that_ran_that_kernel_only():
+    mine = [r.name for r in published_runs() if TRITON.covers(r)]
+    assert len(mine) == 6 and all(n.startswith("llmfoundry-") for n in mine)
+    assert all(r.plan.attention == "flash_triton" for r in published_runs() if r.name in mine)
 
 
 def test_out_of_sample_every_run_stays_in_the_band_and_unfitted_runs_keep_their_ratio():

@@ -28,12 +28,13 @@ split activations; ``H_l`` heads, ``t_kv`` keys):
   expert row for a MoE, plus the experts' outputs; MLA its two latent norms, the key ``[c ; k_pe]``, the
   value ``c``, the query, ``q_nope``, ``PV`` and its output;
 
-with ``attention="flash"`` (cuDNN, FlashAttention, TPU splash: the kernel production runs use, the rate the step
-model prices) no score is written to HBM: a layer keeps the kernel's output and its float32 log-sum-exp per
-query and head (``H_l``) where the policy saves the attention, instead of ``QK^T`` and the probabilities, and the
-attention's backward recomputes its scores tile by tile in on-chip memory (no score-sized phase). Not measured
-here: XLA:CPU and this libtpu compile the workbench's XLA attention, so the flash ledger is the XLA one with the
-score-sized arrays taken out, the kernels' own design (FlashAttention-2, section 3.1).
+with ``attention="flash"`` (cuDNN, FlashAttention, TPU splash: the kernel production runs use) or
+``"flash_triton"`` (the same algorithm in Triton, at another rate the step model prices) no score is written to
+HBM: a layer keeps the kernel's output and its float32 log-sum-exp per query and head (``H_l``) where the policy
+saves the attention, instead of ``QK^T`` and the probabilities, and the attention's backward recomputes its scores
+tile by tile in on-chip memory (no score-sized phase). Not measured here: XLA:CPU and this libtpu compile the
+workbench's XLA attention, so the flash ledger is the XLA one with the score-sized arrays taken out, the
+kernels' own design (FlashAttention-2, section 3.1).
 
 With ``sequence_parallel=True`` (Megatron-LM's ``--sequence-parallel``, torchtitan's TP plan, MaxText's embed
 activations over its tensor axis) the activations of width ``D`` outside the tensor-parallel matmuls (the layer's
@@ -155,7 +156,7 @@ def layer_set(layout: Layout, prefix: str = "layers/", *, t_kv: int, moe_strateg
     doc for the three policies, the two ``attention`` kernels and ``sequence_parallel``); ``t_kv`` keys per query,
     ``tokens`` the device's tokens (a MoE's capacity)."""
     one_of("attention", attention, ATTENTION_KERNELS)
-    flash = attention == "flash"
+    flash = attention != "xla"  # every flash kernel keeps no scores; they differ in rate only
     sizes = dict(layout.mesh.shape)
     data_axes = set(_data_axes(layout))
     c = layout.config

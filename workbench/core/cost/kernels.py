@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 
+from workbench.core.checks import one_of
 from workbench.core.hardware.calibration import ChipCalibration, calibration
 from workbench.core.hardware.chips import Hardware
+from workbench.core.vocab import ATTENTION_KERNELS
 
 _K_REF = 4096  # the contraction of the large GEMMs ``gemm`` was measured on
 
@@ -41,12 +43,28 @@ def gemm_efficiency(m: float, k: float, n: float, chip: Hardware | ChipCalibrati
     return base * (m / mp) * (k / kp) * (n / np_) * min(1.0, fill) * min(1.0, np_ / cal.n_full)
 
 
-def attention_efficiency(length: float, head_dim: float, chip: Hardware | ChipCalibration) -> float:
+def attention_rate(chip: Hardware | ChipCalibration, kernel: str = "flash") -> float:
+    """The long-sequence fraction of the peak ``kernel``'s forward and backward reach on ``chip`` (at head_dim
+    128): the chip's own rate for a kernel the calibration names (``attention_kernels``), else its production
+    flash kernel's (``attention``). ``"xla"`` is priced as ``"flash"``: the XLA attention's time is not modelled."""
+    cal = _cal(chip)
+    one_of("attention", kernel, ATTENTION_KERNELS)
+    if kernel in ("xla", "flash"):
+        return cal.attention.value
+    if kernel not in cal.attention_kernels:
+        raise ValueError(f"no measured rate for the {kernel!r} attention kernel on {cal.chip}; kernels with one "
+                         f"there: {sorted({'flash', 'xla', *cal.attention_kernels})}")
+    return cal.attention_kernels[kernel].value
+
+
+def attention_efficiency(length: float, head_dim: float, chip: Hardware | ChipCalibration,
+                         kernel: str = "flash") -> float:
     """The fraction of the peak a flash-attention kernel's forward and backward reach over sequences of
-    ``length`` keys with heads of ``head_dim`` (FLOPs of the tiles a causal mask keeps)."""
+    ``length`` keys with heads of ``head_dim`` (FLOPs of the tiles a causal mask keeps); ``kernel`` names it
+    (:func:`attention_rate`)."""
     cal = _cal(chip)
     ref = 128 / (128 + cal.attention_d_half)
-    return cal.attention.value * length / (length + cal.attention_t_half) * (
+    return attention_rate(cal, kernel) * length / (length + cal.attention_t_half) * (
         head_dim / (head_dim + cal.attention_d_half)) / ref
 
 
@@ -55,4 +73,4 @@ def memory_seconds(nbytes: float, chip: Hardware | ChipCalibration, bandwidth: f
     return nbytes / (bandwidth * _cal(chip).hbm.value) if nbytes else 0.0
 
 
-__all__ = ["attention_efficiency", "gemm_efficiency", "memory_seconds"]
+__all__ = ["attention_efficiency", "attention_rate", "gemm_efficiency", "memory_seconds"]

@@ -61,8 +61,9 @@ Parts, per device (every device holds the same; specs divide their dimensions):
   cluster the installed release (``Cluster.tpu(..., libtpu=libtpu_version())``);
 - ``kv_cache``: keys and values of every layer (:func:`kv_cache_bytes`);
 - the program as production runs it (the :class:`~workbench.core.plan.Plan`'s ``attention``, ``vocab_tiles``,
-  ``offload`` and ``sequence_parallel``): a ``"flash"`` attention kernel writes no scores to HBM (no score-sized
-  arrays in ``activations`` or ``temporaries``: :mod:`~workbench.core.cost.activations`); the loss over
+  ``offload`` and ``sequence_parallel``): a flash attention kernel (``"flash"``, ``"flash_triton"``) writes no
+  scores to HBM (no score-sized arrays in ``activations`` or ``temporaries``:
+  :mod:`~workbench.core.cost.activations`); the loss over
   ``vocab_tiles`` chunks of the tokens (MaxText's ``num_vocab_tiling``, chunked cross-entropy) holds one chunk's
   logits; ``offload`` keeps what the remat policy saves in host memory (``host``, beside the HBM parts, not in
   ``total``) and two layers of it in HBM; ``sequence_parallel`` splits the width-``D`` activations outside the
@@ -278,8 +279,8 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
     ``PipelineConfig``, train steps only) counts a pipelined step (see the module doc); ``zero_stage`` (default the
     layout's) splits the optimizer state over ``dp`` at 1; ``grad_accumulation`` (train steps without a pipeline)
     counts one of that many microbatches of ``batch`` and the sum of their gradients (see the module doc).
-    ``attention`` (``"xla"`` or ``"flash"``), ``vocab_tiles``, ``offload`` and ``sequence_parallel`` are the
-    program's (see the module doc; a :class:`~workbench.core.plan.Plan` names them).
+    ``attention`` (``"xla"``, ``"flash"`` or ``"flash_triton"``), ``vocab_tiles``, ``offload`` and
+    ``sequence_parallel`` are the program's (see the module doc; a :class:`~workbench.core.plan.Plan` names them).
     """
     one_of("kind", kind, TASKS)
     one_of("attention", attention, ATTENTION_KERNELS)

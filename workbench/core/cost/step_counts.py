@@ -90,6 +90,7 @@ class StepSizes:
     item_bytes: int  # bytes an element of the weights and activations
     rate: str  # the dtype the matmuls run at
     causal: bool
+    attention: str  # the attention kernel (:data:`~workbench.core.vocab.ATTENTION_KERNELS`), which sets its rate
     capacity_factor: float | None
     experts_fsdp: bool
     layers_attention: int

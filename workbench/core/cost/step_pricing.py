@@ -12,7 +12,7 @@ assumption) or runs them one after another, with matmuls at ``efficiency`` of pe
 
 from __future__ import annotations
 
-from workbench.core.cost.kernels import attention_efficiency, gemm_efficiency, memory_seconds
+from workbench.core.cost.kernels import attention_efficiency, attention_rate, gemm_efficiency, memory_seconds
 from workbench.core.cost.parallel import data, pipeline, sequence, tensor
 from workbench.core.cost.roofline import check_chip, roofline
 from workbench.core.cost.step import CollectiveTime, StepTime, Term, WorkPart
@@ -72,10 +72,11 @@ class _Kernels:
     """A device's kernels at the efficiencies the chip's calibration cites: each priced, the forward's and
     backward's seconds kept per kind, the matmuls' split by what bounds them."""
 
-    def __init__(self, cluster: Cluster, rate: str):
+    def __init__(self, cluster: Cluster, rate: str, attention: str = "flash"):
         check_chip(cluster)
         self.cal = calibration(cluster.chip)
         self.rate = rate
+        self.attention_kernel = attention
         self.peaks = {name: cluster.chip.peak_flops(name) / cluster.devices_per_chip for name in {rate, "bf16"}}
         self.bandwidth = cluster.chip.hbm_bandwidth / cluster.devices_per_chip
         self.forward, self.backward = dict.fromkeys(WORK_KINDS, 0.0), dict.fromkeys(WORK_KINDS, 0.0)
@@ -104,7 +105,8 @@ class _Kernels:
     def add_attention(self, counts: StepCounts) -> float:
         """Price the flash-attention calls (a decode step's bound by reading the KV cache); return their seconds."""
         for dense, causal, length, head_dim, backward, nbytes in counts.attention:
-            compute = dense * causal / (self.peaks["bf16"] * attention_efficiency(length, head_dim, self.cal))
+            compute = dense * causal / (self.peaks["bf16"] * attention_efficiency(length, head_dim, self.cal,
+                                                                                  self.attention_kernel))
             memory = memory_seconds(nbytes, self.cal, self.bandwidth)
             seconds = max(compute, memory)
             self.forward["attention"] += seconds
@@ -153,7 +155,7 @@ def measured_terms(counts: StepCounts, step: StepSizes, cluster: Cluster, *, ove
     pipeline-parallel collectives sit between
     dependent matmuls: exposed unless ``tp_overlap`` hides the tensor-parallel ones behind the matmuls
     (:func:`~.parallel.tensor.exposed_s`)."""
-    kernels = _Kernels(cluster, step.rate)
+    kernels = _Kernels(cluster, step.rate, step.attention)
     matmul_s = kernels.add_gemms(counts)
     attention_s = kernels.add_attention(counts)
     fused = kernels.add_fusions(counts, step.fused_passes)
@@ -176,6 +178,11 @@ def measured_terms(counts: StepCounts, step: StepSizes, cluster: Cluster, *, ove
     return tuple(timed), tuple(terms), min(1.0, achieved)
 
 
+# the attention term's words for each kernel (the XLA attention is priced as a flash kernel: its time is not modelled)
+_KERNEL_WORDS = {"xla": "flash attention (the XLA attention's time is not modelled)", "flash": "flash attention",
+                 "flash_triton": "the 2022 Triton flash attention"}
+
+
 def _terms(kernels: _Kernels, achieved: float, fused: dict[str, float], optimizer_s: float, exposed: float,
            critical: float, *, overlap: bool, tp_overlap: bool) -> list[Term]:
     """The measured step's terms but the bubble, each with how it was priced."""
@@ -185,8 +192,10 @@ def _terms(kernels: _Kernels, achieved: float, fused: dict[str, float], optimize
              f"of peak (each GEMM's shape on the {cal.tile}-wide unit; large ones at {cal.gemm.value:.0%})"),
         Term(HBM_BOUND_KERNELS[0], kernels.gemm_bound["memory"], "memory", f"GEMMs whose operands take longer to "
              f"read than to multiply (few rows: decode), at {cal.hbm.value:.0%} of HBM bandwidth"),
-        Term("attention kernels", kernels.attention["compute"], "compute", "flash attention, masked tiles skipped, "
-             f"forward and backward ({FLASH_BACKWARD}x the forward)"),
+        Term("attention kernels", kernels.attention["compute"], "compute",
+             f"{_KERNEL_WORDS[kernels.attention_kernel]}, masked tiles skipped, forward and backward "
+             f"({FLASH_BACKWARD}x the forward), at {attention_rate(cal, kernels.attention_kernel):.0%} of peak on "
+             f"long sequences"),
         Term(HBM_BOUND_KERNELS[1], kernels.attention["memory"], "memory", "reading the KV cache"),
         Term("memory-bound fusions", sum(fused.values()), "memory", f"norms, RoPE, activations, residuals, MoE "
              f"permutes, the loss, at {cal.hbm.value:.0%} of HBM bandwidth ({cal.fusion.value:g}x the minimal "

@@ -15,7 +15,9 @@ The mechanisms (:mod:`workbench.core.cost.kernels` prices them):
 - **Flash attention** (cuDNN, FlashAttention, TPU splash) reaches ``attention`` of the peak as the sequence grows
   (at ``head_dim`` 128), counting only the FLOPs of the tiles the causal mask keeps (the kernel skips the
   rest); shorter sequences and narrower heads lose ``T / (T + t_half)`` and ``D / (D + d_half)`` (per tile
-  setup amortised over the row and the head).
+  setup amortised over the row and the head). A named kernel with a rate of its own (``attention_kernels``,
+  keyed by :data:`~workbench.core.vocab.ATTENTION_KERNELS`' names) reaches that rate instead, with the same
+  ``t_half`` and ``d_half``.
 - **Memory-bound fusions** (norms, RoPE, activations, residual adds, casts, the loss, the optimizer update)
   move their bytes at ``hbm`` of the HBM bandwidth; ``fusion`` is the HBM traffic the compiler's fusions
   really move over the minimal count of the step model (inputs read once, outputs written once).
@@ -62,6 +64,8 @@ class ChipCalibration:
     fusion: Evidence
     network: Evidence
     gemm_fp8: Evidence | None = None
+    # a kernel's own long-sequence rate where it is not the chip's production one (``attention``)
+    attention_kernels: tp.Mapping[str, Evidence] = dataclasses.field(default_factory=dict, hash=False)
 
 
 _POWER_500W = (500 / 700) ** (1 / 3)
@@ -88,6 +92,13 @@ _H100 = ChipCalibration(
                            "the links' (nccl-tests); chosen, not fitted."),
     gemm_fp8=Evidence(0.55, "not sourced: fp8 GEMMs on H100 reach about 55 % of the 1,979 TFLOP/s fp8 peak in "
                             "torchtitan's float8 runs; the per-tensor scaling casts are priced as fusions."),
+    attention_kernels={"flash_triton": Evidence(
+        0.19, "not sourced: fitted to llm-foundry's six MPT runs at 8,192-65,536 tokens on 8 H100s (attn_impl "
+              "'triton': Tri Dao's flash_attn_triton.py on triton-pre-mlir; benchmarks/published_runs.py refits it "
+              "without each run). Two of them fix it by themselves: MPT-7B's 1,048,576-token steps take 39.49 s at "
+              "32,768 tokens a sequence and 66.98 s at 65,536, the same matmuls, so the 27.49 s between them is "
+              "attention's extra 4.05e16 causal FLOPs (forward, backward, recompute: 4.5 x 2 T d L a token) over 8 "
+              "GPUs: 184 TFLOP/s, 0.19 of 989.")},
 )
 
 # TPU constants: no standalone TPU kernel measurement could be run here or found published with its shapes, so
@@ -117,7 +128,10 @@ CALIBRATIONS: dict[Hardware, ChipCalibration] = {
     H100_500W: dataclasses.replace(
         _H100, chip="H100 96GB HBM2e 500 W",
         gemm=Evidence(round(0.70 * _POWER_500W, 3), "not sourced: the H100 SXM's measured 0.70 times (500/700)^(1/3)"),
-        attention=Evidence(round(0.59 * _POWER_500W, 3), "not sourced: the H100 SXM's 0.59 times (500/700)^(1/3)")),
+        attention=Evidence(round(0.59 * _POWER_500W, 3), "not sourced: the H100 SXM's 0.59 times (500/700)^(1/3)"),
+        attention_kernels={name: Evidence(round(e.value * _POWER_500W, 3), f"not sourced: the H100 SXM's "
+                                                                          f"{e.value} times (500/700)^(1/3)")
+                           for name, e in _H100.attention_kernels.items()}),
     TPU_V4: _tpu("TPU v4", 0.80, 128, 0.55, 0.85, 1.0, 0.80),
     TPU_V5E: _tpu("TPU v5e", 0.80, 128, 0.55, 0.85, 1.0, 0.80),
     TPU_V5P: _tpu("TPU v5p", 0.85, 128, 0.55, 0.85, 1.0, 0.80),
@@ -143,15 +157,22 @@ def calibration(chip: Hardware) -> ChipCalibration:
 @contextlib.contextmanager
 def overridden(chips: tp.Iterable[Hardware], field: str, value: float, source: str) -> tp.Iterator[None]:
     """Within the block, ``field`` of each chip's calibration is ``value`` (an :class:`Evidence` citing
-    ``source``); restored after. For refitting a constant (leave-one-out: :mod:`workbench.core.interop.out_of_sample`),
-    never for shipping one: a shipped constant is edited here with its evidence."""
-    if not isinstance(getattr(_H100, field, None), Evidence):
-        raise ValueError(f"{field!r} is not an efficiency of ChipCalibration; one of "
-                         f"{[f.name for f in dataclasses.fields(ChipCalibration) if f.type.startswith('Evidence')]}")
+    ``source``); restored after. ``field`` names an efficiency (``"gemm"``) or a kernel's own attention rate
+    (``"attention_kernels.flash_triton"``). For refitting a constant (leave-one-out:
+    :mod:`workbench.core.interop.out_of_sample`), never for shipping one: a shipped constant is edited here with
+    its evidence."""
+    name, _, kernel = field.partition(".")
+    efficiencies = [f.name for f in dataclasses.fields(ChipCalibration) if f.type.startswith("Evidence")]
+    if (name != "attention_kernels" or not kernel) and name not in efficiencies:
+        raise ValueError(f"{field!r} is not an efficiency of ChipCalibration; one of {efficiencies}, or "
+                         f"'attention_kernels.<kernel>'")
     saved = {chip: calibration(chip) for chip in chips}
     try:
         for chip, cal in saved.items():
-            CALIBRATIONS[chip] = dataclasses.replace(cal, **{field: Evidence(value, source)})
+            evidence = Evidence(value, source)
+            change = ({name: {**cal.attention_kernels, kernel: evidence}} if name == "attention_kernels"
+                      else {name: evidence})
+            CALIBRATIONS[chip] = dataclasses.replace(cal, **change)
         yield
     finally:
         CALIBRATIONS.update(saved)

@@ -404,6 +404,8 @@ def to_maxtext(recipe: TrainingRecipe) -> str:
         lost.append("the 1F1B pipeline schedule (MaxText's pipeline runs GPipe order: written as its plain pipeline)")
     if p is not None and p.uneven:
         lost.append("uneven pipeline stages (MaxText splits the layers evenly)")
+    if recipe.attention not in ("xla", "flash"):
+        lost.append(f"the {recipe.attention} attention kernel (written as MaxText's flash)")
     if p is not None and p.num_microbatches % p.num_stages:
         raise ValueError(f"MaxText needs num_pipeline_microbatches a multiple of the {p.num_stages} stages; the recipe "
                          f"has {p.num_microbatches}: change the pipeline's num_microbatches")
@@ -430,7 +432,7 @@ def to_maxtext(recipe: TrainingRecipe) -> str:
         lines += [f"{kind}_{_EXPORT_AXES[a]}_parallelism: {shape[a]}" for a in MESH_AXES]
     lines += [f"per_device_batch_size: {_number(pdbs)}", f"max_target_length: {recipe.batch[1]}",
               f"gradient_accumulation_steps: {recipe.grad_accumulation}", *_maxtext_remat(recipe),
-              f"attention: '{'flash' if recipe.attention == 'flash' else 'dot_product'}'"]
+              f"attention: '{'dot_product' if recipe.attention == 'xla' else 'flash'}'"]
     if recipe.vocab_tiles > 1:
         lines.append(f"num_vocab_tiling: {recipe.vocab_tiles}")
     if recipe.zero_stage in (1, 2):

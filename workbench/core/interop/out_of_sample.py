@@ -7,7 +7,9 @@ themselves (:data:`FITTED`):
 
 - each TPU chip's GEMM efficiency (``gemm``), to MaxText's runs on that chip;
 - the H100 family's fp8 GEMM efficiency (``gemm_fp8``), to the fp8 runs on H100 and H200 (torchtitan,
-  Megatron-Bridge, NeMo).
+  Megatron-Bridge, NeMo);
+- the rate of the 2022 Triton flash-attention kernel on H100 (``attention_kernels.flash_triton``), to
+  llm-foundry's MPT runs at 8,192-65,536 tokens a sequence, the only runs that used it.
 
 The fit is written down (:func:`fit`): the value at which its runs' predicted / measured ratios have a geometric
 mean of 1. Leave-one-out (:func:`leave_one_out`) refits every constant that prices a run without that run, and
@@ -37,12 +39,14 @@ LOWEST, HIGHEST = 0.02, 1.0
 
 @dataclasses.dataclass(frozen=True)
 class FittedConstant:
-    """One calibration field fitted to published runs: ``field`` of ``chips``, fitted to their runs (of ``dtype``
-    only, where given)."""
+    """One calibration field fitted to published runs: ``field`` of ``chips`` (an efficiency, or
+    ``"attention_kernels.<kernel>"``), fitted to their runs (of ``dtype`` only, or running the ``attention``
+    kernel only, where given)."""
 
     field: str
     chips: tuple[Hardware, ...]
     dtype: str | None = None
+    attention: str | None = None
 
     @property
     def label(self) -> str:
@@ -51,10 +55,13 @@ class FittedConstant:
 
     def covers(self, run: PublishedRun) -> bool:
         """Whether this constant prices ``run`` (and so was fitted to it)."""
-        return run.cluster.chip in self.chips and (self.dtype is None or run.plan.dtype == self.dtype)
+        return (run.cluster.chip in self.chips and (self.dtype is None or run.plan.dtype == self.dtype)
+                and (self.attention is None or run.plan.attention == self.attention))
 
     def shipped(self) -> float:
-        return getattr(calibration(self.chips[0]), self.field).value
+        name, _, kernel = self.field.partition(".")
+        value = getattr(calibration(self.chips[0]), name)
+        return (value[kernel] if kernel else value).value
 
     def at(self, value: float) -> contextlib.AbstractContextManager[None]:
         """Within the block, this constant is ``value`` on every chip it belongs to."""
@@ -64,6 +71,7 @@ class FittedConstant:
 FITTED: tuple[FittedConstant, ...] = (
     *(FittedConstant("gemm", (chip,)) for chip in (TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E)),
     FittedConstant("gemm_fp8", (H100, H100_500W, H200), dtype="fp8"),
+    FittedConstant("attention_kernels.flash_triton", (H100, H100_500W, H200), attention="flash_triton"),
 )
 
 Pricer = tp.Callable[[PublishedRun], float]
@@ -134,7 +142,7 @@ class OutOfSample:
 
     def text(self) -> str:
         acc = self.accuracy
-        return (f"out of sample (the GEMM rates fitted to these runs refitted without the run each prices) "
+        return (f"out of sample (the constants fitted to these runs refitted without the run each prices) "
                 f"{acc.low:.2f}x to {acc.high:.2f}x, typically within {acc.median_abs - 1:.0%}")
 
 

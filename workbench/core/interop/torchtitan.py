@@ -257,8 +257,10 @@ def to_torchtitan(recipe: TrainingRecipe) -> str:
             f": it splits the {recipe.num_layers} layers over {p.total_stages} stages as " \
             + ", ".join(map(str, torchtitan_stage_layers(recipe.num_layers, p.total_stages)))
         lost.append(f"even pipeline stages (torchtitan counts the embedding and the output as a layer each{split})")
-    if recipe.attention != "flash":
+    if recipe.attention == "xla":
         lost.append("XLA attention with its scores in HBM (torchtitan runs SDPA's flash kernels)")
+    elif recipe.attention != "flash":
+        lost.append(f"the {recipe.attention} attention kernel (torchtitan runs SDPA's flash kernels)")
     if recipe.vocab_tiles > 1:
         lost.append(f"the loss in {recipe.vocab_tiles} vocabulary tiles (torchtitan computes it whole)")
     if recipe.offload:
