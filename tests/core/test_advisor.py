@@ -11,6 +11,7 @@ from flax import nnx
 from workbench.core.advisor import Constraints, advise
 from workbench.core.hardware.cluster import Cluster
 from workbench.core.hardware.network import span
+from workbench.core.interop.published import published_runs
 from workbench.core.models import CausalLM, ModelConfig
 from workbench.core.models.presets import full_config, tiny_config
 from workbench.core.views.explore import Layout
@@ -191,6 +192,25 @@ def test_bad_requests_say_what_to_change():
         Constraints(fixed={"model": 2})
     with pytest.raises(TypeError, match=r"a model .* or a ModelConfig"):
         advise("llama", Cluster.h100(), batch_tokens=64, seq_len=8)
+
+
+def test_the_default_accumulations_are_the_divisors_of_a_shards_sequences_up_to_16():
+    assert Constraints().accumulations(16) == [1, 2, 4, 8, 16] and Constraints().accumulations(64) == [1, 2, 4, 8, 16]
+    assert Constraints().accumulations(21) == [1, 3, 7] and Constraints().accumulations(9) == [1, 3, 9]
+    assert Constraints(grad_accumulation=(2, 4)).accumulations(21) == []
+    with pytest.raises(ValueError, match="or None for the divisors"):
+        Constraints(grad_accumulation=())
+
+
+def test_a_published_layout_that_fits_only_at_an_odd_accumulation_is_ranked():
+    """llm-foundry's MPT-30B on 8 H100s: 168 sequences of 8,192 tokens, 21 a GPU under fsdp=8, which fit the HBM
+    only in microbatches (llm-foundry ran 21 of one sequence); no power of two divides 21, so the advisor must try 3
+    and 7 to rank the published layout."""
+    run = next(r for r in published_runs() if r.name == "llmfoundry-mpt-30b-h100x8-fsdp-8k-bf16")
+    advice = advise(run.config, run.cluster, batch_tokens=run.batch[0] * run.batch[1], seq_len=run.batch[1],
+                    constraints=Constraints(**run.plan.program()))
+    mine = [c for c in advice.ranked if dict(c.mesh_shape) == {**dict.fromkeys(c.mesh_shape, 1), "fsdp": 8}]
+    assert mine and mine[0].fits and mine[0].grad_accumulation in (3, 7)
 
 
 def test_accumulations_that_divide_no_shard_prune_the_layout_and_say_so():

@@ -15,6 +15,7 @@ from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.plan import PROGRAM_FIELDS, Plan
 
 RANKINGS = ("evidence", "model")  # Constraints.ranking
+MOST_MICROBATCHES = 16  # Constraints(grad_accumulation=None) tries the divisors of a data shard's sequences up to this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,9 +30,12 @@ class Constraints:
     of two), also plan on part of it (:meth:`Cluster.part
     <workbench.core.hardware.cluster.Cluster.part>`), saying how many
     chips stay idle; ``grad_accumulation``: the microbatches per step to try (train, no pipeline) where a layout
-    does not fit without remat at fewer. The program every layout runs (:class:`~workbench.core.plan.Plan`'s
+    does not fit without remat at fewer (None: every count up to :data:`MOST_MICROBATCHES` that divides the
+    sequences a data shard holds: 1, 2, 4, 8, 16 for a power of two, 1, 3, 7 for 21). The program every layout
+    runs (:class:`~workbench.core.plan.Plan`'s
     fields of the same names, counted by the ledger): ``attention`` ``"xla"`` (scores in HBM: the workbench's own
-    program, what ``confirm`` compiles) or ``"flash"`` (what production runs use), ``vocab_tiles`` the chunks the
+    program, what ``confirm`` compiles), ``"flash"`` (what production runs use) or ``"flash_triton"`` (llm-foundry's
+    2022 Triton kernel, at its own rate), ``vocab_tiles`` the chunks the
     loss's tokens are computed in, ``offload`` the saved activations in host memory, ``sequence_parallel`` the
     activations outside tensor parallelism's matmuls split over ``tp``; ``Constraints(**PRODUCTION)``
     (:data:`workbench.core.plan.PRODUCTION`) plans the program production runs. ``ranking``: ``"evidence"`` (a train
@@ -50,13 +54,19 @@ class Constraints:
     headroom: float = 0.10
     split_physical_axes: bool = True
     idle_chips: bool = True
-    grad_accumulation: tuple[int, ...] = (1, 2, 4, 8, 16)
+    grad_accumulation: tuple[int, ...] | None = None
     attention: str = "xla"
     vocab_tiles: int = 1
     offload: bool = False
     sequence_parallel: bool = False
     ranking: str = "evidence"
     pipelines: tuple[PipelineConfig, ...] = ()
+
+    def accumulations(self, rows: int) -> list[int]:
+        """The microbatch counts to try for a data shard of ``rows`` sequences: the given ones dividing it, or
+        (``grad_accumulation=None``) every count up to :data:`MOST_MICROBATCHES` that does."""
+        counts = self.grad_accumulation or range(1, MOST_MICROBATCHES + 1)
+        return [k for k in counts if rows % k == 0]
 
     def program(self) -> dict[str, tp.Any]:
         """``attention``, ``vocab_tiles``, ``offload``, ``sequence_parallel``: keywords of ``Plan`` and ``ledger``."""
@@ -69,9 +79,11 @@ class Constraints:
             raise TypeError(f"Constraints.pipelines is a tuple of PipelineConfig; got {self.pipelines!r}")
         object.__setattr__(self, "pipelines", tuple(self.pipelines))
         axis_sizes(self.fixed, "Constraints.fixed")
-        if not self.grad_accumulation or not all(is_positive_int(k) for k in self.grad_accumulation):
+        given = self.grad_accumulation
+        if given is not None and (not given or not all(is_positive_int(k) for k in given)):
             raise ValueError(f"Constraints.grad_accumulation is a tuple of positive ints (microbatches per step, 1 "
-                             f"for none); got {self.grad_accumulation!r}")
+                             f"for none), or None for the divisors of a data shard's sequences up to "
+                             f"{MOST_MICROBATCHES}; got {given!r}")
         if not 0 <= self.headroom < 1:
             raise ValueError(f"Constraints.headroom is a fraction of HBM in [0, 1); got {self.headroom!r}")
         if not is_int(self.max_split_axes) or not 1 <= self.max_split_axes <= len(MESH_AXES):
@@ -163,7 +175,7 @@ def pruned_why(shape: dict[str, int], config: tp.Any, cluster: tp.Any, task: str
         return f"with the {b} sequences not dividing over the data axes"
     if pp > 1 and not pipeline_configs(pp, b // data, layers):
         return "with pp and too few sequences per data shard to microbatch"
-    if task == "train" and pp == 1 and not any((b // data) % k == 0 for k in constraints.grad_accumulation):
+    if task == "train" and pp == 1 and not constraints.accumulations(b // data):
         return "with no allowed grad_accumulation dividing the sequences per data shard"
     # tp and sp are the mesh's innermost axes: consecutive GPUs
     if cluster.platform == "gpu" and not constraints.tp_across_nodes and cluster.gpus_per_node % (tp_ * sp):

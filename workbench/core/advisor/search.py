@@ -192,7 +192,7 @@ def _layouts(rq: _Request, part: tp.Any, shape: dict[str, int]) -> tp.Iterator[C
             continue  # the experts' weights alone, whole over fsdp, overflow HBM: no need to resolve it
         if (depth, experts_fsdp) not in layouts:
             layouts[depth, experts_fsdp] = Layout.of(model, layout_mesh(shape), shape_pa, shape_rules, rq.mode)
-        accumulations = [k for k in rq.constraints.grad_accumulation if rows % k == 0] \
+        accumulations = rq.constraints.accumulations(rows) \
             if rq.task == "train" and pipeline is None else [1]
         program = rq.program
         ledger_at = functools.partial(_ledger_at, model, layouts[depth, experts_fsdp], kind=rq.task, batch=rq.batch,
