@@ -2,6 +2,7 @@
 
 import pytest
 
+from workbench.core.cost.kernels import gemm_efficiency, memory_seconds
 from workbench.core.cost.predicted import predict_step
 from workbench.core.cost.price import price
 from workbench.core.hardware.cluster import Cluster
@@ -44,3 +45,20 @@ def test_the_plans_attention_kernel_sets_the_attention_terms_rate_and_nothing_el
     assert "the 2022 Triton flash attention" in next(t.note for t in steps["flash_triton"].terms if t.name == name)
     with pytest.raises(ValueError, match="no measured rate for the 'flash_triton' attention kernel on TPU v5p"):
         price(Plan({"fsdp": 8}, attention="flash_triton"), config, Cluster.tpu("v5p:2x2x2"), batch)
+
+
+def test_vocabulary_tiling_recomputes_the_heads_forward_in_the_backward():
+    """MaxText's num_vocab_tiling: its custom VJP runs each tile's logits again in the backward, so a tiled loss
+    costs one more forward of the LM head's GEMM (2 x tokens x d x V) and one more float32 pass over the logits."""
+    config, cluster, batch = full_config("llama-3-8b"), Cluster.h100(nodes=1), (8, 8192)
+    whole, tiled = (price(Plan({"fsdp": 8}, vocab_tiles=k), config, cluster, batch) for k in (1, 4))
+    terms = lambda st: {t.name: t.seconds for t in st.terms}
+    tokens, d, vocab = batch[0] * batch[1] / 8, config.hidden_size, config.vocab_size
+    peak = cluster.chip.peak_flops("bf16")
+    head_s = 2 * tokens * d * vocab / (peak * gemm_efficiency(tokens, d, vocab, cluster.chip))
+    assert terms(tiled)["matmuls"] - terms(whole)["matmuls"] == pytest.approx(head_s, rel=1e-9)
+    logits_s = memory_seconds(4 * tokens * vocab, cluster.chip, cluster.chip.hbm_bandwidth)
+    fusions = "memory-bound fusions"
+    assert terms(tiled)[fusions] - terms(whole)[fusions] == pytest.approx(logits_s, rel=1e-9)
+    inference = {k: price(Plan({"fsdp": 8}, vocab_tiles=k), config, cluster, batch, "prefill").time_s for k in (1, 4)}
+    assert inference[1] == inference[4]  # no backward, nothing recomputed

@@ -61,7 +61,7 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
                  overlap: bool = True, batch_axes: tp.Sequence[str] = BATCH_AXES, zero_stage: int = 0,
                  grad_accumulation: int = 1, recompute: float | None = None, capacity_factor: float | None = None,
                  tp_overlap: bool | None = None, causal: bool = True, experts_fsdp: bool = True,
-                 ring_overlap: bool = True, attention: str = "flash") -> StepTime:
+                 ring_overlap: bool = True, attention: str = "flash", vocab_tiles: int = 1) -> StepTime:
     """The predicted time of one ``task`` step of ``config`` on ``cluster`` with a mesh of ``mesh_shape`` (workbench
     axes, e.g. ``{"fsdp": 16, "tp": 4}``), derived from shapes alone (:mod:`~workbench.core.cost.work` and
     :mod:`~workbench.core.cost.parallel` derive every term).
@@ -87,7 +87,9 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     ring no published run validates: :mod:`workbench.core.advisor.regimes`); ``experts_fsdp=False`` keeps the
     expert weights whole over ``fsdp`` (split over ``ep`` and ``tp`` only: no gathers, an all-reduce of their
     gradients over the data axes instead); ``attention`` names the attention kernel, whose rate prices its calls
-    (:func:`~workbench.core.cost.kernels.attention_rate`; ``"xla"`` at the flash rate). ``efficiency`` (a float) prices
+    (:func:`~workbench.core.cost.kernels.attention_rate`; ``"xla"`` at the flash rate); ``vocab_tiles > 1`` computes
+    the loss tile by tile and recomputes each tile's logits in the backward (MaxText's ``num_vocab_tiling``: the LM
+    head's forward GEMM and its float32 logits pass once more). ``efficiency`` (a float) prices
     the old way instead: the roofline with matmuls at that fraction of peak, compute, memory and communication
     overlapped (1: the ideal, whose MFU and HFU are upper bounds). Raises ``ValueError`` for a batch or sequence
     the mesh does not divide, and for ``pp > 1`` without a matching ``pipeline``.
@@ -99,7 +101,7 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     step = _step_sizes(shapes, sizes, batch, task=task, remat=remat, pipeline=pipeline, kv_length=kv_length,
                        rate=rate, batch_axes=batch_axes, zero=zero, grad_accumulation=grad_accumulation,
                        recompute=recompute, capacity_factor=capacity_factor, causal=causal, experts_fsdp=experts_fsdp,
-                       attention=attention)
+                       attention=attention, vocab_tiles=vocab_tiles)
     counts = _count_step(shapes, step)
     staged = staged_shares(shapes, step)
     # MFU's model FLOPs (PaLM's): the whole step's, shared over every device; work a device repeats is not counted
@@ -167,7 +169,7 @@ def _device_tokens(sequences: int, length: int, kv_length: int | None, sp: int, 
 def _step_sizes(shapes: ModelShapes, sizes: dict[str, int], batch: tuple[int, int], *, task: str, remat: str,
                 pipeline: PipelineConfig | None, kv_length: int | None, rate: str, batch_axes: tp.Sequence[str],
                 zero: bool, grad_accumulation: int, recompute: float | None, capacity_factor: float | None,
-                causal: bool, experts_fsdp: bool, attention: str = "flash") -> StepSizes:
+                causal: bool, experts_fsdp: bool, attention: str = "flash", vocab_tiles: int = 1) -> StepSizes:
     """The step as one device runs it (:class:`StepSizes`), once the arguments agree with each other."""
     train = task == "train"
     remat_passes = 1 if train and remat == "full" else 0
@@ -190,6 +192,7 @@ def _step_sizes(shapes: ModelShapes, sizes: dict[str, int], batch: tuple[int, in
         bubble=pipeline.bubble_fraction if pipeline is not None else 0.0, remat_passes=remat_passes,
         recompute=recomputed, recompute_any=remat != "none" or recomputed > 0, item_bytes=ITEM_BYTES[rate],
         rate=rate, causal=causal, attention=one_of("attention", attention, ATTENTION_KERNELS),
+        vocab_tiles=positive_int("vocab_tiles", vocab_tiles, what="a positive int (tiles the loss's tokens are in)"),
         capacity_factor=capacity_factor, experts_fsdp=experts_fsdp,
         layers_attention=shapes.dense_layers + stacked_layers,
         layers_dense=shapes.dense_layers + (0 if shapes.moe else stacked_layers),

@@ -28,7 +28,8 @@ def price(plan: Plan, model: tp.Any, cluster: Cluster, batch: tuple[int, int], t
                         overlap=overlap, batch_axes=plan.batch_axes, zero_stage=plan.zero_stage,
                         grad_accumulation=plan.grad_accumulation, recompute=plan.recompute,
                         capacity_factor=plan.capacity_factor, tp_overlap=plan.tp_overlap, causal=causal,
-                        experts_fsdp=plan.experts_fsdp, ring_overlap=ring_overlap, attention=plan.attention)
+                        experts_fsdp=plan.experts_fsdp, ring_overlap=ring_overlap, attention=plan.attention,
+                        vocab_tiles=plan.vocab_tiles)
 
 
 __all__ = ["price"]

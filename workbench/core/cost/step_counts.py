@@ -91,6 +91,7 @@ class StepSizes:
     rate: str  # the dtype the matmuls run at
     causal: bool
     attention: str  # the attention kernel (:data:`~workbench.core.vocab.ATTENTION_KERNELS`), which sets its rate
+    vocab_tiles: int  # the loss computed in this many tiles of tokens, its logits recomputed in the backward
     capacity_factor: float | None
     experts_fsdp: bool
     layers_attention: int

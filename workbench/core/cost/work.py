@@ -239,7 +239,9 @@ def _expert_gemms(counts: StepCounts, step: StepSizes, shapes: ModelShapes, size
 
 def embedding_head_work(counts: StepCounts, step: StepSizes, shapes: ModelShapes) -> list[WeightGroup]:
     """The LM head's FLOPs and GEMM, the loss's float32 logits, the embedding's lookups (outside the pipeline
-    and the remat policy)."""
+    and the remat policy); under vocabulary tiling the backward recomputes each tile's logits (MaxText's
+    ``vocabulary_tiling.py``: its custom VJP runs the head again, tile by tile): one more forward GEMM and logits
+    pass."""
     tp_size, d, ab, train = step.sizes["tp"], shapes.hidden, step.item_bytes, step.train
     head_tokens, n = step.head_tokens, step.tokens
     head_bytes = shapes.head / tp_size * step.item_bytes
@@ -249,10 +251,11 @@ def embedding_head_work(counts: StepCounts, step: StepSizes, shapes: ModelShapes
     nbytes = head_bytes * ((2 if train else 1) + (1 if train else 0) + (1 + train) * gathered)
     nbytes += ab * head_tokens * vocab * (2 if train else 1) + (LOGITS_PASSES * 4 * head_tokens * vocab if train else 0)
     nbytes += ab * n * d * (4 if train else 2) + (embed_bytes if train else 0)  # lookups (and their gradient)
-    counts.flops["embedding+head"] += (3 if train else 1) * 2 * head_tokens * shapes.head / tp_size
+    again = 1 if train and step.vocab_tiles > 1 else 0  # the tiles' logits recomputed in the backward
+    counts.flops["embedding+head"] += ((3 if train else 1) + again) * 2 * head_tokens * shapes.head / tp_size
     counts.gemm("embedding+head", head_tokens / step.microbatches, d, vocab, step.microbatches,
-                step.microbatches * train)
-    counts.fused["embedding+head"] += ((LOGITS_PASSES * 4 * head_tokens * vocab if train else 0)
+                step.microbatches * train, step.microbatches * again)
+    counts.fused["embedding+head"] += (((LOGITS_PASSES + again) * 4 * head_tokens * vocab if train else 0)
                                        + ab * n * d * (4 if train else 2))
     counts.bytes["embedding+head"] += nbytes
     groups = [WeightGroup("embedding+head", head_bytes, DENSE_WEIGHT_AXES, 1, "head", 2 if train else 1, False)]
