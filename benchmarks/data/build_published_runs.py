@@ -300,14 +300,15 @@ for name in [n for n in G if n.startswith("llmfoundry-")]:
         cluster=raw["cluster"],
         mesh=raw["mesh"],
         batch=raw["batch"],
-        recompute=1.0,
-        remat_note="Composer FSDP activation checkpointing: every block recomputed (full)",
+        recompute=1.0 if raw["activation_checkpointing"] else 0.0,
+        remat_note="Composer FSDP activation checkpointing: every block recomputed (full)"
+        if raw["activation_checkpointing"] else "no activation checkpointing",
         dtype="bf16",
         tp_overlap=False,
         grad_accumulation=raw["grad_accumulation"],
         attention="flash_triton",
         note="llm-foundry's attn_impl 'triton' (Tri Dao's 2022 Triton FlashAttention on triton-pre-mlir), priced at "
-        "its own rate (calibration: attention_kernels['flash_triton'], fitted to these runs)",
+        "its own rate (calibration: attention_kernels['flash_triton'], from two of these runs)",
     )
 
 # --- the program each ran (Plan's attention, offload, vocab_tiles; the policies nearest its remat) ----------------

@@ -184,7 +184,8 @@ class StepTime:
         else:
             text = f"MFU {self.mfu_text()}, {text}"
         if self.terms:
-            return text + f" (predicted: matmuls at {self.efficiency:.0%} of peak, as measured kernels reach)"
+            return text + (f" (predicted: matmuls at {self.efficiency:.0%} of peak, at the chip's calibrated kernel "
+                           f"rates)")
         return text + (" (upper bounds: matmuls at peak)" if self.ideal else
                        f" (matmuls at {self.efficiency:.0%} of peak)")
 

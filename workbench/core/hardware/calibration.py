@@ -93,12 +93,13 @@ _H100 = ChipCalibration(
     gemm_fp8=Evidence(0.55, "not sourced: fp8 GEMMs on H100 reach about 55 % of the 1,979 TFLOP/s fp8 peak in "
                             "torchtitan's float8 runs; the per-tensor scaling casts are priced as fusions."),
     attention_kernels={"flash_triton": Evidence(
-        0.19, "not sourced: fitted to llm-foundry's six MPT runs at 8,192-65,536 tokens on 8 H100s (attn_impl "
-              "'triton': Tri Dao's flash_attn_triton.py on triton-pre-mlir; benchmarks/published_runs.py refits it "
-              "without each run). Two of them fix it by themselves: MPT-7B's 1,048,576-token steps take 39.49 s at "
-              "32,768 tokens a sequence and 66.98 s at 65,536, the same matmuls, so the 27.49 s between them is "
-              "attention's extra 4.05e16 causal FLOPs (forward, backward, recompute: 4.5 x 2 T d L a token) over 8 "
-              "GPUs: 184 TFLOP/s, 0.19 of 989.")},
+        0.19, "not sourced: derived from two of llm-foundry's seventeen MPT runs at 8,192-65,536 tokens on 8 "
+              "H100s (attn_impl 'triton': Tri Dao's flash_attn_triton.py on triton-pre-mlir). MPT-7B's "
+              "1,048,576-token steps take 39.49 s at 32,768 tokens a sequence and 66.98 s at 65,536, the same "
+              "matmuls, so the 27.49 s between them is attention's extra 4.05e16 causal FLOPs (forward, backward, "
+              "recompute: 4.5 x 2 T d L a token) over 8 GPUs: 184 TFLOP/s, 0.186 of 989, shipped as 0.19. The other "
+              "fifteen (MPT-760M to 30B) come out 0.73-1.04x at it; fitted to all seventeen it would be 0.183 "
+              "(benchmarks/published_runs.py refits it without each run).")},
 )
 
 # TPU constants: no standalone TPU kernel measurement could be run here or found published with its shapes, so

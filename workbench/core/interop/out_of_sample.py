@@ -9,7 +9,8 @@ themselves (:data:`FITTED`):
 - the H100 family's fp8 GEMM efficiency (``gemm_fp8``), to the fp8 runs on H100 and H200 (torchtitan,
   Megatron-Bridge, NeMo);
 - the rate of the 2022 Triton flash-attention kernel on H100 (``attention_kernels.flash_triton``), to
-  llm-foundry's MPT runs at 8,192-65,536 tokens a sequence, the only runs that used it.
+  llm-foundry's MPT runs at 8,192-65,536 tokens a sequence, the only runs that used it (shipped at the value two of
+  them give alone: the other fifteen are out of sample for it as shipped).
 
 The fit is written down (:func:`fit`): the value at which its runs' predicted / measured ratios have a geometric
 mean of 1. Leave-one-out (:func:`leave_one_out`) refits every constant that prices a run without that run, and
