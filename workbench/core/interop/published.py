@@ -1,8 +1,9 @@
 """Training steps others measured and published, priced by the step model: how true its predictions are.
 
 ``published_runs.json`` (beside this module) holds each run with a complete configuration (MaxText's recipes and
-README tables on TPU v4, v5e, v5p and v6e; torchtitan, Megatron-Bridge and NeMo on H100 and H200): the model, the
-cluster, the layout, the batch, the recompute, the dtype, the measured step time, and where each was published
+README tables on TPU v4, v5e, v5p and v6e; torchtitan, Megatron-Bridge, NeMo and llm-foundry on H100 and H200): the
+model, the cluster, the layout, the batch, the recompute, the dtype, the program (its attention kernel, vocabulary
+tiles, offload), the measured step time, and where each was published
 (the raw records, every quote and derivation, are in ``benchmarks/data/published_runs_*.json``).
 :func:`price` predicts one from its plan (:func:`workbench.core.cost.price.price`); :func:`accuracy` says how
 far the predictions were from the measurements, which every view prints beside a prediction.
