@@ -19,7 +19,7 @@ from flax import nnx
 
 from workbench.core.models.cache import index32
 from workbench.core.models.generation_config import GenerationConfig
-from workbench.core.models.sampling import decode_loop, history_mask, is_eos, process_logits
+from workbench.core.models.sampling import decode_loop, history_mask, is_eos, last_logits, process_logits
 
 Array = jax.Array
 NEG = -1.0e9
@@ -114,16 +114,16 @@ def beam_programs(graphdef, config: GenerationConfig, prompt_len: int):
                          idx_BKN, finished_BK, improvable_B1, cur_len, ~going, s.ignore_R), cache
 
     def prefill(state, ids_RP, mask_RP, cache):
-        out = nnx.merge(graphdef, state)(ids_RP, mask_RP, cache=cache)
+        logits_RV, cache = last_logits(nnx.merge(graphdef, state), ids_RP, mask_RP, cache)
         b = ids_RP.shape[0] // k
         seq_BKL = jnp.full((b, k, length), fill_value(config), jnp.int32)
         seq_BKL = seq_BKL.at[:, :, :prompt_len].set(ids_RP.reshape(b, k, prompt_len))
         idx_BKN = jnp.full((b, k, n_new), -1, jnp.int32)
-        s = BeamState(out.logits[:, -1].astype(jnp.float32), ids_RP[:, -1], seq_BKL,
+        s = BeamState(logits_RV, ids_RP[:, -1], seq_BKL,
                       jnp.zeros((b, k), jnp.float32).at[:, 1:].set(NEG), idx_BKN, seq_BKL,
                       jnp.full((b, k), NEG, jnp.float32), idx_BKN, jnp.zeros((b, k), bool), jnp.ones((b, 1), bool),
                       jnp.int32(prompt_len), jnp.bool_(False), jnp.argmax(mask_RP != 0, axis=1).astype(jnp.int32))
-        return s, out.cache
+        return s, cache
 
     def decode(state, s: BeamState, cache):
         going = lambda s: ~s.done & (s.cur_len < length)

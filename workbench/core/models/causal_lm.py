@@ -316,6 +316,17 @@ class CausalLM(ModelMethods, nnx.Module):
         x_BTD, cache, router = self.hidden_states(input_ids, attention_mask, cache=cache)
         return CausalLMOutput(self.head(x_BTD).astype(self.logits_dtype), cache, router)
 
+    def last_token_logits(self, input_ids: Array, attention_mask: Array | None = None, *,
+                          cache: KVCache | PagedKVCache | None = None) -> CausalLMOutput:
+        """:meth:`__call__` with logits ``(B, 1, V)`` of the last position only: the LM head reads one row of
+        hidden states, not T (what ``generate``'s prefill needs, as transformers' ``logits_to_keep=1``)."""
+        return compiled_call(self, "_last_token_forward", input_ids, attention_mask, cache)
+
+    def _last_token_forward(self, input_ids: Array, attention_mask: Array | None = None, *,
+                            cache: KVCache | PagedKVCache | None = None) -> CausalLMOutput:
+        x_BTD, cache, router = self.hidden_states(input_ids, attention_mask, cache=cache)
+        return CausalLMOutput(self.head(x_BTD[:, -1:]).astype(self.logits_dtype), cache, router)
+
     @property
     def logits_dtype(self):
         """float32, or float64 for a float64 model (x64 numerics)."""

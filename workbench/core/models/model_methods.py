@@ -87,12 +87,12 @@ class ModelMethods:
 
     # ----- generation
     def generate(self, input_ids, generation_config=None, attention_mask=None, prng_key=None, streamer=None,
-                 cache=None):
+                 cache=None, layer_loop=None):
         """Greedy, sampling or beam search; see :func:`workbench.core.models.generation.generate`."""
         if not self.can_generate():
             raise ValueError(f"{type(self).__name__} has no language-model head; use a CausalLM to generate")
         return generation.generate(self, input_ids, generation_config=generation_config, attention_mask=attention_mask,
-                        prng_key=prng_key, streamer=streamer, cache=cache)
+                                   prng_key=prng_key, streamer=streamer, cache=cache, layer_loop=layer_loop)
 
     def prepare_inputs_for_generation(self, input_ids, max_length: int, attention_mask=None) -> dict:
         """The prefill inputs: ids, mask and a fresh cache of ``max_length`` tokens."""

@@ -126,6 +126,15 @@ def history_mask(ignore_R: Array, length: int, cur_len: Array) -> Array:
     return (pos_1L >= ignore_R[:, None]) & (pos_1L < cur_len)
 
 
+def last_logits(model, ids_BT: Array, mask_BT: Array, cache) -> tuple[Array, tp.Any]:
+    """The last position's logits ``(B, V)`` float32 and the updated cache. Where the model can
+    (``last_token_logits``, a ``CausalLM``) only that position goes through the LM head, as transformers'
+    ``generate`` does (``logits_to_keep=1``): a prompt's other logits are never needed."""
+    last = getattr(model, "last_token_logits", None)
+    out = last(ids_BT, mask_BT, cache=cache) if callable(last) else model(ids_BT, mask_BT, cache=cache)
+    return out.logits[:, -1].astype(jnp.float32), out.cache
+
+
 def decode_loop(model, select: tp.Callable, going: tp.Callable, carry, cache):
     """``while going(carry)``: ``select`` consumes ``carry.logits`` (and may reorder the cache), then, unless
     that was the last step, the model runs on ``carry.next_ids`` for the next logits (never one step too many).
@@ -136,8 +145,7 @@ def decode_loop(model, select: tp.Callable, going: tp.Callable, carry, cache):
 
         def forward(cache):
             ids_R1 = carry.next_ids[:, None]
-            out = model(ids_R1, jnp.ones_like(ids_R1), cache=cache)
-            return out.logits[:, -1].astype(jnp.float32), out.cache
+            return last_logits(model, ids_R1, jnp.ones_like(ids_R1), cache)
 
         logits, cache = jax.lax.cond(going(carry), forward, lambda cache: (carry.logits, cache), cache)
         return carry._replace(logits=logits), cache
@@ -181,13 +189,13 @@ def sample_programs(graphdef, config, prompt_len: int, on_tokens: tp.Callable | 
         return (s.step < n_new) & jnp.any(s.unfinished_B) & ~s.stop
 
     def prefill(state, ids_BP, mask_BP, cache, key):
-        out = nnx.merge(graphdef, state)(ids_BP, mask_BP, cache=cache)
+        logits_BV, cache = last_logits(nnx.merge(graphdef, state), ids_BP, mask_BP, cache)
         b = ids_BP.shape[0]
         seq_BL = jnp.full((b, prompt_len + n_new), fill, jnp.int32).at[:, :prompt_len].set(ids_BP)
-        s = SampleState(out.logits[:, -1].astype(jnp.float32), seq_BL, jnp.zeros((b,), jnp.int32),
+        s = SampleState(logits_BV, seq_BL, jnp.zeros((b,), jnp.int32),
                         jnp.ones((b,), bool), jnp.int32(0), key, jnp.argmax(mask_BP != 0, axis=1).astype(jnp.int32),
                         jnp.bool_(False))
-        return s, out.cache
+        return s, cache
 
     def decode(state, s: SampleState, cache):
         return decode_loop(nnx.merge(graphdef, state), select, going, s, cache)

@@ -7,7 +7,9 @@ shape arithmetic on one traced block, whatever the depth. :func:`run_layers` run
 - ``scan=True``: ``lax.scan`` over the layer axis, so the block is compiled once and compile time
   stays flat in depth;
 - ``scan=False``: a Python loop over static layer slices, every layer its own ops in the HLO
-  (for inspecting one layer); the parameters are the same stacked arrays either way.
+  (for inspecting one layer); the parameters are the same stacked arrays either way;
+- inside :func:`presliced_layers`, a stack whose per-layer arrays are given (views of each layer's slice,
+  :mod:`.layer_views`) runs unrolled over them, slicing nothing: a CPU decode loop reads each weight once.
 
 Per-layer differences are data, not structure. A layer's kind (its sliding window or none, and
 which rotary table it uses) indexes a ``lax.switch`` over one body per kind, so alternating
@@ -18,6 +20,8 @@ writes only its new tokens into it (see ``cache.py``). ``remat`` wraps the per-l
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import typing as tp
 
@@ -121,6 +125,32 @@ def layer_kinds(kinds_L: tp.Sequence[tp.Hashable]) -> tuple[tuple[tp.Any, ...], 
     return tuple(kinds), np.asarray([kinds.index(k) for k in kinds_L], np.int32)
 
 
+_PRESLICED: contextvars.ContextVar[dict[int, tuple[Array, tuple[Array, ...]]] | None] = contextvars.ContextVar(
+    "presliced_layers", default=None)
+
+
+@contextlib.contextmanager
+def presliced_layers(found: dict[int, tuple[Array, tuple[Array, ...]]]) -> tp.Iterator[None]:
+    """While inside, :func:`run_stack` runs a stack whose every parameter ``a`` has ``found[id(a)] == (a,
+    layers)`` unrolled, layer ``i`` reading ``layers[i]`` (no slice of ``a``). See :mod:`.layer_views`."""
+    token = _PRESLICED.set({**(_PRESLICED.get() or {}), **found})
+    try:
+        yield
+    finally:
+        _PRESLICED.reset(token)
+
+
+def _presliced(state: tp.Any) -> list[tuple[Array, ...]] | None:
+    """Each leaf's per-layer arrays where every leaf of ``state`` has them (:func:`presliced_layers`), else None."""
+    found, leaves = _PRESLICED.get(), jax.tree.leaves(state)
+    if not found:
+        return None
+    layers = [found.get(id(a)) for a in leaves]
+    if any(entry is None or entry[0] is not a for entry, a in zip(layers, leaves, strict=True)):
+        return None
+    return [entry[1] for entry in layers]
+
+
 class LayerCache(tp.NamedTuple):
     """What one layer's attention needs of a cache: the call's step, the stacked arrays, the layer index."""
 
@@ -174,7 +204,8 @@ def run_stack(graphdef: nnx.GraphDef, state: nnx.State, x_BTD: Array,
     def remat_(fn):
         return fn if remat == "none" else jax.checkpoint(fn, policy=policy, prevent_cse=not scan)
 
-    if scan:
+    presliced = _presliced(state)
+    if scan and presliced is None:
         def by_kind(x_BTD, kv, state_l, index, kind):
             if len(kinds) == 1:
                 return layer(kinds[0], x_BTD, kv, state_l, index)
@@ -191,8 +222,10 @@ def run_stack(graphdef: nnx.GraphDef, state: nnx.State, x_BTD: Array,
         (x_BTD, kv), routers = jax.lax.scan(body, (x_BTD, kv), (state, jnp.asarray(layer_L), jnp.asarray(kind_L)))
         return x_BTD, kv, routers
     routers = []
+    treedef = jax.tree.structure(state)
     for i in range(n):
-        state_l = jax.tree.map(lambda a, i=i: a[i], state)
+        state_l = (jax.tree.map(lambda a, i=i: a[i], state) if presliced is None else
+                   jax.tree.unflatten(treedef, [layers[i] for layers in presliced]))
         if isinstance(kind_L, np.ndarray):
             run = remat_(functools.partial(layer, kinds[int(kind_L[i])]))
         else:  # chosen at run time (a pipeline stage's kinds): switch, as the scan does
