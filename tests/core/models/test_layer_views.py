@@ -43,8 +43,10 @@ def ours(model, ids, mask, config, **kw):
     return np.asarray(out.sequences)
 
 
-def test_each_view_aliases_its_layer_of_the_stacked_buffer():
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])  # bfloat16: a dtype DLPack cannot name
+def test_each_view_aliases_its_layer_of_the_stacked_buffer(dtype):
     model = tiny("llama", attn_mechanism="vanilla")
+    nnx.update(model, jax.tree.map(lambda a: a.astype(dtype), nnx.state(model)))
     assert lv.viewable(model) and lv.stack_paths(model) == [("layers",)]
     views = lv.layer_views(model)[("layers",)]
     stacked = jax.tree.leaves(nnx.state(model.layers))
@@ -55,6 +57,10 @@ def test_each_view_aliases_its_layer_of_the_stacked_buffer():
             # the same memory: layer i starts i slices into the stacked buffer
             assert v.unsafe_buffer_pointer() == a.unsafe_buffer_pointer() + i * a[0].nbytes
             np.testing.assert_array_equal(np.asarray(v), np.asarray(a)[i])
+    ids = jnp.full((1, 4), 7, jnp.int32)
+    config = GenerationConfig(max_new_tokens=5, do_sample=False, eos_token_id=model.config.vocab_size)
+    np.testing.assert_array_equal(np.asarray(generate(model, ids, config, layer_loop="views").sequences),
+                                  np.asarray(generate(model, ids, config).sequences))
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3", "gpt_oss", "deepseek_v3"])

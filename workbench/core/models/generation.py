@@ -335,8 +335,9 @@ def _program(key: tuple, build: tp.Callable, timings: dict):
 def is_compiled(model: nnx.Module, input_ids, generation_config: GenerationConfig | None = None,
                 attention_mask=None, cache=None, *, streamer: bool = False, prng_key: Array | None = None,
                 layer_loop: str | None = None) -> bool:
-    """Whether ``generate`` with these arguments (``streamer``: with one or not) would reuse compiled
-    programs, so it starts decoding without compiling. Nothing is compiled or run; ``cache`` is not donated.
+    """Whether ``generate`` with these arguments (``streamer``: with one or not; ``layer_loop`` as generate's)
+    would reuse compiled programs, so it starts decoding without compiling. Nothing is compiled or run; ``cache``
+    is not donated.
     """
     config = resolve_config(model, generation_config, np.shape(input_ids)[-1])
     key, args, _ = _plan(model, input_ids, config, attention_mask, prng_key, _stream if streamer else None, cache)

@@ -65,7 +65,8 @@ def viewable(model: nnx.Module) -> bool:
 
 def layer_views(model: nnx.Module) -> Views:
     """Each stack's per-layer states, every array a zero-copy view of its layer's slice of the stacked one
-    (call only where :func:`viewable`)."""
+    (call only where :func:`viewable`). A slice that does not start on the alignment XLA:CPU's buffers need
+    (a layer of an odd size) is copied by ``device_put`` instead: the same values, in new memory."""
     state = nnx.state(model)
     views = {}
     for path in stack_paths(model):
