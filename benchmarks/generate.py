@@ -113,7 +113,7 @@ def run_batch(hf, ours, config, batch: int, runs: int) -> list[tuple[str, ...]]:
     print(f"batch {batch}: greedy tokens identical to HF: {same}")
     times = {name: [] for name in (*caches, "hf")}
     ttft = {name: [] for name in times}
-    steps, loops, floor = {name: [] for name in caches}, {}, read_once(ours)
+    steps, loops, floor = {name: [] for name in caches}, {}, ReadOnce(ours)
     for _ in range(runs):
         for name, make in caches.items():
             cache = make()
@@ -148,7 +148,7 @@ def run_batch(hf, ours, config, batch: int, runs: int) -> list[tuple[str, ...]]:
     return rows
 
 
-class read_once:
+class ReadOnce:
     """The floor of a decode step: the time to read every weight of ``model`` once (a compiled ``jnp.sum`` of each
     parameter, timed beside the steps it is compared with, so both see the same machine)."""
 
@@ -227,7 +227,7 @@ def run_real(tok, hf, ours, batch: int, runs: int, loops: tuple[str, ...]) -> li
         reply = tok.decode(np.asarray(got[loops[0]])[0, ids.shape[1]:], skip_special_tokens=False).replace("\n", " ")
         print(f"  reply: {reply[:150]!r}...")
     times, ttft = {k: [] for k in (*loops, "hf")}, {k: [] for k in (*loops, "hf")}
-    steps, floor = {loop: [] for loop in loops}, read_once(ours)
+    steps, floor = {loop: [] for loop in loops}, ReadOnce(ours)
     for _ in range(runs):
         for loop in loops:
             t0 = time.perf_counter()

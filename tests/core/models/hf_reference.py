@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+from workbench.core.models import ModelConfig, from_hf_state_dict
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -91,6 +93,20 @@ def hf_model(family, *, cls=None, seed=0, **config_changes):
 
 def state_dict(model):
     return {k: v.numpy() for k, v in model.state_dict().items()}
+
+
+def pair(family):
+    """The tiny HF ``family`` model and ours with its weights."""
+    hf = hf_model(family)
+    return hf, from_hf_state_dict(ModelConfig.from_hf(hf.config.to_dict()), state_dict(hf))
+
+
+def hf_generate(hf, ids, mask, config):
+    """HF ``generate`` greedy with the fields ``config`` (a workbench ``GenerationConfig``) sets; both sides fill
+    the rest from the model's generation config, then defaults."""
+    with torch.no_grad():
+        return hf.generate(torch.tensor(ids), attention_mask=torch.tensor(mask), **{"do_sample": False,
+                                                                                   **config.to_hf()}).numpy()
 
 
 def batch(b=B, t=T, pad=PAD, seed=0):

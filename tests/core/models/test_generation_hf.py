@@ -4,28 +4,15 @@ import jax
 import numpy as np
 import pytest
 
-from tests.core.models.hf_reference import batch, hf_model, state_dict, torch
-from workbench.core.models import ModelConfig, from_hf_state_dict
+from tests.core.models.hf_reference import batch, hf_generate, pair
 from workbench.core.models.generation import GenerationConfig, generate
 
 EOS, PAD = 2, 0
 
 
-def pair(family):
-    hf = hf_model(family)
-    return hf, from_hf_state_dict(ModelConfig.from_hf(hf.config.to_dict()), state_dict(hf))
-
-
 @pytest.fixture(scope="module")
 def llama():
     return pair("llama")
-
-
-def hf_generate(hf, ids, mask, config: GenerationConfig):
-    with torch.no_grad():
-        # the fields our config sets; both sides fill the rest from the model's generation config, then defaults
-        return hf.generate(torch.tensor(ids), attention_mask=torch.tensor(mask), **{"do_sample": False,
-                                                                                   **config.to_hf()}).numpy()
 
 
 def ours_generate(model, ids, mask, config, **kw):

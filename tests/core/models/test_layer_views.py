@@ -10,30 +10,19 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.core.models.hf_reference import batch, hf_model, state_dict, torch
+from tests.core.models.hf_reference import batch, hf_generate, pair
 from workbench.core.mesh import make_mesh
-from workbench.core.models import ModelConfig, from_hf_state_dict, tiny
 from workbench.core.models import layer_views as lv
+from workbench.core.models import tiny
 from workbench.core.models.generation import GenerationConfig, generate, is_compiled
 from workbench.core.programs import PROGRAMS
 
 EOS, PAD = 2, 0
 
 
-def pair(family):
-    hf = hf_model(family)
-    return hf, from_hf_state_dict(ModelConfig.from_hf(hf.config.to_dict()), state_dict(hf))
-
-
 @pytest.fixture(scope="module")
 def llama():
     return pair("llama")
-
-
-def hf_generate(hf, ids, mask, config: GenerationConfig):
-    with torch.no_grad():
-        return hf.generate(torch.tensor(ids), attention_mask=torch.tensor(mask), **{"do_sample": False,
-                                                                                   **config.to_hf()}).numpy()
 
 
 def ours(model, ids, mask, config, **kw):

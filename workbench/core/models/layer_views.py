@@ -53,14 +53,12 @@ def stack_paths(model: nnx.Module) -> list[tuple]:
 def viewable(model: nnx.Module) -> bool:
     """Whether the model's arrays live on a platform whose :data:`LAYER_LOOP` is ``"views"`` and each stacked
     weight can be viewed layer by layer (one array on one device)."""
-    leaves = [x for x in jax.tree.leaves(nnx.state(model)) if isinstance(x, jax.Array)]
-    if not leaves or not stack_paths(model):
-        return False
+    state, paths = nnx.state(model), stack_paths(model)
+    leaves = [x for x in jax.tree.leaves(state) if isinstance(x, jax.Array)]
     platforms = {d.platform for x in leaves for d in x.sharding.device_set}
-    if len(platforms) != 1 or LAYER_LOOP.get(platforms.pop(), "scan") != "views":
+    if not paths or len(platforms) != 1 or LAYER_LOOP.get(platforms.pop(), "scan") != "views":
         return False
-    state = nnx.state(model)
-    return all(_viewable(x) for path in stack_paths(model) for x in jax.tree.leaves(_at(state, path)))
+    return all(_viewable(x) for path in paths for x in jax.tree.leaves(_at(state, path)))
 
 
 def layer_views(model: nnx.Module) -> Views:
