@@ -66,7 +66,7 @@ def test_topology_strings_parse():
 
 
 @needs_libtpu
-@pytest.mark.parametrize("topology", ["v5p:4x4x4", "v4:2x2x2", "v5e:4x8"])
+@pytest.mark.parametrize("topology", ["v5p:4x4x4", "v4:2x2x2", "v5e:4x8", "tpu7x:2x2x2", "tpu7x:4x4x4"])
 def test_valid_mesh_shapes_agree_with_jax_on_the_topology(topology):
     """The reference: what jax's mesh_utils accepts for libtpu's devices of that topology, every 2-axis
     factorisation of the device count tried."""
@@ -120,7 +120,7 @@ def test_slices_go_to_the_outermost_mesh_axes_that_can_hold_them():
 
 
 @needs_libtpu
-@pytest.mark.parametrize("topology, slices", [("v5p:4x4x4", 1), ("v5p:4x4x4", 2), ("v6e:4x8", 2)])
+@pytest.mark.parametrize("topology, slices", [("v5p:4x4x4", 1), ("v5p:4x4x4", 2), ("v6e:4x8", 2), ("tpu7x:4x4x4", 1)])
 def test_every_2_axis_shape_is_laid_out_as_jax_lays_it(topology, slices):
     """The reference: jax's own mesh_utils on libtpu's devices of the cluster, for every 2-axis factorisation of
     the device count: create_device_mesh (one slice) or create_hybrid_device_mesh (the slices given out by the

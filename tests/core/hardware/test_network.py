@@ -149,6 +149,9 @@ def _coordinate_parts(group, cluster):
             assert len(steps) == 1, (d, values)
             (stride,) = steps
             parts.append((len(values), stride, axis.wraparound and len(values) * stride == axis.size))
+    cores = {dev.core_on_chip for dev in one_slice if tuple(dev.coords) == tuple(one_slice[0].coords)}
+    if len(cores) > 1:  # a TPU7x chip's two TensorCores, joined by its die-to-die link: a line of them
+        parts.append((len(cores), 1, False))
     return parts
 
 
@@ -163,6 +166,9 @@ def _coordinate_parts(group, cluster):
     ("v6e:16x16", 1, {"dp": 4, "fsdp": 64}, None, None),
     ("v5p:4x4x8", 1, {"dp": 2, "fsdp": 8, "tp": 8}, None, None),
     ("v5p:4x4x8", 1, {"fsdp": 64, "tp": 2}, None, None),
+    ("tpu7x:4x4x4", 1, {"fsdp": 64, "tp": 2}, None, None),
+    ("tpu7x:4x4x4", 1, {"fsdp": 32, "tp": 4}, None, None),
+    ("tpu7x:4x4x4", 2, {"fsdp": 128, "tp": 2}, (1, 1, 2, 1, 1, 1), (1, 1, 64, 1, 2, 1)),
 ])
 def test_span_agrees_with_the_coordinates_of_every_group(topology, slices, sizes, dcn, ici):
     """The reference: the device grid jax's mesh_utils builds on libtpu's devices (create_hybrid_device_mesh with

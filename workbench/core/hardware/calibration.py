@@ -30,7 +30,19 @@ import contextlib
 import dataclasses
 import typing as tp
 
-from workbench.core.hardware.chips import H100, H100_500W, H200, TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, Hardware
+from workbench.core.hardware.chips import (
+    B200,
+    GB200,
+    H100,
+    H100_500W,
+    H200,
+    TPU7X,
+    TPU_V4,
+    TPU_V5E,
+    TPU_V5P,
+    TPU_V6E,
+    Hardware,
+)
 
 H100_MEASURED = ("benchmarks/data/h100_measured_2026-11-27.json in this repository (benchmarks/gpu_constants.py "
                  "on one H100 SXM 80GB, JAX 0.11.2, CUDA 13; commit fd0b56c)")
@@ -120,6 +132,20 @@ def _tpu(chip: str, gemm: float, tile: int, attention: float, hbm: float, fusion
         network=Evidence(network, f"{_TPU_FIT}"))
 
 
+def carried_over(cal: ChipCalibration, chip: str, reason: str) -> ChipCalibration:
+    """``cal``'s constants for ``chip``, each saying it was carried over from ``cal.chip`` (``reason``: why that
+    chip's), never measured on ``chip``: what a chip without a measurement or a fit of its own is priced with."""
+    def carried(e: Evidence) -> Evidence:
+        return Evidence(e.value, f"not sourced: {cal.chip}'s {e.value}, carried over ({reason}); {cal.chip}'s "
+                                 f"evidence: {e.source}")
+    efficiencies = {f.name: carried(getattr(cal, f.name)) for f in dataclasses.fields(ChipCalibration)
+                    if f.type.startswith("Evidence") and getattr(cal, f.name) is not None}
+    return dataclasses.replace(cal, chip=chip, **efficiencies,
+                               attention_kernels={k: carried(e) for k, e in cal.attention_kernels.items()})
+
+
+_V6E = _tpu("TPU v6e", 0.66, 256, 0.55, 0.85, 1.0, 0.80)
+_BLACKWELL = "the Hopper GPU a generation before, with no Blackwell measurement at hand"
 # keyed by the chip itself (a Hardware), never by its name: renaming a chip cannot unlink its calibration
 CALIBRATIONS: dict[Hardware, ChipCalibration] = {
     H100: _H100,
@@ -136,7 +162,10 @@ CALIBRATIONS: dict[Hardware, ChipCalibration] = {
     TPU_V4: _tpu("TPU v4", 0.80, 128, 0.55, 0.85, 1.0, 0.80),
     TPU_V5E: _tpu("TPU v5e", 0.80, 128, 0.55, 0.85, 1.0, 0.80),
     TPU_V5P: _tpu("TPU v5p", 0.85, 128, 0.55, 0.85, 1.0, 0.80),
-    TPU_V6E: _tpu("TPU v6e", 0.66, 256, 0.55, 0.85, 1.0, 0.80),
+    TPU_V6E: _V6E,
+    TPU7X: carried_over(_V6E, "TPU7x (Ironwood)", "the TPU a generation before, with 256x256 MXUs as Ironwood's"),
+    B200: carried_over(_H100, "B200 (DGX / HGX)", _BLACKWELL),
+    GB200: carried_over(_H100, "B200 in GB200 NVL72", _BLACKWELL),
 }
 
 # Framework-level facts, each measured or counted elsewhere.
@@ -180,4 +209,4 @@ def overridden(chips: tp.Iterable[Hardware], field: str, value: float, source: s
 
 
 __all__ = ["ADAMW_F32_BYTES", "CALIBRATIONS", "FLASH_BACKWARD", "ChipCalibration", "Evidence", "calibration",
-           "overridden"]
+           "carried_over", "overridden"]

@@ -3,8 +3,9 @@
 A :class:`Cluster` is data: its chip (a :class:`~workbench.core.hardware.chips.Hardware`: peak FLOP/s per dtype,
 HBM capacity and bandwidth), its device count and its network levels (:class:`NetworkLevel`): a TPU
 slice's ICI torus (axes with or without wraparound) and the DCN between slices; a GPU cluster's NVLink
-inside a node and the inter-node network beside it. Build one with :meth:`Cluster.tpu`,
-:meth:`Cluster.h100`, :meth:`Cluster.h200` or :meth:`Cluster.cpu`:
+inside a node (a GB200 NVL72 rack: 72 GPUs) and the inter-node network beside it. Build one with
+:meth:`Cluster.tpu` (v4, v5e, v5p, v6e, TPU7x), :meth:`Cluster.h100`, :meth:`Cluster.h200`, :meth:`Cluster.b200`,
+:meth:`Cluster.gb200_nvl72` or :meth:`Cluster.cpu`:
 
 >>> c = Cluster.tpu("v5p:4x4x4")
 >>> c.num_devices, c.torus
@@ -36,7 +37,20 @@ import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from workbench.core.checks import is_positive_int, positive_int
-from workbench.core.hardware.chips import H100, H200, RING, SWITCH, TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, Hardware
+from workbench.core.hardware.chips import (
+    B200,
+    GB200,
+    H100,
+    H200,
+    RING,
+    SWITCH,
+    TPU7X,
+    TPU_V4,
+    TPU_V5E,
+    TPU_V5P,
+    TPU_V6E,
+    Hardware,
+)
 from workbench.core.mesh import axis_sizes, mesh_factorizations
 from workbench.core.units import format_bytes
 from workbench.core.xla_log import xla_log_lines
@@ -61,11 +75,13 @@ class TorusPart:
     A whole axis is ``TorusPart(P, axis.wraparound, 1)``; a mesh axis that owns only a part of a physical axis
     (``mesh_utils.create_device_mesh(..., allow_split_physical_axes=True)``, :func:`torus_layout`) has a part
     of fewer chips: contiguous (``stride`` 1) when it is the innermost mesh axis on that physical axis, else
-    strided (see :func:`workbench.core.hardware.network.transfer` for what each costs)."""
+    strided (see :func:`workbench.core.hardware.network.transfer` for what each costs). ``die_to_die``: the part
+    is a chip's TensorCores (TPU7x: two devices a chip), joined by the chip's own link (:data:`DIE_TO_DIE`), not ICI."""
 
     size: int
     wraparound: bool
     stride: int = 1
+    die_to_die: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +106,7 @@ class _TpuGeneration:
     ndim: int  # torus dimensions of a slice's topology string
     pod: tuple[int, ...]  # the largest slice
     chips_per_host: int
-    devices_per_chip: int  # JAX devices per chip: 1 (v4 and v5p run their two TensorCores as one "megacore")
+    devices_per_chip: int  # JAX devices per chip: 1 (v4 and v5p run their two TensorCores as one "megacore"), 2 (TPU7x)
     dcn_per_host: float  # bytes/s one way
     shapes: tuple[str, ...] | None = None  # every allowed shape, where the docs list them all
 
@@ -107,14 +123,27 @@ TPU_GENERATIONS: dict[str, _TpuGeneration] = {
     "v5p": _TpuGeneration(TPU_V5P, 3, (16, 20, 28), 4, 1, 2.5e10),
     "v5e": _TpuGeneration(TPU_V5E, 2, (16, 16), 8, 1, 2 * 100e9 / 8, _2D_SHAPES),
     "v6e": _TpuGeneration(TPU_V6E, 2, (16, 16), 8, 1, 4 * 200e9 / 8, _2D_SHAPES),
+    # TPU7x docs: 3D slices like v5p's (4 chips to a host VM, "AxBxC", cubes of 4x4x4 with full tori), 9,216 chips
+    # a pod (here at most 16x24x24, which is 9,216); each chip two JAX devices. DCN per host assumed 2 x 200 Gb/s
+    # (GKE's Ironwood page: two NICs per 4-chip VM; their speed is not given there).
+    "tpu7x": _TpuGeneration(TPU7X, 3, (16, 24, 24), 4, 2, 2 * 200e9 / 8),
 }
 DCN_LATENCY_S = 1e-5
+# The two TensorCores of a TPU7x chip sit on two dies joined by a die-to-die link whose bandwidth is not published;
+# jax's mesh_utils gives that "core axis" its mesh axis first "due to its higher bandwidth" (than ICI). Priced here
+# at the chip's six ICI links together, one way (6 x 9e10 B/s): an assumption, and a lower bound by that comment.
+DIE_TO_DIE = NetworkLevel("die-to-die", "torus", 6 * TPU7X.link_bandwidth, "chip", ICI_HOP_S)
 # NVIDIA DGX H100 / H200 datasheets: 8 GPUs per node on NVSwitch (NVLink 4: 450 GB/s per GPU per direction,
 # in the chip's Hardware), 8 x 400 Gb/s ConnectX-7 InfiniBand per node = 400 GB/s per node per direction
 # (the scaling book's GPU chapter uses the same). Latencies assumed: ~1 us NVLink hop, ~5 us across nodes.
 GPUS_PER_NODE = 8
 INTER_NODE_PER_NODE = 8 * 400e9 / 8
 NVLINK_HOP_S, INTER_NODE_HOP_S = 1e-6, 5e-6
+# DGX B200 datasheet: 8 GPUs on NVLink 5 (900 GB/s per GPU per direction, in the chip), 8 x 400 Gb/s ConnectX-7 per
+# node, as DGX H100. GB200 NVL72 datasheet: one NVLink domain of 72 GPUs (a rack; jobs often run on 64 of them and keep
+# the rest as spares), each GPU with its own 400 Gb/s ConnectX-7 to the scale-out network: 50 GB/s per GPU one way.
+NVL72_GPUS = 72
+SCALE_OUT_PER_GB200 = 400e9 / 8
 
 
 def _topology_examples() -> str:
@@ -126,7 +155,7 @@ def _topology_examples() -> str:
 
 def parse_topology(topology: str) -> tuple[str, tuple[int, ...]]:
     """``"v5p:4x4x4"`` -> ``("v5p", (4, 4, 4))``; a ValueError listing the valid strings otherwise."""
-    match = re.fullmatch(r"(v\w+):(\d+(?:x\d+)*)", topology.strip()) if isinstance(topology, str) else None
+    match = re.fullmatch(r"(v\w+|tpu\w+):(\d+(?:x\d+)*)", topology.strip()) if isinstance(topology, str) else None
     gen = TPU_GENERATIONS.get(match.group(1)) if match else None
     dims = tuple(int(d) for d in match.group(2).split("x")) if match else ()
     ok = gen is not None and len(dims) == gen.ndim and all(d >= 1 for d in dims)
@@ -177,8 +206,9 @@ class Cluster:
     @classmethod
     def tpu(cls, topology: str, *, slices: int = 1, libtpu: tuple[int, ...] | None = None) -> Cluster:
         """A TPU slice by its topology string (``"v5p:4x4x4"``, ``"v5e:8x8"``, ``"v6e:16x16"``,
-        ``"v4:2x2x2"``), or ``slices`` of them joined by the data-center network; ``libtpu``: its compiler's
-        release (see the class doc)."""
+        ``"v4:2x2x2"``, ``"tpu7x:4x4x4"``), or ``slices`` of them joined by the data-center network; ``libtpu``: its
+        compiler's release (see the class doc). A TPU7x (Ironwood) chip is two devices (its two TensorCores),
+        joined by the chip's die-to-die link (:data:`DIE_TO_DIE`)."""
         generation, dims = parse_topology(topology)
         slices = positive_int("slices", slices)
         if libtpu is not None and not (isinstance(libtpu, tuple) and libtpu and all(
@@ -187,6 +217,8 @@ class Cluster:
         gen = TPU_GENERATIONS[generation]
         torus = tuple(TorusAxis(d, w) for d, w in zip(dims, _wraparound(generation, dims), strict=True))
         levels = [NetworkLevel("ici", "torus", gen.chip.link_bandwidth, "link", ICI_HOP_S)]
+        if gen.devices_per_chip > 1:
+            levels.append(DIE_TO_DIE)
         if slices > 1:
             levels.append(NetworkLevel("dcn", "switch", gen.dcn_per_host, "host", DCN_LATENCY_S))
         n = math.prod(dims) * gen.devices_per_chip * slices
@@ -217,6 +249,24 @@ class Cluster:
     def h200(cls, nodes: int = 1, *, gpus_per_node: int = GPUS_PER_NODE) -> Cluster:
         """``nodes`` DGX-style H200 SXM nodes (8 GPUs each by default)."""
         return cls.gpu(H200, nodes=nodes, gpus_per_node=gpus_per_node)
+
+    @classmethod
+    def b200(cls, nodes: int = 1, *, gpus_per_node: int = GPUS_PER_NODE) -> Cluster:
+        """``nodes`` DGX / HGX B200 nodes: 8 Blackwell GPUs each on NVLink 5, InfiniBand between nodes."""
+        return cls.gpu(B200, nodes=nodes, gpus_per_node=gpus_per_node)
+
+    @classmethod
+    def gb200_nvl72(cls, racks: int = 1, *, gpus_per_rack: int = NVL72_GPUS) -> Cluster:
+        """``racks`` GB200 NVL72 racks: each one NVLink domain of 72 GPUs (``gpus_per_rack=64``: the GPUs a job
+        uses where the rest are spares), racks joined by the scale-out network (400 Gb/s per GPU). A rack is what
+        the network model calls a node: tensor and expert parallelism stay on NVLink up to ``gpus_per_rack``."""
+        gpus_per_rack = positive_int("gpus_per_rack", gpus_per_rack)
+        if gpus_per_rack > NVL72_GPUS:
+            raise ValueError(f"a GB200 NVL72 rack has {NVL72_GPUS} GPUs; gpus_per_rack={gpus_per_rack}")
+        cluster = cls.gpu(GB200, nodes=racks, gpus_per_node=gpus_per_rack,
+                          inter_node_bandwidth=gpus_per_rack * SCALE_OUT_PER_GB200)
+        used = f" ({gpus_per_rack} GPUs a rack)" if gpus_per_rack != NVL72_GPUS else ""
+        return dataclasses.replace(cluster, name=f"{racks} x GB200 NVL72{used}")
 
     @classmethod
     def cpu(cls, num_devices: int) -> Cluster:
@@ -411,7 +461,8 @@ def torus_layout(mesh_shape: tp.Sequence[int], torus: tp.Sequence[int]) -> tuple
     split physical axis the earlier mesh axis is the major part (``_generate_logical_mesh``).
     A ValueError when the sizes cannot be laid out (they do not multiply to the torus's).
 
-    Not mirrored: JAX's per-chip handlers for a few small slices (v5e / v6e of 4, 8 or 16 chips; v5p 2x2x2)
+    Not mirrored: JAX's per-chip handlers for a few small slices (v5e / v6e of 4, 8 or 16 chips; v5p 2x2x2; TPU7x
+    of at most 32 devices with x and y at most 2)
     that order devices along a ring; and jax 0.10.2's ``_get_prime_factors``, which drops the small factors
     of a few sizes (28 -> [7]; fixed in newer jax): this mirrors the correct factorisation.
     """
@@ -511,8 +562,10 @@ def tpu_devices(topology: str, slices: int = 1) -> tuple[jax.Device, ...]:
     with xla_log_lines():  # libtpu complains that this host is not a TPU VM: true, and fine (kept, not shown)
         kwargs = {"num_slices": slices} if slices > 1 else {}
         topology_desc = topologies.get_topology_desc(topology_name=topology, platform="tpu", **kwargs)
-    # libtpu lists each TensorCore of a v4 chip; JAX runs v4 as one device per chip (megacore), and so do we
-    return tuple(d for d in topology_desc.devices if getattr(d, "core_on_chip", 0) == 0)
+    # libtpu lists each TensorCore of a v4 chip; JAX runs v4 as one device per chip (megacore), and so do we. A
+    # TPU7x chip is two devices to JAX (each TensorCore its own HBM half): both stay.
+    cores = TPU_GENERATIONS[topology.split(":")[0]].devices_per_chip
+    return tuple(d for d in topology_desc.devices if getattr(d, "core_on_chip", 0) < cores)
 
 
 def cluster_mesh(cluster: Cluster, mesh_shape: tp.Sequence[int], axis_names: tp.Sequence[str]
@@ -548,6 +601,6 @@ def cluster_mesh(cluster: Cluster, mesh_shape: tp.Sequence[int], axis_names: tp.
     return Mesh(grid, names, axis_types=types)
 
 
-__all__ = ["MAX_SIMULATED_DEVICES", "RING", "SWITCH", "TPU_AOT_HINT", "TPU_GENERATIONS", "Cluster",
-           "NetworkLevel", "TorusAxis", "TorusPart", "cluster_mesh", "needs_split", "parse_topology", "torus_layout",
-           "tpu_devices"]
+__all__ = ["DIE_TO_DIE", "MAX_SIMULATED_DEVICES", "NVL72_GPUS", "RING", "SCALE_OUT_PER_GB200", "SWITCH", "TPU_AOT_HINT",
+           "TPU_GENERATIONS", "Cluster", "NetworkLevel", "TorusAxis", "TorusPart", "cluster_mesh", "needs_split",
+           "parse_topology", "torus_layout", "tpu_devices"]

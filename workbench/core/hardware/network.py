@@ -29,7 +29,7 @@ import typing as tp
 
 import numpy as np
 
-from workbench.core.hardware.cluster import TPU_GENERATIONS, Cluster, TorusAxis, TorusPart, torus_layout
+from workbench.core.hardware.cluster import DIE_TO_DIE, TPU_GENERATIONS, Cluster, TorusAxis, TorusPart, torus_layout
 from workbench.core.hlo.text import COLLECTIVE_KINDS
 
 
@@ -78,7 +78,13 @@ def _span(axes: tuple[str, ...], names: tuple[str, ...], shape: tuple[int, ...],
     # in the slice); a group crosses the slices of its axes' dcn parts, the same ici part in each
     dcn, ici = cluster.dcn_split(shape)
     units = math.prod(dcn[i] for i in mine)
-    return Span(size, size // units, units, torus_parts(torus_layout(ici, cluster.physical_axes), cluster.torus, mine))
+    layout = torus_layout(ici, cluster.physical_axes)
+    parts = torus_parts(layout, cluster.torus, mine)
+    if cluster.devices_per_chip > 1:  # the chip's cores: the last physical axis, one mesh axis owns it (size 2)
+        cores = math.prod(layout[-1][i] for i in mine)
+        if cores > 1:
+            parts += (TorusPart(cores, False, 1, die_to_die=True),)
+    return Span(size, size // units, units, parts)
 
 
 def torus_parts(layout: tp.Sequence[tp.Sequence[int]], torus: tp.Sequence[TorusAxis], mesh_axes: tp.Sequence[int]
@@ -187,18 +193,20 @@ def transfer(kind: str, nbytes: float, axes: tp.Sequence[str], mesh_shape: tp.Ma
     # link, a line) for a contiguous part (s = 1) of a larger axis. A strided part wraps only when it spans
     # the whole physical axis (k s = P) and that axis wraps. The farthest logical neighbour is floor(k / 2)
     # (ring) or k - 1 (line) logical hops away, s links each. A whole axis is s = 1, k = P: the forms above.
-    if inner.kind == "torus":
-        widths = [inner.bandwidth * (2 if a.wraparound else 1) / a.stride for a in s.torus]
+    if inner.kind == "torus":  # a chip's TensorCores (TPU7x) talk over its die-to-die link, not ICI
+        link = {False: inner.bandwidth, True: DIE_TO_DIE.bandwidth}
+        widths = [link[a.die_to_die] * (2 if a.wraparound else 1) / a.stride for a in s.torus]
         hops_in = sum((a.size // 2 if a.wraparound else a.size - 1) * a.stride for a in s.torus)
     else:
         widths, hops_in = [inner.bandwidth], g - 1
     hops_out = m - 1
     v = array_bytes(kind, nbytes, n)
+    inner_name = DIE_TO_DIE.name if s.torus and all(a.die_to_die for a in s.torus) else inner.name
     if kind in ("all-gather", "reduce-scatter"):
         # A ring over the group's g devices moves (g - 1) / g of V through each device's links; across units,
         # the book's GPU chapter: each level a ring of its own, overlapped, bytes * max_i (D_i - 1) / (D_i W_i),
         # a unit's outer network shared by all its devices, g of them in this group.
-        parts = {inner.name: (g - 1) / g * v / sum(widths) if g > 1 else 0.0}
+        parts = {inner_name: (g - 1) / g * v / sum(widths) if g > 1 else 0.0}
         if outer and m > 1:
             parts[outer[0]] = (m - 1) / m * v / (outer[1] * g)
     elif kind == "all-to-all":
@@ -210,7 +218,7 @@ def transfer(kind: str, nbytes: float, axes: tp.Sequence[str], mesh_shape: tp.Ma
         # (book: B (M-1) / (M^2 W)).
         s_in = nbytes * g / n
         if inner.kind == "torus":
-            parts = {inner.name: max((a.size * s_in / (4 * w) for a, w in zip(s.torus, widths, strict=True)),
+            parts = {inner_name: max((a.size * s_in / (4 * w) for a, w in zip(s.torus, widths, strict=True)),
                                      default=0.0)}
         else:
             parts = {inner.name: (g - 1) * nbytes / n / widths[0]}
@@ -220,11 +228,12 @@ def transfer(kind: str, nbytes: float, axes: tp.Sequence[str], mesh_shape: tp.Ma
         if outer and m > 1:
             parts, hops_in, hops_out = {outer[0]: nbytes / outer[1]}, 0, 1
         else:
-            parts, hops_in = {inner.name: nbytes / inner.bandwidth}, 1
+            link = DIE_TO_DIE.bandwidth if inner_name == DIE_TO_DIE.name else inner.bandwidth
+            parts, hops_in = {inner_name: nbytes / link}, 1
     latency = hops_in * inner.latency_s + (hops_out * outer[2] if outer and m > 1 else 0.0)
     level, bandwidth_s = max(parts.items(), key=lambda kv: kv[1])
     if latency > bandwidth_s:
-        slow = outer[0] if outer and m > 1 and hops_out * outer[2] >= hops_in * inner.latency_s else inner.name
+        slow = outer[0] if outer and m > 1 and hops_out * outer[2] >= hops_in * inner.latency_s else inner_name
         return Transfer(latency, bandwidth_s, latency, slow, "latency")
     return Transfer(bandwidth_s, bandwidth_s, latency, level, "bandwidth")
 

@@ -32,7 +32,7 @@ from jax.sharding import AbstractMesh, AxisType
 from workbench.core import axes as ax
 from workbench.core.axes import MODE_TRAIN, RUNTIME_MODES, DynamicShardingAxes, PartitionAxis
 from workbench.core.checks import is_positive_int, positive_int
-from workbench.core.hardware.cluster import INTER_NODE_PER_NODE, Cluster, cluster_mesh
+from workbench.core.hardware.cluster import INTER_NODE_PER_NODE, NVL72_GPUS, SCALE_OUT_PER_GB200, Cluster, cluster_mesh
 from workbench.core.mesh import MESH_AXES, make_mesh
 from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.zero import check_zero_stage
@@ -58,6 +58,8 @@ KEYS = ("format", "version", "mesh", "cluster", "partition_axis", "rules", "mode
 _PIPELINE_KEYS = ("num_stages", "num_microbatches", "schedule", "virtual_stages", "uneven")  # uneven: written if so
 _DEFAULT_PA = PartitionAxis().to_dict()
 _PRESETS = {name: value for name, value in vars(ax).items() if isinstance(value, DynamicShardingAxes)}
+# the GPU clusters a spec names by their Cluster constructor (a GB200 NVL72 rack has its own form)
+GPU_CHIPS = ("h100", "h200", "b200")
 _MODE_NAMES = {mode: ax.label(mode) for mode in RUNTIME_MODES}
 
 
@@ -245,8 +247,9 @@ def _read_rule(doc: tp.Any) -> tuple[str, tp.Any]:
 
 # -- clusters ----------------------------------------------------------------------------------------
 def cluster_spec(cluster: Cluster, mesh: tp.Any = None) -> dict[str, tp.Any]:
-    """``{"tpu": "v5p:4x4x4", "slices": 1}``, ``{"gpu": "h100", "nodes": 8, "gpus_per_node": 8}`` or
-    ``{"cpu": 16}``; with ``mesh``, checked to map onto the cluster."""
+    """``{"tpu": "v5p:4x4x4", "slices": 1}``, ``{"gpu": "h100", "nodes": 8, "gpus_per_node": 8}`` (``"h100"``,
+    ``"h200"``, ``"b200"``), ``{"gpu": "gb200", "racks": 2, "gpus_per_rack": 72}`` (GB200 NVL72) or ``{"cpu": 16}``;
+    with ``mesh``, checked to map onto the cluster."""
     if not isinstance(cluster, Cluster):
         raise TypeError("cluster must be a workbench.core.hardware.cluster.Cluster (Cluster.tpu(...), "
                         f"Cluster.h100(...)); "
@@ -260,12 +263,17 @@ def cluster_spec(cluster: Cluster, mesh: tp.Any = None) -> dict[str, tp.Any]:
         return {"tpu": cluster.topology, "slices": cluster.slices}
     if cluster.platform == "cpu":
         return {"cpu": cluster.num_devices}
-    chip = next((name for name in ("h100", "h200") if getattr(Cluster, name)().chip == cluster.chip), None)
-    if chip is None:
-        raise ValueError(f"export knows the GPU clusters of Cluster.h100 and Cluster.h200; {cluster.name} is "
-                         f"neither")
-    spec: dict[str, tp.Any] = {"gpu": chip, "nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node}
-    if cluster.nodes > 1 and cluster.level("inter-node").bandwidth != INTER_NODE_PER_NODE:
+    chip = next((name for name in GPU_CHIPS if getattr(Cluster, name)().chip == cluster.chip), None)
+    if chip is None and cluster.chip == Cluster.gb200_nvl72().chip:
+        spec = {"gpu": "gb200", "racks": cluster.nodes, "gpus_per_rack": cluster.gpus_per_node}
+        default = cluster.gpus_per_node * SCALE_OUT_PER_GB200
+    elif chip is None:
+        raise ValueError(f"export knows the GPU clusters of Cluster.h100, h200, b200 and gb200_nvl72; "
+                         f"{cluster.name} is none of them")
+    else:
+        spec, default = {"gpu": chip, "nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node}, \
+            INTER_NODE_PER_NODE
+    if cluster.nodes > 1 and cluster.level("inter-node").bandwidth != default:
         spec["inter_node_bandwidth"] = cluster.level("inter-node").bandwidth
     return spec
 
@@ -274,16 +282,25 @@ def cluster_from_spec(spec: tp.Any) -> Cluster:
     """The Cluster a :func:`cluster_spec` dict names; a ValueError saying what a spec looks like otherwise."""
     forms = {"tpu": ("tpu", "slices"), "gpu": ("gpu", "nodes", "gpus_per_node", "inter_node_bandwidth"),
              "cpu": ("cpu",)}
+    if isinstance(spec, dict) and spec.get("gpu") == "gb200":
+        forms["gpu"] = ("gpu", "racks", "gpus_per_rack", "inter_node_bandwidth")
     kind = next((k for k in forms if isinstance(spec, dict) and k in spec), None)
     if kind is None or any(k not in forms[kind] for k in spec):
         raise ValueError(f'unknown cluster {spec!r}; a cluster is {{"tpu": "v5p:4x4x4", "slices": 1}}, '
-                         f'{{"gpu": "h100", "nodes": 8, "gpus_per_node": 8}} or {{"cpu": 16}}')
+                         f'{{"gpu": "h100", "nodes": 8, "gpus_per_node": 8}}, '
+                         f'{{"gpu": "gb200", "racks": 2, "gpus_per_rack": 72}} or {{"cpu": 16}}')
     if kind == "tpu":
         return Cluster.tpu(spec["tpu"], slices=spec.get("slices", 1))
     if kind == "cpu":
         return Cluster.cpu(spec["cpu"])
-    if spec["gpu"] not in ("h100", "h200"):
-        raise ValueError(f"unknown GPU {spec['gpu']!r} in the cluster; use 'h100' or 'h200'")
+    if spec["gpu"] == "gb200":
+        rack = Cluster.gb200_nvl72(spec.get("racks", 1), gpus_per_rack=spec.get("gpus_per_rack", NVL72_GPUS))
+        if "inter_node_bandwidth" not in spec:
+            return rack
+        return dataclasses.replace(Cluster.gpu(rack.chip, nodes=rack.nodes, gpus_per_node=rack.gpus_per_node,
+                                               inter_node_bandwidth=spec["inter_node_bandwidth"]), name=rack.name)
+    if spec["gpu"] not in GPU_CHIPS:
+        raise ValueError(f"unknown GPU {spec['gpu']!r} in the cluster; use one of {[*GPU_CHIPS, 'gb200']}")
     chip = getattr(Cluster, spec["gpu"])().chip
     options = {k: spec[k] for k in ("nodes", "gpus_per_node", "inter_node_bandwidth") if k in spec}
     return Cluster.gpu(chip, **options)
@@ -295,6 +312,12 @@ def _cluster_code(spec: dict[str, tp.Any]) -> str:
         return f"Cluster.tpu({spec['tpu']!r}{slices})"
     if "cpu" in spec:
         return f"Cluster.cpu({spec['cpu']})"
+    if spec["gpu"] == "gb200":
+        per_rack = f", gpus_per_rack={spec['gpus_per_rack']}" if spec["gpus_per_rack"] != NVL72_GPUS else ""
+        if "inter_node_bandwidth" in spec:
+            return (f"Cluster.gpu(Cluster.gb200_nvl72().chip, nodes={spec['racks']}, "
+                    f"gpus_per_node={spec['gpus_per_rack']}, inter_node_bandwidth={spec['inter_node_bandwidth']!r})")
+        return f"Cluster.gb200_nvl72(racks={spec['racks']}{per_rack})"
     per_node = f", gpus_per_node={spec['gpus_per_node']}" if spec["gpus_per_node"] != 8 else ""
     if "inter_node_bandwidth" in spec:
         return (f"Cluster.gpu(Cluster.{spec['gpu']}().chip, nodes={spec['nodes']}{per_node}, "
