@@ -57,14 +57,19 @@ def test_a_run_validates_a_regime_at_its_level_up_to_its_size_and_down_to_its_ch
 def test_validating_runs_are_those_inside_the_band_out_of_sample_at_the_level_they_ran():
     """Every cited run's leave-one-out ratio lies in BAND. Megatron-Bridge's 405B (tp=8 x cp=2 on 8-GPU nodes) ran tp
     inside a node and cp across; the workbench's mesh puts sp innermost, so the model priced each at the other's
-    level and that run validates neither. On TPU no published run shards the sequence or pipelines."""
+    level and that run validates neither. On TPU no published run pipelines; the sequence is sharded only by the
+    Ironwood runs at 131,072 tokens (MaxText's context parallelism, sp=8: 16,384-token chunks)."""
     ratios = out_of_sample().ratios
     cited = validated()
     assert cited and all(BAND[0] <= ratios[e.run] <= BAND[1] and math.isclose(e.ratio, ratios[e.run]) for e in cited)
     megatron = [e.regime.term for e in cited if e.run == "megatron-bridge-25.11-llama3.1-405b-h100x1024-fp8cs"]
     assert sorted(megatron) == ["dp", "pp"]
-    assert not [e for e in cited if e.regime.platform == "tpu" and e.regime.term in ("sp", "pp")]
-    gpu_sp = {(e.regime.size, e.regime.level, e.regime.chunk) for e in cited if e.regime.term == "sp"}
+    assert not [e for e in cited if e.regime.platform == "tpu" and e.regime.term == "pp"]
+    tpu_sp = {(e.run, e.regime.size, e.regime.level, e.regime.chunk) for e in cited
+              if e.regime.platform == "tpu" and e.regime.term == "sp"}
+    assert tpu_sp == {(f"tpurecipes-llama3.1-70b-128k-tpu7x-4x8x8-{d}", 8, "ici", 16384) for d in ("bf16", "fp8")}
+    gpu_sp = {(e.regime.size, e.regime.level, e.regime.chunk) for e in cited
+              if e.regime.term == "sp" and e.regime.platform == "gpu"}
     assert gpu_sp == {(2, "nvlink", 4096)}  # NeMo's cp=2 runs on one node and inside tp=4 x cp=2
     assert evidence(Regime("sp", "gpu", "nvlink", 2, chunk=8192)).regime.chunk == 4096
     assert evidence(Regime("sp", "tpu", "ici", 2, chunk=8192)) is None
@@ -90,10 +95,10 @@ def test_the_slow_end_exposes_the_ring_and_allows_the_model_s_largest_miss():
 
 
 def test_an_unvalidated_interleaved_pipeline_s_slow_end_has_1f1b_s_bubble():
-    """pp=2 interleaved v=4 with 8 microbatches (4 a stage; the published interleaved runs have 8 and 16): the slow
-    end prices the bubble of 1F1B at the same microbatches, (p - 1) / (m + p - 1) = 1/9, not 1/33."""
+    """pp=2 interleaved v=4 with 4 microbatches (2 a stage; the published interleaved runs have 4 to 24): the slow
+    end prices the bubble of 1F1B at the same microbatches, (p - 1) / (m + p - 1) = 1/5, not 1/17."""
     cluster, config, batch = Cluster.h100(nodes=16), full_config("llama-3-70b"), (512, 8192)
-    plan = Plan({"pp": 2, "fsdp": 64}, remat="full", pipeline=PipelineConfig(2, 8, "interleaved", 4), **PRODUCTION)
+    plan = Plan({"pp": 2, "fsdp": 64}, remat="full", pipeline=PipelineConfig(2, 4, "interleaved", 4), **PRODUCTION)
     seen = []
 
     def reprice(p, **kw):
@@ -102,8 +107,8 @@ def test_an_unvalidated_interleaved_pipeline_s_slow_end_has_1f1b_s_bubble():
 
     got = standing(plan, cluster, 8192, price(plan, config, cluster, batch).time_s, reprice)
     assert [r.term for r in got.unvalidated] == ["pp"]
-    assert seen[0].schedule == "1f1b" and seen[0].bubble_fraction == pytest.approx(1 / 9)
-    assert plan.pipeline.bubble_fraction == pytest.approx(1 / 33)
+    assert seen[0].schedule == "1f1b" and seen[0].bubble_fraction == pytest.approx(1 / 5)
+    assert plan.pipeline.bubble_fraction == pytest.approx(1 / 17)
 
 
 def test_a_validated_layout_cites_its_runs_and_keeps_its_point():

@@ -93,10 +93,10 @@ class Advice:
         steps = [c.step for c in (self.ranked or self.rejected)[:1]]
         how = ""
         if steps and steps[0].measured_model and self.task == "train":
-            how = f". Step times and MFU are predictions: {accuracy_text()}" + self._evidence_text()
+            how = f". Step times and MFU are predictions: {self._accuracy()}" + self._evidence_text()
         elif steps and steps[0].measured_model:
             how = (f". Step times are predictions; no {self.task} step has been held against a measured one (the "
-                   f"step model's spread is known for training steps only: {accuracy_text()})")
+                   f"step model's spread is known for training steps only: {self._accuracy()})")
         elif steps and steps[0].ideal:
             how = ". Step times are the ideal roofline (matmuls at peak): MFU marked ≤ is an upper bound"
         batch = f"{self.batch[0]} sequences, KV cache {self.batch[1]}" if self.task == "decode" else \
@@ -104,6 +104,13 @@ class Advice:
         return (f"{self.task} of {self._model_name()} on {self.cluster.name}, {batch}: "
                 f"{self.considered} layouts predicted in {self.seconds:.2f} s, {len(self.ranked)} fit"
                 + (f" (pruned before: {pruned})" if pruned else "") + how)
+
+    def _accuracy(self) -> str:
+        """How true a prediction here is: every published run, this cluster's chip's own, and for an MoE model the
+        MoE runs on this platform the model is not held to."""
+        config = getattr(self.model, "config", self.model)
+        return accuracy_text(self.cluster.chip, moe=getattr(config, "mlp_type", "") == "moe",
+                             platform=self.cluster.platform)
 
     def _evidence_text(self) -> str:
         """How many ranked layouts rest on a regime no published run validates (ranked by their range's slow end)."""

@@ -30,9 +30,9 @@ import math
 import statistics
 import typing as tp
 
-from workbench.core.hardware.calibration import calibration, overridden
+from workbench.core.hardware.calibration import CALIBRATIONS, calibration, overridden
 from workbench.core.hardware.chips import H100, H100_500W, H200, TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, Hardware
-from workbench.core.interop.published import Accuracy, PublishedRun, accuracy, price, published_runs
+from workbench.core.interop.published import Accuracy, PublishedRun, accuracy, not_held_runs, price, published_runs
 
 # the range a refitted efficiency is searched in (a fraction of the chip's peak)
 LOWEST, HIGHEST = 0.02, 1.0
@@ -176,11 +176,43 @@ def out_of_sample() -> OutOfSample:
     return leave_one_out()
 
 
-def accuracy_text() -> str:
+def chip_text(chip: Hardware) -> str:
+    """How far the step model was from the published runs on ``chip`` itself; where none ran on it, that its
+    constants were carried over from another chip, so the spread over all runs says nothing measured about it."""
+    ratios = {r.name: v for r in published_runs() if r.cluster.chip == chip
+              for v in [accuracy().ratios[r.name]]}
+    if ratios:
+        held = Accuracy(ratios)
+        return (f"on the {len(ratios)} run(s) on {chip.name} itself: {held.low:.2f}x to {held.high:.2f}x, typically "
+                f"within {held.median_abs - 1:.0%}")
+    gemm = calibration(chip).gemm
+    carried = gemm.source.split(";")[0].removeprefix("not sourced: ") if not gemm.sourced else "measured"
+    return (f"no published run on {chip.name} is held against the model: its kernel efficiencies are not its own "
+            f"({carried}), so the spread above was measured on other chips, not on this one")
+
+
+def not_held_text(platform: str) -> str:
+    """The spread of the runs of a kind the model misses (:func:`~workbench.core.interop.published.not_held_runs`)
+    on ``platform``, and why; empty where there are none."""
+    runs = [r for r in not_held_runs() if r.cluster.platform == platform]
+    if not runs:
+        return ""
+    ratios = [price(r).time_s / r.measured_s for r in runs]
+    chips = ", ".join(sorted({r.chip for r in runs}))
+    return (f"MoE steps on {platform.upper()}s are NOT held: on {len(runs)} published MoE training steps ({chips}) "
+            f"the model was {min(ratios):.2f}x to {max(ratios):.2f}x the measured step ({runs[0].not_held})")
+
+
+def accuracy_text(chip: Hardware | None = None, *, moe: bool = False, platform: str | None = None) -> str:
     """How far the step model was from the published runs, in sample and out of it, for a view to print beside a
-    prediction."""
-    return f"{accuracy().text()}; {out_of_sample().text()}"
+    prediction; with ``chip``, also how far on that chip's own runs (:func:`chip_text`); for an MoE model on
+    ``platform``, the spread of the MoE runs it is not held to there (:func:`not_held_text`)."""
+    text = f"{accuracy().text()}; {out_of_sample().text()}"
+    if chip is not None and chip in CALIBRATIONS:
+        text = f"{text}; {chip_text(chip)}"
+    caveat = not_held_text(platform) if moe and platform else ""
+    return f"{text}. {caveat}" if caveat else text
 
 
-__all__ = ["FITTED", "FittedConstant", "OutOfSample", "Refit", "accuracy_text", "fit", "leave_one_out",
-           "out_of_sample"]
+__all__ = ["FITTED", "FittedConstant", "OutOfSample", "Refit", "accuracy_text", "chip_text", "fit", "leave_one_out",
+           "not_held_text", "out_of_sample"]
