@@ -6,12 +6,12 @@ Prices every run in `workbench/core/interop/published_runs.json` (MaxText on TPU
 torchtitan, Megatron-Bridge and NeMo on H100 / H200 / B200 / GB200; the raw records with each quote are in
 `benchmarks/data/`) with `predict_step`, and prints per run: the source, the layout, measured and predicted step
 time, their ratio, the predicted MFU and what bounds the step; then the median and the worst ratio; then the runs
-the model is not held to (MoE steps on Blackwell GPUs: priced and printed, each saying why it is outside the
-claims). Target (the issue): every run within 0.7-1.35x, the median |ratio| within 1.15x. The ``out of sample``
-column prices each run with the GEMM rates fitted to published runs (each TPU chip's, the fp8 one on H100 / H200)
-refitted without that run (leave-one-out, `workbench/core/interop/out_of_sample.py`; the TPU constants the four
-chips share are not refitted); the spread is printed for both, and for the runs no constant was fitted to. Then
-memory: each run's ledger with its recipe as published (its mesh, remat, accumulation, and its program: flash
+the model is not held to (fine-grained MoE steps, on TPU7x, B200 and GB200: priced and printed, each saying why it
+is outside the claims). Target (the issue): every run within 0.7-1.35x, the median |ratio| within 1.15x. The ``out
+of sample`` column prices each run with the GEMM rates fitted to published runs (each TPU chip's, the fp8 one on
+H100 / H200) refitted without that run (leave-one-out, `workbench/core/interop/out_of_sample.py`; the TPU constants
+the four chips share are not refitted); the spread is printed for both, and for the runs no constant was fitted to.
+Then memory: each run's ledger with its recipe as published (its mesh, remat, accumulation, and its program: flash
 attention, vocabulary tiles, host offload, sequence parallelism inside tp), asked of the advisor with the run's mesh
 fixed, and whether the advisor ranks it (fits its HBM less the advisor's 10 % headroom). ``--terms`` adds each run's
 terms. ``--xla`` also compiles each TPU run's train step with libtpu ahead of time (minutes) and prints XLA's own

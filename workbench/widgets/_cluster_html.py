@@ -143,10 +143,10 @@ def step_time_html(st: tp.Any, *, width_px: int = _BAR_PX, top: int = 8) -> str:
                    f'{_bar([("wb-step-bar", color, s, f"{name}: {format_seconds(s)}")], scale, width_px, 12)}</div>'
                    f"<div>{escape(format_seconds(s))}</div></div>" for name, color, s in phases)
     if st.measured_model:
-        moe = any(p.kind == "experts" and p.flops for p in st.parts)
+        moe = any(p.kind == "experts" and p.flops for p in st.parts)  # any MoE: the step does not know its experts
         how = ("the step is the sum of its terms: " + ", ".join(f"{t.name} {format_seconds(t.seconds)}"
                                                                 for t in st.terms if t.seconds)
-               + f". How true: {accuracy_text(st.cluster.chip, moe=moe, platform=st.cluster.platform)}")
+               + f". How true: {accuracy_text(st.cluster.chip, moe=moe)}")
     else:
         how = "the parts overlap: the step takes the longest" if st.overlap else "the parts run one after another"
     xla = (f" · XLA's own estimate {format_seconds(st.xla_seconds)} (counts a loop body once: about one layer)"

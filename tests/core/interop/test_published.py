@@ -10,9 +10,19 @@ import sys
 import pytest
 
 from workbench.core.cost.predicted import predict_step
+from workbench.core.hardware.calibration import CALIBRATIONS, carried_over
+from workbench.core.hardware.chips import H100, Hardware
 from workbench.core.hardware.cluster import Cluster
-from workbench.core.interop.out_of_sample import accuracy_text
-from workbench.core.interop.published import RUNS_FILE, accuracy, price, published_runs
+from workbench.core.interop.out_of_sample import accuracy_text, chip_text, not_held_text
+from workbench.core.interop.published import (
+    BAND,
+    RUNS_FILE,
+    accuracy,
+    fine_grained_moe,
+    not_held_runs,
+    price,
+    published_runs,
+)
 from workbench.core.models.presets import full_config
 from workbench.core.pipeline_schedule import PipelineConfig
 
@@ -95,3 +105,33 @@ def test_long_sequence_runs_are_held_within_the_band_with_the_kernel_they_ran():
     long_runs = [r for r in published_runs() if r.batch[1] >= 16384 and r.framework == "llm-foundry"]
     assert len(long_runs) >= 3 and {r.plan.attention for r in long_runs} == {"flash_triton"}
     assert all(0.7 <= accuracy().ratios[r.name] <= 1.35 for r in long_runs)
+
+
+def test_fine_grained_moe_runs_are_priced_shown_and_not_held():
+    """Megatron-Bridge's MoE runs on B200 and GB200 and MaxText's on Ironwood (DeepSeek-V3, Qwen3-MoE, GPT-OSS: 128 to
+    256 experts) are priced like the others but kept apart: the model misses some of them both ways (GPT-OSS about 2x
+    too fast on TPU and GPU alike), and a prediction for such a model says so. Mixtral's 8 experts stay held."""
+    apart = not_held_runs()
+    assert {r.chip for r in apart} == {"B200 (DGX / HGX)", "B200 in GB200 NVL72", "TPU7x (Ironwood)"}
+    assert all(fine_grained_moe(r.config) and r.not_held for r in apart)
+    assert not any(fine_grained_moe(r.config) for r in published_runs())
+    assert any(r.config.mlp_type == "moe" for r in published_runs())  # Mixtral, held
+    ratios = [price(r).time_s / r.measured_s for r in apart]
+    assert min(ratios) < BAND[0] and max(ratios) > BAND[1]  # why they are apart: outside the band both ways
+    text = not_held_text()
+    assert f"on {len(apart)} published training steps" in text and "NOT held" in text
+    assert text in accuracy_text(moe=True) and "NOT held" not in accuracy_text()
+    assert fine_grained_moe(full_config("deepseek-v3")) and not fine_grained_moe(full_config("mixtral-8x22b"))
+
+
+def test_each_chip_says_how_far_its_own_runs_were():
+    """A chip with held runs quotes their spread; a chip with none says its constants are another's."""
+    ironwood = Cluster.tpu("tpu7x:2x2x1").chip
+    mine = [accuracy().ratios[r.name] for r in published_runs() if r.cluster.chip == ironwood]
+    assert len(mine) == 8 and f"{min(mine):.2f}x to {max(mine):.2f}x" in chip_text(ironwood)
+    lonely = Hardware("a chip no run ran on", 1e15, 1e12, 1e11, "switch", 1e11)
+    CALIBRATIONS[lonely] = carried_over(CALIBRATIONS[H100], lonely.name, "a test")
+    try:
+        assert "no published run on a chip no run ran on" in chip_text(lonely)
+    finally:
+        del CALIBRATIONS[lonely]

@@ -10,6 +10,7 @@ import typing as tp
 from workbench.core.advisor.candidate import Candidate, gib
 from workbench.core.advisor.confirm import confirm_candidate, demoted_reason
 from workbench.core.interop.out_of_sample import accuracy_text
+from workbench.core.interop.published import fine_grained_moe
 from workbench.core.tables import html_table
 
 _ROW_HEADER = ("#", "layout", "memory/device", "of HBM", "step", "tokens/s", "MFU", "bound by", "why")  # Advice.rows
@@ -106,11 +107,9 @@ class Advice:
                 + (f" (pruned before: {pruned})" if pruned else "") + how)
 
     def _accuracy(self) -> str:
-        """How true a prediction here is: every published run, this cluster's chip's own, and for an MoE model the
-        MoE runs on this platform the model is not held to."""
-        config = getattr(self.model, "config", self.model)
-        return accuracy_text(self.cluster.chip, moe=getattr(config, "mlp_type", "") == "moe",
-                             platform=self.cluster.platform)
+        """How true a prediction here is: every published run, this cluster's chip's own, and for a fine-grained
+        MoE the runs of such models the model is not held to."""
+        return accuracy_text(self.cluster.chip, moe=fine_grained_moe(self.model))
 
     def _evidence_text(self) -> str:
         """How many ranked layouts rest on a regime no published run validates (ranked by their range's slow end)."""

@@ -32,7 +32,15 @@ import typing as tp
 
 from workbench.core.hardware.calibration import CALIBRATIONS, calibration, overridden
 from workbench.core.hardware.chips import H100, H100_500W, H200, TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, Hardware
-from workbench.core.interop.published import Accuracy, PublishedRun, accuracy, not_held_runs, price, published_runs
+from workbench.core.interop.published import (
+    FINE_GRAINED_EXPERTS,
+    Accuracy,
+    PublishedRun,
+    accuracy,
+    not_held_runs,
+    price,
+    published_runs,
+)
 
 # the range a refitted efficiency is searched in (a fraction of the chip's peak)
 LOWEST, HIGHEST = 0.02, 1.0
@@ -191,26 +199,28 @@ def chip_text(chip: Hardware) -> str:
             f"({carried}), so the spread above was measured on other chips, not on this one")
 
 
-def not_held_text(platform: str) -> str:
-    """The spread of the runs of a kind the model misses (:func:`~workbench.core.interop.published.not_held_runs`)
-    on ``platform``, and why; empty where there are none."""
-    runs = [r for r in not_held_runs() if r.cluster.platform == platform]
+def not_held_text() -> str:
+    """The spread of the runs of a kind the model misses (:func:`~workbench.core.interop.published.not_held_runs`:
+    fine-grained MoE, every platform), and why; empty where there are none."""
+    runs = not_held_runs()
     if not runs:
         return ""
     ratios = [price(r).time_s / r.measured_s for r in runs]
     chips = ", ".join(sorted({r.chip for r in runs}))
-    return (f"MoE steps on {platform.upper()}s are NOT held: on {len(runs)} published MoE training steps ({chips}) "
-            f"the model was {min(ratios):.2f}x to {max(ratios):.2f}x the measured step ({runs[0].not_held})")
+    return (f"Fine-grained MoE steps (more than {FINE_GRAINED_EXPERTS} experts) are NOT held: on {len(runs)} published "
+            f"training steps of such models ({chips}) the model was {min(ratios):.2f}x to {max(ratios):.2f}x the "
+            f"measured step ({runs[0].not_held})")
 
 
-def accuracy_text(chip: Hardware | None = None, *, moe: bool = False, platform: str | None = None) -> str:
+def accuracy_text(chip: Hardware | None = None, *, moe: bool = False) -> str:
     """How far the step model was from the published runs, in sample and out of it, for a view to print beside a
-    prediction; with ``chip``, also how far on that chip's own runs (:func:`chip_text`); for an MoE model on
-    ``platform``, the spread of the MoE runs it is not held to there (:func:`not_held_text`)."""
+    prediction; with ``chip``, also how far on that chip's own runs (:func:`chip_text`); with ``moe`` (a
+    fine-grained mixture of experts: :func:`~workbench.core.interop.published.fine_grained_moe`), the spread of the
+    runs of such models it is not held to (:func:`not_held_text`)."""
     text = f"{accuracy().text()}; {out_of_sample().text()}"
     if chip is not None and chip in CALIBRATIONS:
         text = f"{text}; {chip_text(chip)}"
-    caveat = not_held_text(platform) if moe and platform else ""
+    caveat = not_held_text() if moe else ""
     return f"{text}. {caveat}" if caveat else text
 
 

@@ -103,11 +103,23 @@ def published_runs() -> tuple[PublishedRun, ...]:
     return tuple(_run(raw) for raw in json.loads(RUNS_FILE.read_text())["runs"])
 
 
+# More experts than this: a fine-grained mixture of experts (DeepSeek-V3's 256, Qwen3-MoE's 128, GPT-OSS's 128), whose
+# published steps the model is not held to (:func:`not_held_runs`); Mixtral's 8 large experts are held.
+FINE_GRAINED_EXPERTS = 16
+
+
+def fine_grained_moe(config: tp.Any) -> bool:
+    """Whether ``config`` (a :class:`~workbench.core.models.config.ModelConfig`, or a model with one) is a
+    fine-grained mixture of experts, a kind of step the model is not held to."""
+    config = getattr(config, "config", config)
+    return getattr(config, "mlp_type", "") == "moe" and getattr(config, "num_local_experts", 0) > FINE_GRAINED_EXPERTS
+
+
 @functools.cache
 def not_held_runs() -> tuple[PublishedRun, ...]:
     """Published runs priced and shown but not held within :data:`BAND`: a kind of step the model is known to miss
-    (each run's ``not_held`` says why; today the MoE runs on Blackwell GPUs). A view predicting such a step prints
-    their spread beside it (:func:`workbench.core.interop.out_of_sample.accuracy_text`)."""
+    (each run's ``not_held`` says why; today the fine-grained MoE runs, on TPU7x, B200 and GB200). A view predicting
+    such a step prints their spread beside it (:func:`workbench.core.interop.out_of_sample.accuracy_text`)."""
     return tuple(_run(raw) for raw in json.loads(RUNS_FILE.read_text()).get("not_held", []))
 
 
@@ -155,4 +167,5 @@ def accuracy() -> Accuracy:
     return Accuracy({run.name: price(run).time_s / run.measured_s for run in published_runs()})
 
 
-__all__ = ["BAND", "RUNS_FILE", "Accuracy", "PublishedRun", "accuracy", "not_held_runs", "price", "published_runs"]
+__all__ = ["BAND", "FINE_GRAINED_EXPERTS", "RUNS_FILE", "Accuracy", "PublishedRun", "accuracy", "fine_grained_moe",
+           "not_held_runs", "price", "published_runs"]
