@@ -187,8 +187,7 @@ def out_of_sample() -> OutOfSample:
 def chip_text(chip: Hardware) -> str:
     """How far the step model was from the published runs on ``chip`` itself; where none ran on it, that its
     constants were carried over from another chip, so the spread over all runs says nothing measured about it."""
-    ratios = {r.name: v for r in published_runs() if r.cluster.chip == chip
-              for v in [accuracy().ratios[r.name]]}
+    ratios = {r.name: accuracy().ratios[r.name] for r in published_runs() if r.cluster.chip == chip}
     if ratios:
         held = Accuracy(ratios)
         return (f"on the {len(ratios)} run(s) on {chip.name} itself: {held.low:.2f}x to {held.high:.2f}x, typically "
@@ -199,9 +198,11 @@ def chip_text(chip: Hardware) -> str:
             f"({carried}), so the spread above was measured on other chips, not on this one")
 
 
+@functools.cache
 def not_held_text() -> str:
     """The spread of the runs of a kind the model misses (:func:`~workbench.core.interop.published.not_held_runs`:
-    fine-grained MoE, every platform), and why; empty where there are none."""
+    fine-grained MoE, every platform), and why; empty where there are none. Priced once: every advisor summary and
+    explorer step of such a model prints it."""
     runs = not_held_runs()
     if not runs:
         return ""
