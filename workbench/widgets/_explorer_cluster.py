@@ -1,5 +1,5 @@
-"""The ShardingExplorer on a virtual cluster: the mesh choice, the memory ledger of one step against HBM, the step
-predicted from the shapes, and what a compiled step adds to them.
+"""The ShardingExplorer on a virtual cluster: the cluster picker, the mesh choice, the memory ledger of one step
+against HBM, the step predicted from the shapes, and what a compiled step adds to them.
 
 A mixin of :class:`~workbench.widgets.sharding_explorer.ShardingExplorer` (it reads the explorer's layout, with the
 plan its controls set: :meth:`~workbench.widgets._explorer_plan.PlanControls.exported_layout`): the numbers come
@@ -14,15 +14,23 @@ import numpy as np
 
 from workbench.core.cost import ledger as ledgers
 from workbench.core.plan import Plan, microbatch, program_text
-from workbench.core.views.explore_step import batch_split, compiled_step_time, predicted_step, step_ledger
-from workbench.widgets._cluster_html import ledger_html, mesh_label, parse_mesh_label, step_time_html
+from workbench.core.views.explore_step import (
+    batch_split,
+    compiled_step_time,
+    explorer_mesh,
+    pipelined,
+    predicted_step,
+    step_ledger,
+)
+from workbench.widgets._cluster_html import ledger_html, mesh_label, mesh_options, parse_mesh_label, step_time_html
+from workbench.widgets._cluster_picker import cluster_label, picked_cluster, show_cluster
 
 __all__ = ["ClusterPanels"]
 
 
 class ClusterPanels:
     """The explorer's cluster panels (``_ledger_out``, ``_predicted_out``, ``_mesh_choice``), drawn by
-    :meth:`_render_ledger` on every edit."""
+    :meth:`_render_ledger` on every edit, and the cluster picker (``_cluster_choice``: :meth:`set_cluster`)."""
 
     layout: tp.Any
     cluster: tp.Any
@@ -108,3 +116,35 @@ class ClusterPanels:
         if text not in self._mesh_choice.options or text == mesh_label(dict(self.layout.mesh.shape)):
             return
         self.set_mesh(parse_mesh_label(text))
+
+    def set_cluster(self, cluster: tp.Any) -> bool:
+        """Lay the same rules on another cluster (a Cluster, or a picker's label: a preset's) with every device on
+        ``fsdp``: the mesh choice offers its shapes, the ledger and the predicted step follow, and a compiled step
+        is marked stale, as after a mesh change. False with the error inline when it does not lay out (the last
+        cluster and layout stay)."""
+        old = self.cluster
+        if old is None:
+            self._show_error("cluster: this explorer has no cluster to change: open it with cluster=Cluster...")
+            return False
+
+        def build() -> tp.Any:
+            new = picked_cluster(cluster, self._clusters)
+            mesh = explorer_mesh(None, new)
+            layout = self.layout.replace(self.model, mesh=mesh, partition_axis=pipelined(self.partition_axis, mesh),
+                                         pipeline=None)
+            self.cluster = new  # the panels _try draws count on it
+            return layout
+
+        ok = self._try(build, what="cluster")
+        if ok:
+            self._mesh_choice.options = mesh_options(self.cluster)
+            self._mesh_choice.value = mesh_label(dict(self.mesh.shape))
+        else:
+            self.cluster = old
+        if self._cluster_choice.value != cluster_label(self.cluster):
+            show_cluster(self._cluster_choice, self.cluster)  # its callback sees the cluster shown: no change
+        return ok
+
+    def _on_cluster_choice(self, change: dict[str, tp.Any]) -> None:
+        if change["new"] != cluster_label(self.cluster):
+            self.set_cluster(change["new"])

@@ -16,6 +16,7 @@ from workbench.core.tables import Cell, Html, Row, html_table
 from workbench.core.units import format_bytes, format_seconds
 from workbench.core.vocab import OPTIMIZERS, TASKS
 from workbench.widgets._advisor_recipe import RecipeControls
+from workbench.widgets._cluster_picker import cluster_label, cluster_picker, picked_cluster, show_cluster
 from workbench.widgets._errors import InlineError
 from workbench.widgets._html import CELL, error_html, escape
 from workbench.widgets.sharding_explorer import ShardingExplorer
@@ -112,8 +113,9 @@ def advice_html(advice: Advice, *, top: int = 10, rejected: int = 5, selected: i
 
 
 class LayoutAdvisor(RecipeControls, InlineError):
-    """Inputs (batch, sequence length, task, optimizer, constraints) that re-rank the layouts of ``model`` on
-    ``cluster`` as they change; pick a row to confirm it with the compiler, open it in a
+    """Inputs (the cluster, batch, sequence length, task, optimizer, constraints) that re-rank the layouts of
+    ``model`` on ``cluster`` as they change (the cluster picker offers the presets: :meth:`set_cluster`); pick a row
+    to confirm it with the compiler, open it in a
     :class:`~workbench.widgets.sharding_explorer.ShardingExplorer` (which holds the row's plan, gradient accumulation
     included, and counts and prices it as the advisor did: it shows the row's memory, step time and MFU), or export
     it as code and JSON (which read back as the same plan) or as a torchtitan TOML or MaxText YAML. Axis sizes may be
@@ -150,6 +152,8 @@ class LayoutAdvisor(RecipeControls, InlineError):
         self._task = w.Dropdown(options=TASKS, value=task, description="task", layout=w.Layout(width="150px"),
                                 style={"description_width": "35px"})
         self._task.add_class("wb-advisor-task")
+        self._clusters = {cluster_label(cluster): cluster}  # the clusters given or set, by their picker label
+        self._cluster = cluster_picker(cluster, "wb-advisor-cluster")
         self._optimizer = w.Dropdown(options=OPTIMIZERS, value=optimizer, description="optimizer",
                                      layout=w.Layout(width="170px"), style={"description_width": "62px"})
         self._across = w.Checkbox(c.tp_across_nodes, description="tp across GPU nodes", indent=False)
@@ -181,12 +185,13 @@ class LayoutAdvisor(RecipeControls, InlineError):
         self._export.on_click(lambda _: self.export())
         self._row.observe(lambda _: self._render_table(), names="value")
         self._task.observe(self._on_task, names="value")
+        self._cluster.observe(lambda change: self._quiet or self.set_cluster(change["new"]), names="value")
         for control in (self._tokens, self._seq, self._optimizer, self._across, self._pipeline, self._zero,
                         self._max_axes, self._headroom):
             control.observe(lambda _: self._quiet or self.rank(), names="value")
+        self._title = w.HTML()
         self.widget = w.VBox([
-            w.HTML(f'<div style="font-size:13px"><b>LayoutAdvisor</b> · {escape(self._model_name())} · '
-                   f"{escape(str(cluster))}</div>"),
+            self._title, w.HBox([self._cluster]),
             w.HBox([self._tokens, self._seq, self._task, self._optimizer]),
             w.HBox([self._across, self._pipeline, self._zero, self._max_axes, self._headroom]),
             *self._build_recipe(c.fixed), self._status, self._table,
@@ -194,7 +199,12 @@ class LayoutAdvisor(RecipeControls, InlineError):
             self._explorer_box])
         self.widget.add_class("wb-layout-advisor")
         self._show_task(task)
+        self._show_title()
         self.rank()
+
+    def _show_title(self) -> None:
+        self._title.value = (f'<div style="font-size:13px"><b>LayoutAdvisor</b> · {escape(self._model_name())} · '
+                             f"{escape(str(self.cluster))}</div>")
 
     def _model_name(self) -> str:
         return getattr(getattr(self.model, "config", None), "model_type", type(self.model).__name__)
@@ -236,6 +246,31 @@ class LayoutAdvisor(RecipeControls, InlineError):
             self._quiet = False
         if not failed:
             self.rank()
+
+    def set_cluster(self, cluster: tp.Any) -> bool:
+        """Re-rank on ``cluster`` (a Cluster, or a picker's label: a preset's); the picker follows, and the panels of
+        the last cluster's rows (confirmed, exported, opened in the explorer) go. If the ranking fails, the error
+        shows and the last cluster and ranking stay."""
+        old = self.cluster
+        with self._guard("cluster", plain=(ValueError, TypeError)) as failed:
+            new = picked_cluster(cluster, self._clusters)
+        if not failed and new == old:
+            return True
+        if not failed:
+            self.cluster, before = new, self.advice
+            self.rank()
+            failed = self.advice is before  # advise failed on it: its error shows
+        if failed:
+            self.cluster = old
+        else:
+            self.explorer, self._explorer_box.children, self._out.value = None, (), ""
+            self._show_title()
+        self._quiet = True  # the picker shows the cluster ranked on
+        try:
+            show_cluster(self._cluster, self.cluster)
+        finally:
+            self._quiet = False
+        return not failed
 
     # -- actions (each shows its error inline and returns False) -----------------------------------------------
     def rank(self) -> bool:

@@ -29,6 +29,7 @@ from workbench.core.views.expert_dispatch import expert_parallel_summary
 from workbench.core.views.explore_step import explorer_mesh, pipelined, resolve_on, step_model
 from workbench.core.vocab import REMATS, TASKS
 from workbench.widgets._cluster_html import STEP_ROW_PX, collective_seconds, ledger_html, mesh_label, step_time_html
+from workbench.widgets._cluster_picker import cluster_label, cluster_picker
 from workbench.widgets._errors import InlineError
 from workbench.widgets._experts import ExpertsPanel, experts_html
 from workbench.widgets._explorer_cluster import ClusterPanels
@@ -70,15 +71,15 @@ class ShardingExplorer(PlanControls, ClusterPanels, InlineError):
 
     With ``cluster`` (a virtual :class:`~workbench.core.hardware.cluster.Cluster`) ``mesh`` may be the axis sizes
     (``{"fsdp": 16, "tp": 4}``; default every device on ``fsdp``) or ``cluster_mesh(cluster, ...)``; a control
-    offers the cluster's valid mesh shapes; the memory chart is the ledger (:func:`workbench.core.cost.ledger.ledger`:
-    parameters, gradients, optimizer state, activations under the remat policy, temporaries, per device)
-    against the device's HBM, re-computed on every edit, beside the step predicted from the shapes
-    (:func:`workbench.core.cost.predicted.predict_step`, the measured step model: the advisor's numbers for the same
-    layout, task and batch); ``task`` ("train", "prefill" or "decode", a control too) is the step they count, with
-    ``batch = (B, T)``: for decode ``B`` sequences each decoding one token against a KV cache of ``T``. "collectives"
-    compiles the step for the cluster's devices (a train step: one of its accumulated microbatches) and adds the
-    compiled step's time (:func:`workbench.core.cost.compiled_step.step_time`), each collective's time on the
-    cluster's network and the compiled memory beside the ledger.
+    offers the cluster's valid mesh shapes, another the cluster presets (:meth:`set_cluster`); the memory chart is
+    the ledger (:func:`workbench.core.cost.ledger.ledger`: parameters, gradients, optimizer state, activations under
+    the remat policy, temporaries, per device) against the device's HBM, re-computed on every edit, beside the step
+    predicted from the shapes (:func:`workbench.core.cost.predicted.predict_step`, the measured step model: the
+    advisor's numbers for the same layout, task and batch); ``task`` ("train", "prefill" or "decode", a control too)
+    is the step they count, with ``batch = (B, T)``: for decode ``B`` sequences each decoding one token against a KV
+    cache of ``T``. "collectives" compiles the step for the cluster's devices (a train step: one of its accumulated
+    microbatches) and adds the compiled step's time (:func:`workbench.core.cost.compiled_step.step_time`), each
+    collective's time on the cluster's network and the compiled memory beside the ledger.
 
     On a cluster the step runs a plan (:meth:`plan`, a :class:`~workbench.core.plan.Plan`) that controls hold beside
     the remat policy: a train step's gradient accumulation (microbatches per step: the ledger holds one
@@ -293,6 +294,9 @@ class ShardingExplorer(PlanControls, ClusterPanels, InlineError):
         if self.cluster is not None:
             self._mesh_choice = mesh_choice(self.cluster, mesh_label(dict(self.mesh.shape)))
             self._mesh_choice.observe(self._on_mesh_choice, names="value")
+            self._clusters = {cluster_label(self.cluster): self.cluster}  # given or set, by their picker label
+            self._cluster_choice = cluster_picker(self.cluster, "wb-explorer-cluster")
+            self._cluster_choice.observe(self._on_cluster_choice, names="value")
         self._chart = w.Output(layout=w.Layout(width=f"{CHART_PX}px", min_height="300px"))
         self._chart.add_class("wb-memory-chart")
         self._diff = w.HTML()
@@ -325,7 +329,8 @@ class ShardingExplorer(PlanControls, ClusterPanels, InlineError):
         for control in (self._task, self._optimizer_name, self._remat, self._batch_b, self._batch_t, self._kind,
                         self._attention, self._accumulation, self._zero, self._schedule, self._pipe_m, self._virtual):
             control.observe(lambda _: self._syncing or self._render(), names="value")
-        memory = w.VBox([self._mesh_choice, w.HBox([self._task, self._batch_b, self._batch_t]),
+        memory = w.VBox([w.HBox([self._cluster_choice, self._mesh_choice]),
+                         w.HBox([self._task, self._batch_b, self._batch_t]),
                          w.HBox([self._optimizer_name, self._remat]), *self._plan_rows, self._ledger_out,
                          w.HTML('<div style="font-weight:600;margin-top:6px">predicted step from the shapes '
                                 "(no compile)</div>"), self._predicted_out],
@@ -424,7 +429,8 @@ class ShardingExplorer(PlanControls, ClusterPanels, InlineError):
         """Resolve a new layout; on success show it, else show why and keep the last valid one."""
         # a callback must not raise: say why, keep the last valid layout
         with self._guard(plain=(ValueError, TypeError, KeyError, re.error),
-                         suffix=f" (still showing the last valid {'mesh' if what == 'mesh' else 'layout'})") as failed:
+                         suffix=f" (still showing the last valid {what if what in ('mesh', 'cluster') else 'layout'})"
+                         ) as failed:
             new = build()
             d = explore.diff(self.layout, new, **self._memory_options())
         if failed:
