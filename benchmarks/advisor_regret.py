@@ -86,7 +86,7 @@ def main() -> None:
           f"{misses} without (a gain the model claims that no published run checks; target 0); the published layout "
           f"ranks first on {ranked_first}")
     print(f"({time.perf_counter() - start:.0f} s; each run planned with its own program: flash attention, its "
-          f"vocabulary tiles and offload, sequence parallelism inside tp)")
+          f"vocabulary tiles and offload, sequence parallelism inside tp, its framework's saved activations)")
 
 
 if __name__ == "__main__":

@@ -31,13 +31,14 @@ import typing as tp
 from workbench.core.checks import batch_shape, one_of, positive_int
 from workbench.core.mesh import MESH_AXES, axis_sizes
 from workbench.core.pipeline_schedule import PipelineConfig
-from workbench.core.vocab import ATTENTION_KERNELS, REMATS
+from workbench.core.vocab import ATTENTION_KERNELS, AUTOGRADS, REMATS
 from workbench.core.zero import check_zero_stage
 
 BATCH_AXES = ("fsdp", "dp")  # PartitionAxis().batch_axis: the axes a batch splits over by default
-# the program production runs (Plan's attention, vocab_tiles, offload, sequence_parallel): a flash kernel, sequence
-# parallelism inside tensor parallelism, the loss whole and nothing offloaded unless a recipe says so
-PRODUCTION = {"attention": "flash", "vocab_tiles": 1, "offload": False, "sequence_parallel": True}
+# the program production runs (Plan's attention, vocab_tiles, offload, sequence_parallel, autograd): a flash kernel,
+# sequence parallelism inside tensor parallelism, the loss whole and nothing offloaded unless a recipe says so, JAX's
+# autodiff (MaxText's); a PyTorch framework's run adds autograd="pytorch"
+PRODUCTION = {"attention": "flash", "vocab_tiles": 1, "offload": False, "sequence_parallel": True, "autograd": "jax"}
 PROGRAM_FIELDS = tuple(PRODUCTION)  # the fields of a Plan, a recipe and the advisor's constraints naming the program
 
 
@@ -58,7 +59,10 @@ class Plan:
     either, at its own rate), ``vocab_tiles`` the chunks the loss's tokens are computed in
     (MaxText's ``num_vocab_tiling``), ``offload`` the saved activations kept in host memory, ``sequence_parallel``
     the activations outside tensor parallelism's matmuls split over ``tp`` (Megatron's ``--sequence-parallel``;
-    every published TP run uses it). The defaults are the workbench's own program, the one ``confirm`` and the
+    every published TP run uses it), ``autograd`` whose autodiff decides what a layer keeps without remat
+    (:data:`~workbench.core.vocab.AUTOGRADS`: ``"jax"``, every op's residuals, or ``"pytorch"``, PyTorch's autograd
+    with fused norm and activation kernels, as torchtitan, Megatron-LM, NeMo and llm-foundry run). The defaults
+    are the workbench's own program, the one ``confirm`` and the
     explorer compile; :data:`PRODUCTION` is what the published runs use. The step model prices attention at the
     named flash kernel's rate, and ``"xla"`` at ``"flash"``'s: the XLA attention's time is not modelled.
     """
@@ -78,12 +82,14 @@ class Plan:
     vocab_tiles: int = 1
     offload: bool = False
     sequence_parallel: bool = False
+    autograd: str = "jax"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "mesh_shape", types.MappingProxyType(axis_sizes(self.mesh_shape, "a plan's mesh")))
         one_of("remat", self.remat, REMATS)
         one_of("attention", self.attention, ATTENTION_KERNELS)
+        one_of("autograd", self.autograd, AUTOGRADS)
         set_(self, "vocab_tiles", positive_int("vocab_tiles", self.vocab_tiles,
                                                what="a positive int (chunks the loss's tokens are computed in)"))
         for name in ("offload", "sequence_parallel"):
@@ -120,7 +126,7 @@ class Plan:
 
     def program(self) -> dict[str, tp.Any]:
         """The program's choices the ledger counts: ``attention``, ``vocab_tiles``, ``offload``,
-        ``sequence_parallel`` (:func:`workbench.core.cost.ledger.ledger`'s keywords)."""
+        ``sequence_parallel``, ``autograd`` (:func:`workbench.core.cost.ledger.ledger`'s keywords)."""
         return {name: getattr(self, name) for name in PROGRAM_FIELDS}
 
     def label(self) -> str:
@@ -145,6 +151,7 @@ def program_text(program: tp.Mapping[str, tp.Any]) -> str:
              "the loss whole" if program["vocab_tiles"] == 1 else f"the loss in {program['vocab_tiles']} tiles"]
     words += ["saved activations offloaded"] if program["offload"] else []
     words.append("sequence parallel inside tp" if program["sequence_parallel"] else "no sequence parallel")
+    words += ["PyTorch autograd's saved set"] if program.get("autograd", "jax") == "pytorch" else []
     return ", ".join(words)
 
 

@@ -12,5 +12,9 @@ OPTIMIZERS = ("adamw", "adafactor", "sgd")
 # "flash_triton" is the same algorithm as Tri Dao's 2022 Triton kernel (flash_attn_triton.py on triton-pre-mlir,
 # llm-foundry's attn_impl "triton"), which keeps no scores either but runs at its own, lower rate on an H100
 ATTENTION_KERNELS = ("xla", "flash", "flash_triton")
+# whose autodiff decides what a layer keeps for its backward without remat: "jax" (every op's residuals, the
+# workbench's program and MaxText's) or "pytorch" (PyTorch's autograd with fused norm and activation kernels, as
+# torchtitan, Megatron-LM, NeMo and llm-foundry run: Korthikanti et al. 2022's count)
+AUTOGRADS = ("jax", "pytorch")
 
-__all__ = ["ATTENTION_KERNELS", "OPTIMIZERS", "REMATS", "TASKS"]
+__all__ = ["ATTENTION_KERNELS", "AUTOGRADS", "OPTIMIZERS", "REMATS", "TASKS"]

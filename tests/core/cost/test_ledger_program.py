@@ -97,11 +97,54 @@ def test_sequence_parallel_splits_the_layer_input_over_tp():
 
 def test_a_plan_names_the_program_and_refuses_what_is_not_one():
     assert Plan({"fsdp": 8}).program() == {"attention": "xla", "vocab_tiles": 1, "offload": False,
-                                           "sequence_parallel": False}  # the workbench's own, as ledger's defaults
+                                           "sequence_parallel": False, "autograd": "jax"}  # as ledger's defaults
     assert Plan({"fsdp": 8}, **PRODUCTION).program() == PRODUCTION
     with pytest.raises(ValueError, match="attention must be one of"):
         Plan({"fsdp": 8}, attention="splash")
     with pytest.raises(ValueError, match="vocab_tiles"):
         Plan({"fsdp": 8}, vocab_tiles=0)
+    with pytest.raises(ValueError, match="autograd must be one of"):
+        Plan({"fsdp": 8}, autograd="torch")
     with pytest.raises(TypeError, match="offload is True or False"):
         Plan({"fsdp": 8}, offload="yes")
+
+
+# GPT-3 175B as Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (2022), Table 3
+# lays it out: hidden h = 12288, a = 96 heads, s = 2048, tensor parallelism t = 8; a LayerNorm and GELU MLP of 4h.
+GPT3 = dict(hidden_size=12288, intermediate_size=4 * 12288, num_hidden_layers=2, num_attention_heads=96,
+            num_key_value_heads=96, head_dim=128, vocab_size=50304, tie_word_embeddings=True, mlp_type="gelu",
+            hidden_act="gelu", norm_type="layer", position_embedding="learned")
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_pytorch_autograd_keeps_korthikanti_s_count(sequence_parallel):
+    """Without remat a PyTorch layer keeps, in bytes a token, ``(10 + 24 / t) h`` (their eq. 2, with flash attention
+    no ``5 a s / (h t)`` term) or ``34 h / t`` with sequence parallelism (eq. 4), less their two dropout masks (``h``
+    each, split like the rest): ``(8 + 24 / t) h`` and ``32 h / t``; plus the flash kernel's float32 log-sum-exp per
+    local head, which their count predates. JAX's residuals keep more (float32 norm arrays, GELU's five)."""
+    h, a, t, s = 12288, 96, 8, 2048
+    model = CausalLM.lazy_init(ModelConfig(**GPT3), dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+    layout = Layout.of(model, _mesh(fsdp=1, tp=t))
+    torch = layer_set(layout, t_kv=s, attention="flash", sequence_parallel=sequence_parallel, autograd="pytorch")
+    want = (32 * h / t if sequence_parallel else (8 + 24 / t) * h) + 4 * a / t
+    assert torch.bytes_per_row("none", 2) == want
+    jax_set = layer_set(layout, t_kv=s, attention="flash", sequence_parallel=sequence_parallel)
+    assert jax_set.bytes_per_row("none", 2) > 1.5 * want
+    # the other policies keep the same either way
+    assert (torch.full, torch.dots_saveable) == (jax_set.full, jax_set.dots_saveable)
+
+
+def test_pytorch_autograd_counts_a_gated_mlp_s_four_arrays_and_the_probabilities_of_plain_attention():
+    """SwiGLU keeps gate, up, silu(gate) and the product (4F), not JAX's six; without a flash kernel the
+    probabilities, one per score in the model's dtype, and no float32 copies; the ledger and a Plan carry it."""
+    model = _model(intermediate_size=256)
+    layout = Layout.of(model, _mesh(fsdp=8))
+    s, d, f = 64, HIDDEN, 256
+    torch = layer_set(layout, t_kv=s, attention="xla", autograd="pytorch")
+    assert torch.none == (4 * d + 3 * d + d + HEADS * s + 4 * f, 0)  # norms in/out, q k v, output, probs, MLP
+    batch = (8, s)
+    kept = ledger(model, layout, batch=batch, remat="none", attention="xla", autograd="pytorch").activations
+    assert kept == LAYERS * torch.bytes_per_row("none", 2) * s
+    assert Plan({"fsdp": 8}, autograd="pytorch").program()["autograd"] == "pytorch"
+    with pytest.raises(ValueError, match="autograd must be one of"):
+        ledger(model, layout, batch=batch, autograd="torch")

@@ -88,7 +88,8 @@ def test_layout_resolves():
 
 
 # -- round trips of workbench recipes ---------------------------------------------------------------------------
-TORCHTITAN = {"attention": "flash"}  # its program: SDPA's flash kernels, sequence parallel with tp (below)
+# its program: SDPA's flash kernels, PyTorch's autograd, sequence parallel with tp (below)
+TORCHTITAN = {"attention": "flash", "autograd": "pytorch"}
 ROUND_TRIP = [
     TrainingRecipe({"fsdp": 8, "tp": 4}, (64, 4096), "full", zero_stage=3, sequence_parallel=True, **TORCHTITAN),
     TrainingRecipe({"dp": 2, "fsdp": 4}, (64, 2048), "none", grad_accumulation=4, zero_stage=3, **TORCHTITAN),
@@ -110,8 +111,10 @@ def test_the_workbench_s_own_program_exports_with_what_torchtitan_runs_instead()
     text = to_torchtitan(r)
     assert "XLA attention" in text.splitlines()[1] and "the residual stream whole over tp" in text.splitlines()[1]
     back = from_torchtitan(text)
-    assert (back.attention, back.sequence_parallel) == ("flash", True)
-    assert back.same_run(dataclasses.replace(r, attention="flash", sequence_parallel=True))
+    assert (back.attention, back.sequence_parallel, back.autograd) == ("flash", True, "pytorch")
+    assert back.same_run(dataclasses.replace(r, attention="flash", sequence_parallel=True, autograd="pytorch"))
+    # without remat the saved set differs too: the export says torchtitan keeps PyTorch's
+    assert "PyTorch's autograd" in to_torchtitan(dataclasses.replace(r, remat="none")).splitlines()[1]
 
 
 @pytest.mark.parametrize("recipe", ROUND_TRIP, ids=lambda r: r._shape_text())

@@ -37,7 +37,8 @@ class Constraints:
     program, what ``confirm`` compiles), ``"flash"`` (what production runs use) or ``"flash_triton"`` (llm-foundry's
     2022 Triton kernel, at its own rate), ``vocab_tiles`` the chunks the
     loss's tokens are computed in, ``offload`` the saved activations in host memory, ``sequence_parallel`` the
-    activations outside tensor parallelism's matmuls split over ``tp``; ``Constraints(**PRODUCTION)``
+    activations outside tensor parallelism's matmuls split over ``tp``, ``autograd`` whose autodiff's saved set
+    (``"jax"`` or ``"pytorch"``); ``Constraints(**PRODUCTION)``
     (:data:`workbench.core.plan.PRODUCTION`) plans the program production runs. ``ranking``: ``"evidence"`` (a train
     step resting on a regime no published run validates is a range, ranked by its slow end:
     :mod:`~workbench.core.advisor.regimes`) or ``"model"`` (every layout by the step model's prediction alone, as a
@@ -59,6 +60,7 @@ class Constraints:
     vocab_tiles: int = 1
     offload: bool = False
     sequence_parallel: bool = False
+    autograd: str = "jax"
     ranking: str = "evidence"
     pipelines: tuple[PipelineConfig, ...] = ()
 
@@ -69,7 +71,8 @@ class Constraints:
         return [k for k in counts if rows % k == 0]
 
     def program(self) -> dict[str, tp.Any]:
-        """``attention``, ``vocab_tiles``, ``offload``, ``sequence_parallel``: keywords of ``Plan`` and ``ledger``."""
+        """``attention``, ``vocab_tiles``, ``offload``, ``sequence_parallel``, ``autograd``: keywords of ``Plan`` and
+        ``ledger``."""
         return {name: getattr(self, name) for name in PROGRAM_FIELDS}
 
     def __post_init__(self):

@@ -36,6 +36,17 @@ tile by tile in on-chip memory (no score-sized phase). Not measured here: XLA:CP
 workbench's XLA attention, so the flash ledger is the XLA one with the score-sized arrays taken out, the
 kernels' own design (FlashAttention-2, section 3.1).
 
+With ``autograd="pytorch"`` (torchtitan, Megatron-LM, NeMo, llm-foundry) a layer without remat keeps what PyTorch's
+autograd saves with fused norm and activation kernels, not every op's residual as JAX's autodiff does: each norm its
+input and, feeding a matmul, its output; q, k and v (with q/k norms their inputs too), the attention output and the
+flash kernel's log-sum-exp (an XLA-style attention keeps its probabilities, one per score, in the model's dtype
+instead); a gated MLP its gate, up, the activation and their product (four arrays of its width; an activation
+saves only its input), a plain one up and the activation's output (two), per expert row for a MoE, plus the
+experts' outputs. All in the model's dtype. For GPT-3 this is Korthikanti et al., *Reducing Activation
+Recomputation in Large Transformer Models* (2022), eq. (2) and (4) without their two dropout masks: ``(8 + 24 /
+t) s b h`` bytes a layer with ``t``-way tensor parallelism, ``32 s b h / t`` with sequence parallelism. MLA keeps
+JAX's count (its expanded PyTorch form is not modelled); ``"full"`` and ``"dots_saveable"`` keep the same either way.
+
 With ``sequence_parallel=True`` (Megatron-LM's ``--sequence-parallel``, torchtitan's TP plan, MaxText's embed
 activations over its tensor axis) the activations of width ``D`` outside the tensor-parallel matmuls (the layer's
 input, the norms' residuals, ``o_proj``'s and a sandwich norm's ``down_proj``'s outputs, reduce-scattered instead
@@ -57,7 +68,7 @@ import numpy as np
 from workbench.core.axes import BATCH, LENGTH
 from workbench.core.checks import one_of
 from workbench.core.shapes import capacity
-from workbench.core.vocab import ATTENTION_KERNELS, REMATS
+from workbench.core.vocab import ATTENTION_KERNELS, AUTOGRADS, REMATS
 
 # A resolved workbench.core.sharding.plan.Layout (not imported: sharding sits above the cost layer).
 Layout = tp.Any
@@ -98,6 +109,10 @@ ACTIVATION_RESIDUALS = {("swiglu", "silu"): 6, ("swiglu", "gelu_pytorch_tanh"): 
 # centred input, the normalised and the scaled values, in float32. A norm whose output feeds a matmul keeps
 # that output too (the matmul's weight gradient reads it).
 NORM_RESIDUALS = {"rms": (1, 1), "rms_unit_offset": (2, 0), "layer": (3, 0)}
+# Arrays of an MLP's width PyTorch's autograd keeps per token (or expert row) without remat, by whether the MLP is
+# gated: an activation kernel saves its input only, a product both operands, a matmul its input (Korthikanti et al.
+# 2022, section 4.1: a GELU MLP's first linear output and the GELU's output); gated: gate, up, act(gate), product.
+TORCH_ACTIVATION_RESIDUALS = {True: 4, False: 2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,11 +166,12 @@ def _expert_rows(layout: Layout, prefix: str, strategy: str, data_axes: set[str]
 
 def layer_set(layout: Layout, prefix: str = "layers/", *, t_kv: int, moe_strategy: str = "dense",
               tokens: int = 1, capacity_factor: float | None = None, attention: str = "xla",
-              sequence_parallel: bool = False) -> LayerSet:
+              sequence_parallel: bool = False, autograd: str = "jax") -> LayerSet:
     """Per token row, what one layer of the stack under ``prefix`` keeps for its backward (see the module
-    doc for the three policies, the two ``attention`` kernels and ``sequence_parallel``); ``t_kv`` keys per query,
-    ``tokens`` the device's tokens (a MoE's capacity)."""
+    doc for the three policies, the ``attention`` kernels, ``sequence_parallel`` and ``autograd``); ``t_kv`` keys
+    per query, ``tokens`` the device's tokens (a MoE's capacity)."""
     one_of("attention", attention, ATTENTION_KERNELS)
+    one_of("autograd", autograd, AUTOGRADS)
     flash = attention != "xla"  # every flash kernel keeps no scores; they differ in rate only
     sizes = dict(layout.mesh.shape)
     data_axes = set(_data_axes(layout))
@@ -188,6 +204,8 @@ def layer_set(layout: Layout, prefix: str = "layers/", *, t_kv: int, moe_strateg
         # rotated q and k, v, the attention output, the probabilities in the model's dtype (+ two float32 below)
         scores_dt = 0 if flash else heads * t_kv
         attn_none = (q + k + v + heads * c.head_dim + scores_dt + qk_dt * (q + k), qk_f32 * (q + k))
+        # PyTorch: q, k, v, the output, a q/k norm's input, and the probabilities (XLA-style) or the log-sum-exp
+        torch_attn = (q + k + v + heads * c.head_dim + scores_dt + (q + k if c.qk_norm else 0), heads if flash else 0)
     # QK^T: float32 logits (accumulation_dtype), then the float32 softmax; a flash kernel's log-sum-exp instead
     attn_f32 = heads if flash else heads * t_kv
     # -- MLP: a dense one (swiglu / gelu), or experts
@@ -200,16 +218,19 @@ def layer_set(layout: Layout, prefix: str = "layers/", *, t_kv: int, moe_strateg
         # gate and up per expert row, the experts' outputs (the combine reads them), router logits and weights
         mlp_dots = rows * (2 * per_row + d) + 2 * experts
         mlp_none = rows * (ACTIVATION_RESIDUALS[("moe", c.moe_activation)] * per_row + d) + 2 * experts
+        torch_mlp = rows * (TORCH_ACTIVATION_RESIDUALS[True] * per_row + d) + 2 * experts
         if has("mlp/shared_gate"):
             shared = width("mlp/shared_gate")
             mlp_dots += 2 * shared
             mlp_none += ACTIVATION_RESIDUALS[("swiglu", "silu")] * shared
+            torch_mlp += TORCH_ACTIVATION_RESIDUALS[True] * shared
     else:
         up = width("mlp/up_proj/kernel")
         gated = has("mlp/gate_proj/kernel")
         mlp_type = "swiglu" if gated else c.mlp_type
         mlp_dots = (2 if gated else 1) * up + (ds if c.sandwich_norms else 0)  # down_proj feeds the post-MLP norm
         mlp_none = ACTIVATION_RESIDUALS[(mlp_type, c.hidden_act)] * up
+        torch_mlp = TORCH_ACTIVATION_RESIDUALS[gated] * up
     # -- norms over D: their residuals, and the outputs that feed the attention's and the MLP's matmuls
     norms = 4 if c.sandwich_norms else 2
     n_f32, n_dt = NORM_RESIDUALS[_norm_kind(c)]
@@ -217,6 +238,8 @@ def layer_set(layout: Layout, prefix: str = "layers/", *, t_kv: int, moe_strateg
     scores_f32 = 0 if flash else 2 * attn_f32  # the logits and the softmax, float32
     none = (attn_none[0] + mlp_none + (norms * n_dt + 2) * ds, attn_none[1] + scores_f32 + attn_f32 * flash
             + norms * n_f32 * ds)
+    if autograd == "pytorch" and not c.mla:  # each norm's input, and the two that feed matmuls their outputs
+        none = (torch_attn[0] + torch_mlp + (norms + 2) * ds, torch_attn[1])
     return LayerSet(full=(ds, 0), dots_saveable=dots, none=none)
 
 
@@ -285,7 +308,7 @@ class ActivationBytes(tp.NamedTuple):
 
 def activation_bytes(layout: Layout, batch: tuple[int, int], remat: str, dtype: tp.Any, compiler: str = "tpu",
                      moe_strategy: str = "dense", capacity_factor: float | None = None, attention: str = "xla",
-                     offload: bool = False, sequence_parallel: bool = False) -> ActivationBytes:
+                     offload: bool = False, sequence_parallel: bool = False, autograd: str = "jax") -> ActivationBytes:
     """What a train step keeps for its backward, its backward's working set and (``offload=True``) what it keeps
     in host memory, in bytes per device (see the module doc); ``compiler`` ("tpu" or "cpu") is the XLA backend
     whose working set to estimate, ``attention`` the kernel (:data:`~workbench.core.vocab.ATTENTION_KERNELS`)."""
@@ -297,7 +320,7 @@ def activation_bytes(layout: Layout, batch: tuple[int, int], remat: str, dtype: 
     rows = b * t
     stacks = [(prefix, n, layer_set(layout, prefix, t_kv=batch[1], moe_strategy=moe_strategy, tokens=rows,
                                     capacity_factor=capacity_factor, attention=attention,
-                                    sequence_parallel=sequence_parallel))
+                                    sequence_parallel=sequence_parallel, autograd=autograd))
               for prefix, n in layer_stacks(layout)]
     kept = sum(n * s.bytes_per_row(remat, item) for _, n, s in stacks) * rows
     dots = [s.bytes_per_row("dots_saveable", item) * rows for _, _, s in stacks]

@@ -61,13 +61,16 @@ Parts, per device (every device holds the same; specs divide their dimensions):
   cluster the installed release (``Cluster.tpu(..., libtpu=libtpu_version())``);
 - ``kv_cache``: keys and values of every layer (:func:`kv_cache_bytes`);
 - the program as production runs it (the :class:`~workbench.core.plan.Plan`'s ``attention``, ``vocab_tiles``,
-  ``offload`` and ``sequence_parallel``): a flash attention kernel (``"flash"``, ``"flash_triton"``) writes no
+  ``offload``, ``sequence_parallel`` and ``autograd``): a flash attention kernel (``"flash"``, ``"flash_triton"``)
+  writes no
   scores to HBM (no score-sized arrays in ``activations`` or ``temporaries``:
   :mod:`~workbench.core.cost.activations`); the loss over
   ``vocab_tiles`` chunks of the tokens (MaxText's ``num_vocab_tiling``, chunked cross-entropy) holds one chunk's
   logits; ``offload`` keeps what the remat policy saves in host memory (``host``, beside the HBM parts, not in
   ``total``) and two layers of it in HBM; ``sequence_parallel`` splits the width-``D`` activations outside the
-  tensor-parallel matmuls over ``tp``. The defaults (the function's and a ``Plan``'s) are the workbench's own
+  tensor-parallel matmuls over ``tp``; ``autograd="pytorch"`` counts what PyTorch's autograd keeps of a layer
+  without remat instead of JAX's residuals (:mod:`~workbench.core.cost.activations`). The defaults (the function's
+  and a ``Plan``'s) are the workbench's own
   program (what ``compile_step`` builds and the measurements above compiled); ``plan.PRODUCTION`` is production's;
 - with a ``pipeline`` (a :class:`workbench.core.pipeline.PipelineConfig` on a ``pp`` mesh axis): the stacked
   layers' parameters, gradients and optimizer state divide by the stage count (the layout must split
@@ -118,7 +121,7 @@ from workbench.core.cost.activations import (
 from workbench.core.pipeline_schedule import activation_stash_bytes
 from workbench.core.plan import microbatch
 from workbench.core.units import format_bytes
-from workbench.core.vocab import ATTENTION_KERNELS, OPTIMIZERS, TASKS
+from workbench.core.vocab import ATTENTION_KERNELS, AUTOGRADS, OPTIMIZERS, TASKS
 from workbench.core.zero import state_split
 
 # A resolved workbench.core.sharding.plan.Layout: the ledger reads its parameters' blocks and its mesh; it is not
@@ -269,7 +272,7 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
            optimizer: str = "adamw", remat: str | None = None, kv_length: int | None = None,
            cluster: tp.Any = None, partition_axis: PartitionAxis | None = None, pipeline: tp.Any = None,
            zero_stage: int | None = None, grad_accumulation: int = 1, attention: str = "xla", vocab_tiles: int = 1,
-           offload: bool = False, sequence_parallel: bool = False) -> Ledger:
+           offload: bool = False, sequence_parallel: bool = False, autograd: str = "jax") -> Ledger:
     """Bytes per device of one ``kind`` step of ``model`` laid out by ``layout`` (see the module doc).
 
     ``batch = (B, T)``: rows and positions of a train step or a prefill (a decode step takes ``(B, 1)``);
@@ -279,13 +282,16 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
     ``PipelineConfig``, train steps only) counts a pipelined step (see the module doc); ``zero_stage`` (default the
     layout's) splits the optimizer state over ``dp`` at 1; ``grad_accumulation`` (train steps without a pipeline)
     counts one of that many microbatches of ``batch`` and the sum of their gradients (see the module doc).
-    ``attention`` (``"xla"``, ``"flash"`` or ``"flash_triton"``), ``vocab_tiles``, ``offload`` and
-    ``sequence_parallel`` are the program's (see the module doc; a :class:`~workbench.core.plan.Plan` names them).
+    ``attention`` (``"xla"``, ``"flash"`` or ``"flash_triton"``), ``vocab_tiles``, ``offload``,
+    ``sequence_parallel`` and ``autograd`` (``"jax"`` or ``"pytorch"``) are the program's (see the module doc; a
+    :class:`~workbench.core.plan.Plan` names them).
     """
     one_of("kind", kind, TASKS)
     one_of("attention", attention, ATTENTION_KERNELS)
+    one_of("autograd", autograd, AUTOGRADS)
     positive_int("vocab_tiles", vocab_tiles, what="a positive int (chunks the loss's tokens are computed in)")
-    program = dict(attention=attention, vocab_tiles=vocab_tiles, offload=offload, sequence_parallel=sequence_parallel)
+    program = dict(attention=attention, vocab_tiles=vocab_tiles, offload=offload, sequence_parallel=sequence_parallel,
+                   autograd=autograd)
     if offload and kind != "train":
         raise ValueError(f"offload moves a train step's saved activations to the host; a {kind} step saves none: "
                          f"pass offload=False")
@@ -320,12 +326,12 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
                              "keeps; pass offload=False")
         kept, temporaries = pipeline_activation_bytes(layout, pipeline, batch, remat, dtype, compiler, **moe,
                                                       attention=attention, vocab_tiles=vocab_tiles,
-                                                      sequence_parallel=sequence_parallel)
+                                                      sequence_parallel=sequence_parallel, autograd=autograd)
         return Ledger(kind, remat, layout.param_bytes, gradient_bytes(layout, zero_stage),
                       optimizer_bytes(layout, optimizer, zero_stage), kept, cast + copies + temporaries, 0, ids, hbm)
     if kind == "train":
         acts = activation_bytes(layout, batch, remat, dtype, compiler, **moe, attention=attention, offload=offload,
-                                sequence_parallel=sequence_parallel)
+                                sequence_parallel=sequence_parallel, autograd=autograd)
         return Ledger(kind, remat, layout.param_bytes, gradient_bytes(layout, zero_stage),
                       optimizer_bytes(layout, optimizer, zero_stage), acts.kept,
                       cast + copies + max(acts.working, loss(batch)), 0, ids, hbm, host=acts.host)
@@ -351,7 +357,8 @@ def ledger(model: tp.Any, layout: Layout, *, kind: str = "train", batch: tuple[i
 def pipeline_activation_bytes(layout: Layout, pipeline: tp.Any, batch: tuple[int, int], remat: str, dtype: tp.Any,
                               compiler: str = "tpu", moe_strategy: str = "dense",
                               capacity_factor: float | None = None, attention: str = "xla",
-                              vocab_tiles: int = 1, sequence_parallel: bool = False) -> tuple[int, int]:
+                              vocab_tiles: int = 1, sequence_parallel: bool = False,
+                              autograd: str = "jax") -> tuple[int, int]:
     """``(kept, temporaries)`` bytes per device of a pipelined train step (see the module doc)."""
     sizes = dict(layout.mesh.shape)
     if sizes.get("pp", 1) != pipeline.num_stages:
@@ -372,11 +379,12 @@ def pipeline_activation_bytes(layout: Layout, pipeline: tp.Any, batch: tuple[int
     whole = 2 * b * t * c.hidden_size * item  # the embeddings in, their gradient out
     micro = (big // pipeline.num_microbatches, t)
     working = activation_bytes(layout, micro, remat, dtype, compiler, moe_strategy, capacity_factor,
-                               attention=attention, sequence_parallel=sequence_parallel).working
+                               attention=attention, sequence_parallel=sequence_parallel, autograd=autograd).working
     per_stage = pipeline.check_layers(c.num_hidden_layers - c.first_dense_layers)
     mb, mt, _ = tokens_per_device(layout, micro, layout.mode)
     stage_layer = layer_set(layout, "layers/", t_kv=t, moe_strategy=moe_strategy, tokens=mb * mt,
-                            capacity_factor=capacity_factor, attention=attention, sequence_parallel=sequence_parallel)
+                            capacity_factor=capacity_factor, attention=attention, sequence_parallel=sequence_parallel,
+                            autograd=autograd)
     stage_kept = int(per_stage * stage_layer.bytes_per_row(remat, item) * mb * mt)
     loss = int(LOGITS_COPIES[compiler] * logits_bytes(layout, micro) / vocab_tiles)
     return stash + whole, stage_kept + max(working, loss)

@@ -79,6 +79,11 @@ def _cluster(spec: dict[str, tp.Any]) -> Cluster:
     return Cluster.gpu(chip, nodes=spec["nodes"])
 
 
+# whose autodiff each framework's runs use (Plan.autograd): MaxText's JAX, the others PyTorch's autograd
+AUTOGRAD_OF = {"MaxText": "jax", "MaxText (2023 README table)": "jax", "llm-foundry": "pytorch",
+               "torchtitan": "pytorch", "Megatron-Bridge": "pytorch", "NeMo": "pytorch"}
+
+
 def _run(raw: dict[str, tp.Any]) -> PublishedRun:
     pipeline = None
     if raw.get("pipeline"):
@@ -91,7 +96,8 @@ def _run(raw: dict[str, tp.Any]) -> PublishedRun:
     plan = Plan(dict(raw["mesh"]), remat=remat, recompute=recompute, pipeline=pipeline,
                 dtype=raw["dtype"], batch_axes=tuple(raw.get("batch_axes", BATCH_AXES)),
                 grad_accumulation=raw.get("grad_accumulation", 1), capacity_factor=raw.get("capacity_factor"),
-                tp_overlap=raw.get("tp_overlap"), **{**PRODUCTION, **{k: raw[k] for k in PRODUCTION if k in raw}})
+                tp_overlap=raw.get("tp_overlap"), **{**PRODUCTION, "autograd": AUTOGRAD_OF[raw["framework"]],
+                                                     **{k: raw[k] for k in PRODUCTION if k in raw}})
     return PublishedRun(raw["name"], raw["framework"], _config(raw["model"]), _cluster(raw["cluster"]), plan,
                         tuple(raw["batch"]), float(raw["measured_s"]), raw["source"], raw.get("remat_note", ""),
                         raw.get("note", ""), raw.get("not_held", ""))

@@ -50,7 +50,8 @@ class TrainingRecipe:
     (how many TPU slices each axis spans; all ones on one slice), ``model`` (the source's model name),
     ``axis_rules`` (``PartitionAxis`` fields the source maps differently from the workbench's defaults, as
     ``(field, mesh axes)``), ``num_layers`` (the layers a pipeline splits, when the source says), the program
-    (``attention``, ``vocab_tiles``, ``offload``, ``sequence_parallel``: :class:`~workbench.core.plan.Plan`'s
+    (``attention``, ``vocab_tiles``, ``offload``, ``sequence_parallel``, ``autograd``:
+    :class:`~workbench.core.plan.Plan`'s
     fields; a framework's recipe reads its own, the workbench's own program by default) and ``notes`` (every
     approximation, in words)."""
 
@@ -69,6 +70,7 @@ class TrainingRecipe:
     vocab_tiles: int = 1
     offload: bool = False
     sequence_parallel: bool = False
+    autograd: str = "jax"
     notes: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -239,7 +241,7 @@ class TrainingRecipe:
 
     @property
     def program(self) -> dict[str, tp.Any]:
-        """``attention``, ``vocab_tiles``, ``offload``, ``sequence_parallel`` (:meth:`Plan.program`)."""
+        """``attention``, ``vocab_tiles``, ``offload``, ``sequence_parallel``, ``autograd`` (:meth:`Plan.program`)."""
         return {name: getattr(self, name) for name in PROGRAM_FIELDS}
 
     @property

@@ -199,10 +199,12 @@ def from_torchtitan(text_or_path: tp.Any, *, num_devices: int | None = None,
     remat, source_remat = _remat(_section(doc, "activation_checkpoint"), notes)
     rules = (("batch_axis", tuple(a for a in ("fsdp", "dp", "ep") if mesh[a] > 1)),) if ep > 1 else ()
     # torchtitan's attention is SDPA (flash / cuDNN kernels on H100), its TP plan shards norms and residuals along
-    # the sequence (SequenceParallel), its loss is computed whole, nothing offloaded
+    # the sequence (SequenceParallel), its loss is computed whole, nothing offloaded; PyTorch's autograd saves what
+    # a layer keeps without activation checkpointing
     return TrainingRecipe(mesh, (global_batch, seq_len), remat, accumulation, 3 if mesh["fsdp"] > 1 else 0, pipeline,
                           model=model, source_remat=source_remat, axis_rules=rules, num_layers=layers,
-                          attention="flash", sequence_parallel=mesh["tp"] > 1, notes=tuple(notes))
+                          attention="flash", sequence_parallel=mesh["tp"] > 1, autograd="pytorch",
+                          notes=tuple(notes))
 
 
 # -- export ---------------------------------------------------------------------------------------------------------
@@ -267,6 +269,8 @@ def to_torchtitan(recipe: TrainingRecipe) -> str:
         lost.append("saved activations offloaded to host memory")
     if m["tp"] > 1 and not recipe.sequence_parallel:
         lost.append("the residual stream whole over tp (torchtitan's TP plan splits it along the sequence)")
+    if recipe.autograd != "pytorch" and recipe.remat == "none":
+        lost.append("JAX's saved activations (torchtitan's layers keep what PyTorch's autograd saves)")
     dp_ways = m["dp"] * m["fsdp"] * m["ep"]
     local, rest = divmod(recipe.batch[0], dp_ways * recipe.grad_accumulation)
     if rest or not local:
