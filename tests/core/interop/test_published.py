@@ -13,6 +13,7 @@ from workbench.core.cost.predicted import predict_step
 from workbench.core.hardware.calibration import CALIBRATIONS, carried_over
 from workbench.core.hardware.chips import H100, Hardware
 from workbench.core.hardware.cluster import Cluster
+from workbench.core.interop import published
 from workbench.core.interop.out_of_sample import accuracy_text, chip_text, not_held_text
 from workbench.core.interop.published import (
     BAND,
@@ -98,6 +99,16 @@ def test_the_runs_file_is_what_the_builder_makes_of_the_raw_records(tmp_path):
     subprocess.run([sys.executable, str(RUNS_FILE.parents[3] / "benchmarks/data/build_published_runs.py"), str(out)],
                    check=True, capture_output=True)
     assert json.loads(out.read_text()) == json.loads(RUNS_FILE.read_text())
+
+
+def test_each_run_counts_its_framework_s_saved_activations_and_an_unknown_framework_says_what_to_give():
+    frameworks = {r.framework: r.plan.autograd for r in published_runs() + not_held_runs()}
+    assert frameworks == {"MaxText": "jax", "MaxText (2023 README table)": "jax", "llm-foundry": "pytorch",
+                          "torchtitan": "pytorch", "Megatron-Bridge": "pytorch", "NeMo": "pytorch"}
+    raw = next(r for r in json.loads(RUNS_FILE.read_text())["runs"] if r["framework"] == "torchtitan")
+    with pytest.raises(ValueError, match="framework 'my-trainer' has no known autodiff; give the run an 'autograd'"):
+        published._run({**raw, "framework": "my-trainer"})
+    assert published._run({**raw, "framework": "my-trainer", "autograd": "jax"}).plan.autograd == "jax"
 
 
 def test_long_sequence_runs_are_held_within_the_band_with_the_kernel_they_ran():

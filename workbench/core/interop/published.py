@@ -84,6 +84,17 @@ AUTOGRAD_OF = {"MaxText": "jax", "MaxText (2023 README table)": "jax", "llm-foun
                "torchtitan": "pytorch", "Megatron-Bridge": "pytorch", "NeMo": "pytorch"}
 
 
+def _autograd(raw: dict[str, tp.Any]) -> str:
+    """The run's own ``autograd`` where it gives one, else its framework's (:data:`AUTOGRAD_OF`)."""
+    if "autograd" in raw:
+        return raw["autograd"]
+    if raw["framework"] not in AUTOGRAD_OF:
+        raise ValueError(f"published run {raw['name']!r}: framework {raw['framework']!r} has no known autodiff; "
+                         f"give the run an 'autograd' ('jax' or 'pytorch') or add the framework to AUTOGRAD_OF "
+                         f"(known: {', '.join(AUTOGRAD_OF)})")
+    return AUTOGRAD_OF[raw["framework"]]
+
+
 def _run(raw: dict[str, tp.Any]) -> PublishedRun:
     pipeline = None
     if raw.get("pipeline"):
@@ -96,8 +107,8 @@ def _run(raw: dict[str, tp.Any]) -> PublishedRun:
     plan = Plan(dict(raw["mesh"]), remat=remat, recompute=recompute, pipeline=pipeline,
                 dtype=raw["dtype"], batch_axes=tuple(raw.get("batch_axes", BATCH_AXES)),
                 grad_accumulation=raw.get("grad_accumulation", 1), capacity_factor=raw.get("capacity_factor"),
-                tp_overlap=raw.get("tp_overlap"), **{**PRODUCTION, "autograd": AUTOGRAD_OF[raw["framework"]],
-                                                     **{k: raw[k] for k in PRODUCTION if k in raw}})
+                tp_overlap=raw.get("tp_overlap"), **{**PRODUCTION, **{k: raw[k] for k in PRODUCTION if k in raw},
+                                                     "autograd": _autograd(raw)})
     return PublishedRun(raw["name"], raw["framework"], _config(raw["model"]), _cluster(raw["cluster"]), plan,
                         tuple(raw["batch"]), float(raw["measured_s"]), raw["source"], raw.get("remat_note", ""),
                         raw.get("note", ""), raw.get("not_held", ""))
