@@ -16,5 +16,12 @@ ATTENTION_KERNELS = ("xla", "flash", "flash_triton")
 # workbench's program and MaxText's) or "pytorch" (PyTorch's autograd with fused norm and activation kernels, as
 # torchtitan, Megatron-LM, NeMo and llm-foundry run: Korthikanti et al. 2022's count)
 AUTOGRADS = ("jax", "pytorch")
+# how a served model stores its weights ("int4": weight-only, AWQ / GPTQ with a 16-bit scale a group of 128;
+# "fp4": NVFP4, 4-bit values with an fp8 scale a block of 16) and its KV cache: what a decode step reads from HBM
+WEIGHT_DTYPES = ("bf16", "fp8", "int8", "int4", "fp4")
+KV_DTYPES = ("bf16", "fp8", "int8")
+# the serving engines whose measured steps price an engine's own cost a step (NVIDIA NIM runs TensorRT-LLM)
+SERVING_ENGINES = ("TensorRT-LLM", "vLLM", "SGLang", "sglang-jax", "JetStream")
 
-__all__ = ["ATTENTION_KERNELS", "AUTOGRADS", "OPTIMIZERS", "REMATS", "TASKS"]
+__all__ = ["ATTENTION_KERNELS", "AUTOGRADS", "KV_DTYPES", "OPTIMIZERS", "REMATS", "SERVING_ENGINES", "TASKS",
+           "WEIGHT_DTYPES"]

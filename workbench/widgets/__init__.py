@@ -18,6 +18,7 @@ _LAZY = {
     "GenerationView": "workbench.widgets.generation_view",
     "PipelineView": "workbench.widgets.pipeline_view",
     "LayoutAdvisor": "workbench.widgets.layout_advisor",
+    "frontier_figure": "workbench.widgets.serving_frontier",
 }
 
 __all__ = sorted(_LAZY)

@@ -11,7 +11,8 @@ def hand_step(mesh: dict[str, int] | None = None, **fields) -> StepSizes:
     base = dict(sizes=sizes, task="train", train=True, decode=False, batch_axes=("fsdp", "dp"),
                 token_axes=frozenset({"fsdp", "dp", "sp"}), zero=False, pipelined=False, sequences=8, length=16,
                 tokens=128, kv_span=16, head_tokens=128, microbatches=1, virtual_stages=1, stacked_layers=2,
-                bubble=0.0, remat_passes=0, recompute=0, recompute_any=False, item_bytes=2, rate="bf16",
+                bubble=0.0, remat_passes=0, recompute=0, recompute_any=False, item_bytes=2, weight_item_bytes=2,
+                kv_item_bytes=2, rate="bf16",
                 causal=True, attention="flash", vocab_tiles=1, capacity_factor=None, experts_fsdp=True,
                 layers_attention=2, layers_dense=2, layers_moe=0)
     return StepSizes(**(base | fields))

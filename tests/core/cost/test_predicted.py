@@ -222,6 +222,59 @@ def test_decode_reads_only_the_experts_its_tokens_reach():
     assert picked > 0.8 and experts_bytes(64) == pytest.approx(always * BF16 + picked * routed, rel=0.03)
 
 
+# -- a served model: weights and KV cache stored in their own dtypes ---------------------------------------------
+@pytest.mark.parametrize("weight_dtype, weight_bytes", [("bf16", 2), ("fp8", 1), ("int8", 1), ("int4", 0.5 + 2 / 128)])
+def test_decode_reads_weights_as_stored(weight_dtype, weight_bytes):
+    """A decode step reads each stored weight once (the Inference chapter's bound): Llama-3-70B on two H100s
+    (tp=2), one sequence. The layers' weights in ``weight_dtype`` (int4: AWQ / GPTQ's half byte and a 16-bit
+    scale a group of 128), the head in bfloat16 (ModelOpt's fp8 and AWQ leave it out), the embedding looked up.
+    Counted from the model's parameter shapes; the roofline (efficiency=1.0) gives bytes over bandwidth."""
+    params = _params("llama-3-70b")
+    c = full_config("llama-3-70b")
+    cluster = Cluster.h100(nodes=1, gpus_per_node=2)
+    step = predict_step(c, cluster, {"tp": 2}, batch=(1, 4096), task="decode", weight_dtype=weight_dtype,
+                        efficiency=1.0)
+    layers = sum(n for p, n in params.items() if p.startswith("layers/") and p.endswith("kernel"))
+    per_kind = step.by_kind()
+    read = sum(per_kind[k]["memory_s"] for k in ("attention", "mlp")) * cluster.chip.hbm_bandwidth
+    kv = 4096 * 2 * c.num_key_value_heads * c.head_dim * c.num_hidden_layers * BF16 / 2  # bf16 cache, 4 heads a GPU
+    assert read == pytest.approx(layers * weight_bytes / 2 + kv, rel=0.01)
+    head = per_kind["embedding+head"]["memory_s"] * cluster.chip.hbm_bandwidth
+    assert head == pytest.approx(params["lm_head/kernel"] * BF16 / 2, rel=0.01)
+
+
+def test_decode_reads_the_kv_cache_as_stored():
+    """The KV cache in fp8 (TensorRT-LLM's and vLLM's ``kv_cache_dtype``) halves the cache a step reads: Llama-3-70B
+    on two H100s, 32 sequences of 8,192 positions, where the cache outweighs the weights."""
+    c = full_config("llama-3-70b")
+    cluster = Cluster.h100(nodes=1, gpus_per_node=2)
+
+    def attention_bytes(kv_dtype):
+        step = predict_step(c, cluster, {"tp": 2}, batch=(32, 8192), task="decode", kv_dtype=kv_dtype, efficiency=1.0)
+        return step.by_kind()["attention"]["memory_s"] * cluster.chip.hbm_bandwidth
+
+    cache = 32 * 8192 * 2 * c.num_key_value_heads * c.head_dim * c.num_hidden_layers / 2  # elements a GPU
+    assert attention_bytes("bf16") - attention_bytes("fp8") == pytest.approx(cache, rel=0.01)
+
+
+def test_fp8_weights_served_are_not_cast_every_step():
+    """A training step casts each bfloat16 weight to fp8 (dynamic scaling: read for its amax, written as fp8); a
+    served model stores them in fp8, so a decode step casts only its activations. Llama-3-70B, fp8, two H100s,
+    one sequence at 5,000 positions: the step is its weights' read (about 35 GB a GPU at 0.87 of 3.35 TB/s, 12 ms),
+    not 83 ms of casts."""
+    c = full_config("llama-3-70b")
+    step = predict_step(c, Cluster.h100(nodes=1, gpus_per_node=2), {"tp": 2}, batch=(1, 5000), task="decode",
+                        dtype="fp8")
+    terms = {t.name: t.seconds for t in step.terms}
+    assert terms["memory-bound fusions"] < 0.01 * step.time_s
+    assert 0.011 < terms["matmuls bound by HBM"] < 0.013
+    with pytest.raises(ValueError, match="served model"):
+        predict_step(c, Cluster.h100(nodes=1, gpus_per_node=2), {"tp": 2}, batch=(2, 512), weight_dtype="fp8")
+    with pytest.raises(ValueError, match="weight_dtype"):
+        predict_step(c, Cluster.h100(nodes=1, gpus_per_node=2), {"tp": 2}, batch=(2, 512), task="decode",
+                     weight_dtype="int2")
+
+
 # -- the GPU chapter: what crosses nodes ----------------------------------------------------------------------
 def test_tensor_parallelism_across_nodes_runs_on_the_slower_network():
     """GPUS, "Rooflines for LLM Scaling on GPUs", tensor parallelism: keep it inside a node (NVLink, 450 GB/s a

@@ -46,12 +46,19 @@ from workbench.core.cost.parallel import data, expert, sequence, tensor
 from workbench.core.cost.parallel.pipeline import stage_collectives, staged_shares
 from workbench.core.cost.roofline import rate_dtype
 from workbench.core.cost.step import StepTime
-from workbench.core.cost.step_counts import ITEM_BYTES, WORK_KINDS, StepCounts, StepSizes
+from workbench.core.cost.step_counts import (
+    ITEM_BYTES,
+    KV_ITEM_BYTES,
+    WEIGHT_ITEM_BYTES,
+    WORK_KINDS,
+    StepCounts,
+    StepSizes,
+)
 from workbench.core.cost.step_pricing import measured_step, roofline_step
 from workbench.core.hardware.cluster import Cluster
 from workbench.core.pipeline_schedule import PipelineConfig
 from workbench.core.plan import BATCH_AXES
-from workbench.core.vocab import ATTENTION_KERNELS, REMATS, TASKS
+from workbench.core.vocab import ATTENTION_KERNELS, KV_DTYPES, REMATS, TASKS, WEIGHT_DTYPES
 from workbench.core.zero import check_zero_stage
 
 
@@ -61,7 +68,8 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
                  overlap: bool = True, batch_axes: tp.Sequence[str] = BATCH_AXES, zero_stage: int = 0,
                  grad_accumulation: int = 1, recompute: float | None = None, capacity_factor: float | None = None,
                  tp_overlap: bool | None = None, causal: bool = True, experts_fsdp: bool = True,
-                 ring_overlap: bool = True, attention: str = "flash", vocab_tiles: int = 1) -> StepTime:
+                 ring_overlap: bool = True, attention: str = "flash", vocab_tiles: int = 1,
+                 weight_dtype: str | None = None, kv_dtype: str | None = None) -> StepTime:
     """The predicted time of one ``task`` step of ``config`` on ``cluster`` with a mesh of ``mesh_shape`` (workbench
     axes, e.g. ``{"fsdp": 16, "tp": 4}``), derived from shapes alone (:mod:`~workbench.core.cost.work` and
     :mod:`~workbench.core.cost.parallel` derive every term).
@@ -89,7 +97,11 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     gradients over the data axes instead); ``attention`` names the attention kernel, whose rate prices its calls
     (:func:`~workbench.core.cost.kernels.attention_rate`; ``"xla"`` at the flash rate); ``vocab_tiles > 1`` computes
     the loss tile by tile and recomputes each tile's logits in the backward (MaxText's ``num_vocab_tiling``: the LM
-    head's forward GEMM and its float32 logits pass once more). ``efficiency`` (a float) prices
+    head's forward GEMM and its float32 logits pass once more). A served model (prefill, decode) may store its
+    weights and its KV cache in other dtypes than it computes in: ``weight_dtype`` (one of ``WEIGHT_DTYPES``: fp8 or
+    int8 stored as such, read once a step and never cast again; "int4" weight-only with its scales; the head and
+    the embedding stay bfloat16, as ModelOpt, AWQ and GPTQ leave them) and ``kv_dtype`` (one of ``KV_DTYPES``);
+    each defaults to ``dtype``'s (``dtype="fp4"``: NVFP4 weights, an fp8 cache). ``efficiency`` (a float) prices
     the old way instead: the roofline with matmuls at that fraction of peak, compute, memory and communication
     overlapped (1: the ideal, whose MFU and HFU are upper bounds). Raises ``ValueError`` for a batch or sequence
     the mesh does not divide, and for ``pp > 1`` without a matching ``pipeline``.
@@ -98,10 +110,11 @@ def predict_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
     zero = check_zero_stage(zero_stage) == 1 and task == "train" and sizes["dp"] > 1
     shapes = model_shapes(config)
     rate = rate_dtype(dtype)
+    stored = stored_bytes(task, rate, weight_dtype, kv_dtype)
     step = _step_sizes(shapes, sizes, batch, task=task, remat=remat, pipeline=pipeline, kv_length=kv_length,
                        rate=rate, batch_axes=batch_axes, zero=zero, grad_accumulation=grad_accumulation,
                        recompute=recompute, capacity_factor=capacity_factor, causal=causal, experts_fsdp=experts_fsdp,
-                       attention=attention, vocab_tiles=vocab_tiles)
+                       attention=attention, vocab_tiles=vocab_tiles, stored=stored)
     counts = _count_step(shapes, step)
     staged = staged_shares(shapes, step)
     # MFU's model FLOPs (PaLM's): the whole step's, shared over every device; work a device repeats is not counted
@@ -127,6 +140,16 @@ def _check(task: str, remat: str, batch: tp.Any, batch_axes: tp.Sequence[str], m
         raise ValueError(f"batch_axes split the batch: a subset of ('dp', 'fsdp', 'ep'); got {bad}")
     return sizes
 
+
+
+def stored_bytes(task: str, rate: str, weight_dtype: str | None, kv_dtype: str | None) -> tuple[float, int]:
+    """Bytes a stored weight and a KV-cache element take: ``weight_dtype``'s and ``kv_dtype``'s, else ``rate``'s."""
+    if task == "train" and (weight_dtype is not None or kv_dtype is not None or rate == "fp4"):
+        raise ValueError("weight_dtype, kv_dtype and fp4 describe a served model (task='prefill' or 'decode'); a "
+                         "train step keeps its weights in dtype (bf16, int8 or fp8) and has no KV cache")
+    weight = WEIGHT_ITEM_BYTES[rate if weight_dtype is None else one_of("weight_dtype", weight_dtype, WEIGHT_DTYPES)]
+    kv = KV_ITEM_BYTES[rate if kv_dtype is None else one_of("kv_dtype", kv_dtype, KV_DTYPES)]
+    return weight, kv
 
 
 def _check_schedule(big: int, data_ways: int, pp: int, pipeline: PipelineConfig | None, grad_accumulation: int,
@@ -169,7 +192,8 @@ def _device_tokens(sequences: int, length: int, kv_length: int | None, sp: int, 
 def _step_sizes(shapes: ModelShapes, sizes: dict[str, int], batch: tuple[int, int], *, task: str, remat: str,
                 pipeline: PipelineConfig | None, kv_length: int | None, rate: str, batch_axes: tp.Sequence[str],
                 zero: bool, grad_accumulation: int, recompute: float | None, capacity_factor: float | None,
-                causal: bool, experts_fsdp: bool, attention: str = "flash", vocab_tiles: int = 1) -> StepSizes:
+                causal: bool, experts_fsdp: bool, attention: str = "flash", vocab_tiles: int = 1,
+                stored: tuple[float, int] | None = None) -> StepSizes:
     """The step as one device runs it (:class:`StepSizes`), once the arguments agree with each other."""
     train = task == "train"
     remat_passes = 1 if train and remat == "full" else 0
@@ -191,6 +215,8 @@ def _step_sizes(shapes: ModelShapes, sizes: dict[str, int], batch: tuple[int, in
         microbatches=pipeline.num_microbatches if pipeline is not None else grad_accumulation,
         bubble=pipeline.bubble_fraction if pipeline is not None else 0.0, remat_passes=remat_passes,
         recompute=recomputed, recompute_any=remat != "none" or recomputed > 0, item_bytes=ITEM_BYTES[rate],
+        weight_item_bytes=WEIGHT_ITEM_BYTES[rate] if stored is None else stored[0],
+        kv_item_bytes=KV_ITEM_BYTES[rate] if stored is None else stored[1],
         rate=rate, causal=causal, attention=one_of("attention", attention, ATTENTION_KERNELS),
         vocab_tiles=positive_int("vocab_tiles", vocab_tiles, what="a positive int (tiles the loss's tokens are in)"),
         capacity_factor=capacity_factor, experts_fsdp=experts_fsdp,
@@ -202,7 +228,7 @@ def _step_sizes(shapes: ModelShapes, sizes: dict[str, int], batch: tuple[int, in
 def _count_step(shapes: ModelShapes, step: StepSizes) -> StepCounts:
     """Each layer kind's work, then each parallelism's collectives for it, in the order the step runs them; then
     the optimizer over every weight shard and the pipeline's sends."""
-    counts = StepCounts(step.sizes, fp8=step.rate == "fp8")
+    counts = StepCounts(step.sizes, fp8=step.rate == "fp8", cast_weights=step.train)
     shard_bytes = 0.0
     for layer_work, layer_collectives in (
             (work.attention_work, (tensor.attention_all_reduces, sequence.attention_collectives)),
@@ -218,4 +244,4 @@ def _count_step(shapes: ModelShapes, step: StepSizes) -> StepCounts:
     return counts
 
 
-__all__ = ["BATCH_AXES", "WORK_KINDS", "predict_step"]
+__all__ = ["BATCH_AXES", "WORK_KINDS", "predict_step", "stored_bytes"]

@@ -11,21 +11,22 @@ import typing as tp
 
 from workbench.core.hardware.cluster import Cluster
 
-LOW_PRECISION = ("int8", "fp8")
+LOW_PRECISION = ("int8", "fp8", "fp4")
 _DTYPE_NAMES = {"bf16": "bf16", "bfloat16": "bf16", "float16": "bf16", "fp16": "bf16", "f16": "bf16",
-                "int8": "int8", "s8": "int8", "uint8": "int8", "u8": "int8", "fp8": "fp8"}
+                "int8": "int8", "s8": "int8", "uint8": "int8", "u8": "int8", "fp8": "fp8", "fp4": "fp4", "nvfp4": "fp4"}
 
 
 def rate_dtype(dtype: tp.Any) -> str:
     """The dtype whose peak a matmul runs at: its operands' (a pair: weights, activations). int8 / fp8 weights
-    with bf16 activations run at the bf16 rate; only both int8 (or both fp8) run at the low-precision one."""
+    with bf16 activations run at the bf16 rate; only both int8 (or both fp8, both fp4) run at the low-precision
+    one."""
     if isinstance(dtype, tuple | list):
         names = {rate_dtype(d) for d in dtype}
         return names.pop() if len(names) == 1 else "bf16"
     name = str(getattr(dtype, "name", getattr(dtype, "__name__", dtype))).lower()
     name = "fp8" if name.startswith(("float8", "f8")) else _DTYPE_NAMES.get(name, name)
     if name not in ("bf16", *LOW_PRECISION):
-        raise ValueError(f"no peak FLOP/s for {dtype!r}; chips publish bf16, int8 and fp8 rates (a float32 "
+        raise ValueError(f"no peak FLOP/s for {dtype!r}; chips publish bf16, int8, fp8 and fp4 rates (a float32 "
                          f"program compiled for a GPU cluster on CPU devices is costed at dtype='bf16')")
     return name
 

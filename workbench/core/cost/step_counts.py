@@ -15,7 +15,14 @@ import typing as tp
 
 WORK_KINDS = ("attention", "mlp", "experts", "embedding+head", "optimizer", "pipeline")
 LAYER_KINDS = ("attention", "mlp", "experts")  # the kinds the remat policy and a pipeline's stages hold
-ITEM_BYTES = {"bf16": 2, "int8": 1, "fp8": 1}
+# bytes an activation element takes at each matmul rate; fp4 (NVFP4, a serving format) quantises each GEMM's
+# operands at its input and keeps the activations between kernels in bfloat16
+ITEM_BYTES = {"bf16": 2, "int8": 1, "fp8": 1, "fp4": 2}
+# bytes a stored weight takes: int4 is weight-only quantisation (AWQ, GPTQ) with a 16-bit scale a group of 128;
+# fp4 is NVFP4, 4-bit values with an fp8 scale a block of 16 (NVIDIA's Blackwell format)
+WEIGHT_ITEM_BYTES = {"bf16": 2, "int8": 1, "fp8": 1, "int4": 0.5 + 2 / 128, "fp4": 0.5 + 1 / 16}
+# a KV-cache element's bytes at each matmul rate, where kv_dtype is not given (NVFP4 checkpoints keep an fp8 cache)
+KV_ITEM_BYTES = {"bf16": 2, "int8": 1, "fp8": 1, "fp4": 1}
 # a bf16 operand cast to fp8 with a dynamic per-tensor scale: read for its amax, read and written as fp8 (the
 # second read fused with the first where the compiler can: Transformer Engine, torch.compile)
 FP8_CAST_BYTES = 3
@@ -87,7 +94,9 @@ class StepSizes:
     remat_passes: int  # 1: remat="full" recomputes each layer's forward (train); else 0
     recompute: float  # the fraction of the forward's matmuls the backward recomputes
     recompute_any: bool  # remat is not "none", or some matmuls are recomputed
-    item_bytes: int  # bytes an element of the weights and activations
+    item_bytes: int  # bytes an element of the activations (and of the weights in a train step)
+    weight_item_bytes: float  # bytes a stored weight takes (int4: half a byte and its scales)
+    kv_item_bytes: float  # bytes an element of the KV cache
     rate: str  # the dtype the matmuls run at
     causal: bool
     attention: str  # the attention kernel (:data:`~workbench.core.vocab.ATTENTION_KERNELS`), which sets its rate
@@ -133,8 +142,8 @@ class StepCounts:
     """Per-kind FLOPs and bytes, the collectives (merged when alike), and what the measured step model prices
     beyond the roofline: each kind's GEMMs by shape, its flash-attention calls, its memory-bound bytes."""
 
-    def __init__(self, sizes: dict[str, int], fp8: bool = False):
-        self.sizes, self.fp8 = sizes, fp8
+    def __init__(self, sizes: dict[str, int], fp8: bool = False, cast_weights: bool = True):
+        self.sizes, self.fp8, self.cast_weights = sizes, fp8, cast_weights
         self.flops = dict.fromkeys(WORK_KINDS, 0.0)
         self.bytes = dict.fromkeys(WORK_KINDS, 0.0)
         self.fused = dict.fromkeys(WORK_KINDS, 0.0)
@@ -156,9 +165,12 @@ class StepCounts:
 
     def gemm(self, part: str, rows: float, inner: float, cols: float, forward: float, backward: float,
              again: float = 0.0) -> None:
-        """Count a GEMM (:class:`Gemm`); under fp8 its operands' casts as memory-bound bytes."""
+        """Count a GEMM (:class:`Gemm`); under fp8 its operands' casts as memory-bound bytes: both operands in
+        training (dynamic scaling of the weights a step updates), the activations only where the weights are
+        stored in fp8 (``cast_weights=False``: serving)."""
         if rows > 0 and inner > 0 and cols > 0 and forward > 0:
             self.gemms.append(Gemm(part, rows, inner, cols, forward, backward, again))
             if self.fp8 and part != "embedding+head":  # dynamic scaling: operands read for amax, written as fp8
-                self.fused[part] += FP8_CAST_BYTES * ((forward + again) * (rows * inner + inner * cols)
+                weights = inner * cols if self.cast_weights else 0.0
+                self.fused[part] += FP8_CAST_BYTES * ((forward + again) * (rows * inner + weights)
                                                       + backward * (rows * cols + rows * inner))

@@ -72,10 +72,11 @@ class _Kernels:
     """A device's kernels at the efficiencies the chip's calibration cites: each priced, the forward's and
     backward's seconds kept per kind, the matmuls' split by what bounds them."""
 
-    def __init__(self, cluster: Cluster, rate: str, attention: str = "flash"):
+    def __init__(self, cluster: Cluster, rate: str, attention: str = "flash", weight_item_bytes: float | None = None):
         check_chip(cluster)
         self.cal = calibration(cluster.chip)
         self.rate = rate
+        self.weight_item_bytes = ITEM_BYTES[rate] if weight_item_bytes is None else weight_item_bytes
         self.attention_kernel = attention
         self.peaks = {name: cluster.chip.peak_flops(name) / cluster.devices_per_chip for name in {rate, "bf16"}}
         self.bandwidth = cluster.chip.hbm_bandwidth / cluster.devices_per_chip
@@ -84,9 +85,14 @@ class _Kernels:
         self.attention = {"compute": 0.0, "memory": 0.0}
         self.gemm_flops = 0.0
 
-    def gemm_s(self, rows: float, inner: float, cols: float, dtype: str, runs: float) -> float:
+    def gemm_s(self, rows: float, inner: float, cols: float, dtype: str, runs: float,
+               weight_item_bytes: float | None = None) -> float:
+        """``runs`` of an ``(rows, inner) @ (inner, cols)`` GEMM; the ``(inner, cols)`` operand takes
+        ``weight_item_bytes`` an element (a stored weight's; default the dtype's)."""
         compute = 2 * rows * inner * cols / (self.peaks[dtype] * gemm_efficiency(rows, inner, cols, self.cal, dtype))
-        memory = memory_seconds((rows * inner + inner * cols + rows * cols) * ITEM_BYTES[dtype], self.cal,
+        item = ITEM_BYTES[dtype]
+        weight = item if weight_item_bytes is None else weight_item_bytes
+        memory = memory_seconds(((rows * inner + rows * cols) * item + inner * cols * weight), self.cal,
                                 self.bandwidth)
         self.gemm_bound["compute" if compute >= memory else "memory"] += runs * max(compute, memory)
         return runs * max(compute, memory)
@@ -96,7 +102,8 @@ class _Kernels:
         for part, m, k, n, forward, backward, again in counts.gemms:
             # low-precision training (Transformer Engine, torchao float8) keeps the LM head in bfloat16
             dtype = "bf16" if part == "embedding+head" else self.rate
-            self.forward[part] += self.gemm_s(m, k, n, dtype, forward)
+            weight = None if part == "embedding+head" else self.weight_item_bytes
+            self.forward[part] += self.gemm_s(m, k, n, dtype, forward, weight)
             self.backward[part] += (self.gemm_s(m, n, k, dtype, backward) + self.gemm_s(k, m, n, dtype, backward)
                                     + self.gemm_s(m, k, n, dtype, again))
             self.gemm_flops += 2 * m * k * n * (forward + 2 * backward + again)
@@ -155,7 +162,7 @@ def measured_terms(counts: StepCounts, step: StepSizes, cluster: Cluster, *, ove
     pipeline-parallel collectives sit between
     dependent matmuls: exposed unless ``tp_overlap`` hides the tensor-parallel ones behind the matmuls
     (:func:`~.parallel.tensor.exposed_s`)."""
-    kernels = _Kernels(cluster, step.rate, step.attention)
+    kernels = _Kernels(cluster, step.rate, step.attention, step.weight_item_bytes)
     matmul_s = kernels.add_gemms(counts)
     attention_s = kernels.add_attention(counts)
     fused = kernels.add_fusions(counts, step.fused_passes)

@@ -59,6 +59,7 @@ from workbench.core.cost.parallel.sequence import kv_ring_elements
 from workbench.core.cost.step_counts import (
     DENSE_WEIGHT_AXES,
     EXPERT_WEIGHT_AXES,
+    ITEM_BYTES,
     AttentionKernels,
     StepCounts,
     StepSizes,
@@ -99,7 +100,7 @@ def attention_work(counts: StepCounts, step: StepSizes, shapes: ModelShapes) -> 
     flash-attention calls."""
     tp_size, d, ab, n, layers = step.sizes["tp"], shapes.hidden, step.item_bytes, step.tokens, step.layers_attention
     heads = shapes.heads / tp_size
-    weight_bytes = (shapes.attn_split / tp_size + shapes.attn_rep) * step.item_bytes
+    weight_bytes = (shapes.attn_split / tp_size + shapes.attn_rep) * step.weight_item_bytes
     kv_ring = kv_ring_elements(shapes, tp_size)
     kv_cache = shapes.kv_cache / shapes.kv_heads * kv_heads_per_device(shapes, tp_size)
     score_width = shapes.score_qk + shapes.score_v
@@ -108,10 +109,11 @@ def attention_work(counts: StepCounts, step: StepSizes, shapes: ModelShapes) -> 
     nbytes += step.flop_passes * ab * (n * (shapes.attn_act_full + shapes.attn_act_split / tp_size + heads * score_width
                                             + NORM_RESIDUAL * d)
                                        + (0 if step.decode else step.sequences * step.length * kv_ring))
+    kb = step.kv_item_bytes
     if step.decode:
-        nbytes += ab * kv_cache * (step.sequences * step.kv_span + n)  # read the cache, write the new token
+        nbytes += kb * kv_cache * (step.sequences * step.kv_span + n)  # read the cache, write the new token
     elif step.task == "prefill":
-        nbytes += ab * kv_cache * n
+        nbytes += kb * kv_cache * n
     counts.flops["attention"] += layers * (step.flop_passes * per_layer)
     counts.recomputed += layers * step.remat_passes * per_layer
     counts.bytes["attention"] += layers * nbytes
@@ -120,8 +122,8 @@ def attention_work(counts: StepCounts, step: StepSizes, shapes: ModelShapes) -> 
         layers * step.microbatches * 2 * step.microbatch_tokens * step.kv_span * heads * score_width,
         0.5 if step.causal and not step.decode and step.length > 1 else 1.0, step.kv_span, shapes.score_qk,
         (FLASH_BACKWARD + step.recompute) if step.train else 0.0,
-        layers * ab * (kv_cache * step.sequences * step.kv_span if step.decode
-                       else n * shapes.attn_act_split / tp_size)))
+        layers * (kb * kv_cache * step.sequences * step.kv_span if step.decode
+                  else ab * n * shapes.attn_act_split / tp_size)))
     counts.fused["attention"] += (layers * step.microbatches * ab * step.microbatch_tokens
                                   * (NORM_RESIDUAL * d + shapes.attn_act_split / tp_size) * step.fused_passes)
     return [WeightGroup("attention", weight_bytes, DENSE_WEIGHT_AXES, layers, "attention")]
@@ -144,7 +146,7 @@ def mlp_work(counts: StepCounts, step: StepSizes, shapes: ModelShapes) -> list[W
     if not layers:
         return []
     tp_size, d, ab, n, remat = step.sizes["tp"], shapes.hidden, step.item_bytes, step.tokens, step.remat_passes
-    weight_bytes = shapes.mlp / tp_size * step.item_bytes
+    weight_bytes = shapes.mlp / tp_size * step.weight_item_bytes
     recomputed = shapes.mlp - (0 if shapes.recompute_down else shapes.mlp_down)
     flops = (3 if step.train else 1) * 2 * n * shapes.mlp / tp_size + remat * 2 * n * recomputed / tp_size
     nbytes = weight_bytes * _weight_passes(step, DENSE_WEIGHT_AXES)
@@ -172,7 +174,7 @@ class _ExpertSizes(tp.NamedTuple):
 
 
 def _expert_sizes(step: StepSizes, shapes: ModelShapes) -> _ExpertSizes:
-    ep, tp_size, wb = step.sizes["ep"], step.sizes["tp"], step.item_bytes
+    ep, tp_size, wb = step.sizes["ep"], step.sizes["tp"], step.weight_item_bytes
     return _ExpertSizes(
         copies=routed_tokens(step) * shapes.topk,
         experts_bytes=shapes.experts / ep * shapes.expert / tp_size * wb,
@@ -244,8 +246,11 @@ def embedding_head_work(counts: StepCounts, step: StepSizes, shapes: ModelShapes
     pass."""
     tp_size, d, ab, train = step.sizes["tp"], shapes.hidden, step.item_bytes, step.train
     head_tokens, n = step.head_tokens, step.tokens
-    head_bytes = shapes.head / tp_size * step.item_bytes
-    embed_bytes = shapes.embed / tp_size * step.item_bytes
+    # serving engines keep the head and the embedding in bfloat16 where they quantise the layers (ModelOpt's fp8,
+    # AWQ, GPTQ leave them out)
+    item = step.item_bytes if train else ITEM_BYTES["bf16"]
+    head_bytes = shapes.head / tp_size * item
+    embed_bytes = shapes.embed / tp_size * item
     vocab = shapes.vocab / tp_size
     gathered = bool(gathered_axes(step.sizes, DENSE_WEIGHT_AXES))
     nbytes = head_bytes * ((2 if train else 1) + (1 if train else 0) + (1 + train) * gathered)
@@ -269,5 +274,5 @@ def optimizer_work(counts: StepCounts, step: StepSizes, shard_bytes: float) -> N
     accesses, and its float32 master weights and moments as memory-bound bytes."""
     if step.train:
         counts.bytes["optimizer"] += ADAMW_ACCESSES * shard_bytes / (step.sizes["dp"] if step.zero else 1)
-        counts.fused["optimizer"] += (ADAMW_F32_BYTES * shard_bytes / step.item_bytes
+        counts.fused["optimizer"] += (ADAMW_F32_BYTES * shard_bytes / step.weight_item_bytes
                                       / (step.sizes["dp"] if step.zero else 1))

@@ -168,6 +168,34 @@ CALIBRATIONS: dict[Hardware, ChipCalibration] = {
     GB200: carried_over(_H100, "B200 in GB200 NVL72", _BLACKWELL),
 }
 
+# A serving engine's own cost a step, beyond the bytes and FLOPs the step model prices, in seconds a layer: the gaps
+# between a layer's small kernels and their launches, the collectives' latency, the scheduler's and the sampler's
+# time spread over the layers. A decode step of a small batch on an H100 shows it plainly: TensorRT-LLM's Llama-3.1-8B
+# (32 layers) and Llama-3.1-70B (80 layers) steps both take about 80 us a layer more than reading their weights. Fitted
+# per engine and chip to the measured decode steps of published_serving.json (the geometric mean of their
+# predicted / measured at 1; benchmarks/published_serving.py refits each without every step in turn and prints both
+# spreads); an engine and chip with no measured decode step get no such term, and say so.
+_SERVING_FIT = "not sourced: fitted to the measured decode steps of published_serving.json"
+_TRT = Evidence(66e-6, f"{_SERVING_FIT}: TensorRT-LLM's 11 (TensorRT-LLM 0.14 on H100 and H200, NVIDIA NIM 1.8.0 "
+                       f"on H100; Llama-3.1-8B and -70B, bf16 and fp8, 1 to 127 requests in flight)")
+ENGINE_LAYER: dict[tuple[str, Hardware], Evidence] = {
+    ("TensorRT-LLM", H100): _TRT,
+    ("TensorRT-LLM", H200): _TRT,
+    ("vLLM", TPU_V6E): Evidence(174e-6, f"{_SERVING_FIT}: vLLM's 6 on TPU v6e (Llama-3.3-70B on v6e-8, Qwen3-8B and "
+                                        f"-32B on v6e-4; 8 to 128 requests in flight)"),
+    ("sglang-jax", TPU_V6E): Evidence(113e-6, f"{_SERVING_FIT}: sglang-jax's 5 on TPU v6e-4 (Qwen3-8B and -32B, "
+                                              f"Llama-3.1-8B; 8 to 64 requests in flight)"),
+    ("sglang-jax", TPU7X): Evidence(234e-6, f"{_SERVING_FIT}: sglang-jax's 3 on TPU7x-4 (Qwen3-8B, Llama-3.3-70B, "
+                                            f"Qwen3-30B-A3B; 128 requests in flight)"),
+}
+
+
+def engine_layer(engine: str, chip: Hardware) -> Evidence | None:
+    """The per-layer cost a step of ``engine`` serving on ``chip`` (an :class:`Evidence` in seconds), or None where
+    no measured decode step prices it."""
+    return ENGINE_LAYER.get((engine, chip))
+
+
 # Framework-level facts, each measured or counted elsewhere.
 ADAMW_F32_BYTES = 28  # a parameter's AdamW update with f32 master weights and moments: read p, m, v, g; write p, m, v
 FLASH_BACKWARD = 2.5  # a flash kernel's backward FLOPs over its forward's (recomputes the scores: 5 matmuls vs 2)
@@ -208,5 +236,5 @@ def overridden(chips: tp.Iterable[Hardware], field: str, value: float, source: s
         CALIBRATIONS.update(saved)
 
 
-__all__ = ["ADAMW_F32_BYTES", "CALIBRATIONS", "FLASH_BACKWARD", "ChipCalibration", "Evidence", "calibration",
-           "carried_over", "overridden"]
+__all__ = ["ADAMW_F32_BYTES", "CALIBRATIONS", "ENGINE_LAYER", "FLASH_BACKWARD", "ChipCalibration", "Evidence",
+           "calibration", "carried_over", "engine_layer", "overridden"]

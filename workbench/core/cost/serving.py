@@ -1,0 +1,249 @@
+"""A served model's steps as serving engines measure them: the time per output token (TPOT) of a running batch, the
+time to the first token (TTFT) of a prompt, and the output tokens a second they give.
+
+An engine with continuous batching runs one step after another, each decoding one token of every sequence in
+flight and admitting new requests, whose prompts it prefills in the same steps (chunked or whole). At a steady
+``concurrency`` of requests with ``input_len`` prompt and ``output_len`` output tokens each, a step:
+
+- **decodes** ``concurrency`` sequences (split over the replicas, ``dp``) against KV caches of the mean context,
+  ``input_len + output_len / 2``: :func:`~workbench.core.cost.predicted.predict_step` with ``task="decode"``, its
+  weights and KV cache read in the dtypes they are stored in (``weight_dtype``, ``kv_dtype``);
+- **prefills** the requests it admits: ``concurrency / output_len`` a step (each request lasts ``output_len``
+  steps), each a prompt of ``input_len`` tokens, priced as a prefill step without the weights' read, which the
+  decode step it joins has already paid (the prompt's matmuls, attention and collectives);
+- pays **the engine's own cost**, a cost a layer beyond the bytes and FLOPs (the gaps between a layer's small
+  kernels, the collectives' latency, the scheduler and the sampler spread over the layers), fitted per engine and
+  chip to measured decode steps (:data:`~workbench.core.hardware.calibration.ENGINE_LAYER`; none where no
+  measurement prices it, and the step says so).
+
+TPOT is that step's time; the output tokens a second are ``concurrency`` over it. :func:`serving_frontier`
+sweeps each layout (tensor parallelism inside a replica, replicas over ``dp``) over the requests in flight up to
+what its KV cache holds, and marks the Pareto front of ms a token against tokens a second a chip (the scaling book's
+latency-throughput plot, "Serving LLaMA 3"). TTFT of a prompt is a prefill
+step of the prompts that arrive together (one, or a batch sent at once) and one engine step; it leaves out what an
+engine's queue adds under load. The references are the scaling book's "Inference" and "Serving LLaMA 3" chapters
+(https://jax-ml.github.io/scaling-book/inference/), whose decode bound is the bytes loaded a step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing as tp
+
+from workbench.core.checks import one_of, positive_int
+from workbench.core.cost.flops import model_shapes
+from workbench.core.cost.predicted import predict_step, stored_bytes
+from workbench.core.cost.roofline import rate_dtype
+from workbench.core.cost.step import StepTime
+from workbench.core.cost.step_counts import ITEM_BYTES
+from workbench.core.cost.step_pricing import HBM_BOUND_KERNELS
+from workbench.core.cost.work import kv_heads_per_device
+from workbench.core.hardware.calibration import engine_layer
+from workbench.core.hardware.cluster import Cluster
+from workbench.core.vocab import SERVING_ENGINES
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineCost:
+    """An engine's own cost a step on a chip: ``per_layer_s`` over ``layers`` layers, and where the figure comes
+    from (``note``)."""
+
+    engine: str | None
+    per_layer_s: float
+    layers: int
+    note: str
+
+    @property
+    def seconds(self) -> float:
+        return self.per_layer_s * self.layers
+
+
+def engine_cost(engine: str | None, cluster: Cluster, config: tp.Any) -> EngineCost:
+    """The cost a step of ``engine`` serving ``config`` on ``cluster``'s chip, fitted to measured steps (a cost a
+    layer); 0, saying so, where there is no engine (the workbench's own program) or no measurement of it on that
+    chip."""
+    layers = model_shapes(config).layers
+    if engine is None:
+        return EngineCost(None, 0.0, layers, "no engine: the kernels and collectives alone")
+    evidence = engine_layer(one_of("engine", engine, SERVING_ENGINES), cluster.chip)
+    if evidence is None:
+        return EngineCost(engine, 0.0, layers, f"{engine}'s own cost a step is not priced: no measured decode step "
+                                               f"of it on {cluster.chip.name}")
+    return EngineCost(engine, evidence.value, layers, f"{engine} on {cluster.chip.name}: "
+                                                      f"{evidence.value * 1e6:.0f} us a layer ({evidence.source})")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingStep:
+    """One step of continuous batching at a steady ``concurrency``: the decode of the running batch (``decode``),
+    the prefill work of the requests it admits (``prefill_s``), the engine's own cost (``engine``)."""
+
+    decode: StepTime
+    prefill_s: float
+    engine: EngineCost
+    concurrency: int
+    context: int  # the decode's mean KV-cache length
+
+    @property
+    def time_s(self) -> float:
+        """The step's seconds: the time per output token (TPOT) of every sequence in flight."""
+        return self.decode.time_s + self.prefill_s + self.engine.seconds
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Output tokens a second over the cluster (every replica)."""
+        return self.concurrency / self.time_s
+
+    @property
+    def tokens_per_s_per_chip(self) -> float:
+        cluster = self.decode.cluster
+        return self.tokens_per_s / (cluster.num_devices / cluster.devices_per_chip)
+
+    def parts(self) -> dict[str, float]:
+        """The step's seconds by what they price: "decode", "prefill of admitted requests", "engine"."""
+        return {"decode": self.decode.time_s, "prefill of admitted requests": self.prefill_s,
+                "engine": self.engine.seconds}
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstToken:
+    """The time to the first token of ``prompts`` prompts sent at once: their prefill step and one engine step."""
+
+    prefill: StepTime
+    engine: EngineCost
+    prompts: int
+
+    @property
+    def time_s(self) -> float:
+        return self.prefill.time_s + self.engine.seconds
+
+
+def _served(dtype: tp.Any, weight_dtype: str | None, kv_dtype: str | None) -> dict[str, tp.Any]:
+    return {"dtype": dtype, "weight_dtype": weight_dtype, "kv_dtype": kv_dtype}
+
+
+def serving_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, int], *, concurrency: int,
+                 input_len: int, output_len: int, dtype: tp.Any = "bf16", weight_dtype: str | None = None,
+                 kv_dtype: str | None = None, engine: str | None = None) -> ServingStep:
+    """A continuous-batching step of ``config`` served on ``cluster`` with a mesh of ``mesh_shape`` (``tp`` inside a
+    replica, ``dp`` the replicas), ``concurrency`` requests in flight of ``input_len`` prompt and ``output_len``
+    output tokens each (the module doc says what it prices). Raises ``ValueError`` where the replicas do not
+    divide the concurrency."""
+    concurrency = positive_int("concurrency", concurrency, what="a positive int (requests in flight)")
+    input_len = positive_int("input_len", input_len, what="a positive int (prompt tokens)")
+    output_len = positive_int("output_len", output_len, what="a positive int (output tokens)")
+    served = _served(dtype, weight_dtype, kv_dtype)
+    context = input_len + output_len // 2
+    decode = predict_step(config, cluster, mesh_shape, batch=(concurrency, context), task="decode", **served)
+    replicas = decode.mesh.get("dp", 1)
+    prompt = predict_step(config, cluster, mesh_shape, batch=(replicas, input_len), task="prefill", **served)
+    beyond_weights = prompt.time_s - sum(t.seconds for t in prompt.terms if t.name == HBM_BOUND_KERNELS[0])
+    admitted = concurrency / replicas / output_len  # requests a replica admits a step
+    return ServingStep(decode, admitted * beyond_weights, engine_cost(engine, cluster, config), concurrency,
+                       context)
+
+
+def time_to_first_token(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, int], *, input_len: int,
+                        prompts: int = 1, dtype: tp.Any = "bf16", weight_dtype: str | None = None,
+                        kv_dtype: str | None = None, engine: str | None = None) -> FirstToken:
+    """TTFT of ``prompts`` prompts of ``input_len`` tokens sent at once (a multiple of the replicas, ``dp``): one
+    prefill step of them and one engine step; an engine's queue under load is not in it."""
+    prompts = positive_int("prompts", prompts, what="a positive int (prompts sent at once)")
+    prefill = predict_step(config, cluster, mesh_shape, batch=(prompts, input_len), task="prefill",
+                           **_served(dtype, weight_dtype, kv_dtype))
+    return FirstToken(prefill, engine_cost(engine, cluster, config), prompts)
+
+
+
+
+# -- the latency-throughput frontier ----------------------------------------------------------------------------
+def served_bytes(config: tp.Any, tp_size: int, *, dtype: tp.Any = "bf16", weight_dtype: str | None = None,
+                 kv_dtype: str | None = None) -> tuple[float, float]:
+    """What one device of a ``tp_size``-way replica holds: its weights' bytes (the layers' in their stored dtype,
+    the head and the embedding in bfloat16) and a token's KV cache bytes (its layers' K and V heads there)."""
+    shapes = model_shapes(config)
+    weight_item, kv_item = stored_bytes("decode", rate_dtype(dtype), weight_dtype, kv_dtype)
+    moe_layers = shapes.layers - shapes.dense_layers if shapes.moe else 0
+    layer_weights = (shapes.layers * (shapes.attn_split / tp_size + shapes.attn_rep)
+                     + (shapes.layers - moe_layers) * shapes.mlp / tp_size
+                     + moe_layers * ((shapes.experts * shapes.expert + shapes.shared) / tp_size + shapes.router))
+    weights = layer_weights * weight_item + (shapes.head + shapes.embed) / tp_size * ITEM_BYTES["bf16"]
+    kv = shapes.layers * shapes.kv_cache / shapes.kv_heads * kv_heads_per_device(shapes, tp_size) * kv_item
+    return weights, kv
+
+
+def kv_capacity(config: tp.Any, cluster: Cluster, tp_size: int, *, memory_fraction: float = 0.9,
+                **served: tp.Any) -> int:
+    """KV-cache tokens one replica of ``tp_size`` devices holds: ``memory_fraction`` of a device's HBM (what
+    engines give themselves: vLLM's ``gpu_memory_utilization``, TensorRT-LLM's free-memory fraction) less its
+    weights, over a token's cache bytes there. 0 where the weights alone do not fit."""
+    if not 0 < memory_fraction <= 1:
+        raise ValueError(f"memory_fraction is the share of a device's HBM the engine takes, in (0, 1]; got "
+                         f"{memory_fraction!r}")
+    weights, kv = served_bytes(config, tp_size, **served)
+    return max(0, int((memory_fraction * cluster.hbm_per_device - weights) // kv))
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontierPoint:
+    """One serving layout at one concurrency: its step, and whether no other point is both faster a token and
+    more tokens a second a chip (``on_front``)."""
+
+    mesh: dict[str, int]
+    step: ServingStep
+    on_front: bool = False
+
+    @property
+    def ms_per_token(self) -> float:
+        return self.step.time_s * 1e3
+
+    @property
+    def tokens_per_s_per_chip(self) -> float:
+        return self.step.tokens_per_s_per_chip
+
+    @property
+    def label(self) -> str:
+        return " x ".join(f"{a}={n}" for a, n in self.mesh.items()) + f", {self.step.concurrency} in flight"
+
+
+def serving_frontier(config: tp.Any, cluster: Cluster, *, input_len: int, output_len: int, dtype: tp.Any = "bf16",
+                     weight_dtype: str | None = None, kv_dtype: str | None = None, engine: str | None = None,
+                     memory_fraction: float = 0.9, tp_sizes: tp.Sequence[int] | None = None,
+                     ) -> tuple[FrontierPoint, ...]:
+    """Every serving layout of ``cluster`` (``tp`` a power of two within a node or slice's devices, the rest
+    replicas over ``dp``) swept over the requests in flight, doubling from one a replica up to what its KV cache
+    holds (:func:`kv_capacity`, each request at its full ``input_len + output_len``), with the Pareto front of ms a
+    token against output tokens a second a chip marked. A layout whose weights do not fit is left out."""
+    served = _served(dtype, weight_dtype, kv_dtype)
+    devices = cluster.num_devices
+    inner = cluster.gpus_per_node if cluster.platform == "gpu" else devices
+    sizes = tp_sizes or [t for t in (2 ** i for i in range(inner.bit_length())) if t <= inner and devices % t == 0]
+    points = []
+    for tp_size in sizes:
+        replicas = devices // tp_size
+        mesh = {"dp": replicas, "tp": tp_size} if replicas > 1 else {"tp": tp_size}
+        most = kv_capacity(config, cluster, tp_size, memory_fraction=memory_fraction, **served) // (
+            input_len + output_len)
+        per_replica = [b for b in (2 ** i for i in range(max(most, 1).bit_length())) if b <= most]
+        if most and most not in per_replica:
+            per_replica.append(most)
+        for b in per_replica:
+            step = serving_step(config, cluster, mesh, concurrency=b * replicas, input_len=input_len,
+                                output_len=output_len, engine=engine, **served)
+            points.append(FrontierPoint(mesh, step))
+    return _mark_front(points)
+
+
+def _mark_front(points: list[FrontierPoint]) -> tuple[FrontierPoint, ...]:
+    """The points with the front marked: sorted by ms a token, a point is on it when it gives more tokens a second
+    a chip than every faster point."""
+    best, marked = -1.0, []
+    for p in sorted(points, key=lambda p: (p.ms_per_token, -p.tokens_per_s_per_chip)):
+        on = p.tokens_per_s_per_chip > best
+        best = max(best, p.tokens_per_s_per_chip)
+        marked.append(dataclasses.replace(p, on_front=on))
+    return tuple(marked)
+
+
+__all__ = ["EngineCost", "FirstToken", "FrontierPoint", "ServingStep", "engine_cost", "kv_capacity", "served_bytes",
+           "serving_frontier", "serving_step", "time_to_first_token"]
