@@ -2,6 +2,7 @@
 
 import os
 import threading
+import time
 
 from tests.core.stderr_file import stderr_into
 from workbench.core.xla_log import xla_log_lines
@@ -45,3 +46,19 @@ def test_libtpu_noise_is_kept_and_other_threads_stderr_goes_through(tmp_path):
         writer.join(10)
     assert target.read_text().splitlines() == ["a line from another thread"]
     assert any(line.startswith("learning/45eac") for line in log) and len(log) == 3
+
+
+def test_libtpu_noise_written_in_pieces_is_kept(tmp_path):
+    """libtpu writes its host-bounds warning in pieces; the reader may see the first piece alone and must hold it
+    (a partial line that is not libtpu's, a progress bar, goes through at once)."""
+    target = tmp_path / "stderr.txt"
+    with stderr_into(target), xla_log_lines() as log:
+        os.write(2, b"Failed to find host bounds for accelerator type: ")
+        time.sleep(0.2)  # the reader has the partial line
+        os.write(2, b"WARNING: could not determine TPU accelerator type\n")
+        os.write(2, b"50% done\r")
+        time.sleep(0.2)
+        os.write(2, b"100% done\n")
+    assert target.read_bytes() == b"50% done\r100% done\n"
+    assert log == ["Failed to find host bounds for accelerator type: WARNING: could not determine TPU accelerator "
+                   "type"]

@@ -57,6 +57,17 @@ LIBTPU_NOISE = re.compile(r"^(=== Source Location Trace: ===\s*|learning/\S+:\d+
                           r"|Failed to find host bounds for accelerator type: .*)$")
 
 
+# how libtpu's lines start: a partial line that may be one of them is held until its end (libtpu writes
+# "Failed to find host bounds ..." in pieces, and the pipe may hand the reader the first alone)
+_NOISE_HEADS = ("=== Source Location Trace", "learning/", "WARNING: Logging before InitGoogle",
+                "Failed to find host bounds")
+
+
+def _noise_head(text: str) -> bool:
+    """Whether ``text`` (a partial line) starts one of libtpu's lines, or could as more of it arrives."""
+    return any(text.startswith(head) or head.startswith(text) for head in _NOISE_HEADS)
+
+
 def xla_warnings(lines: tp.Iterable[str]) -> tp.Iterator[str]:
     """XLA's warnings and errors without their ``W1122 12:57:02.022634 11999 file.cc:656]`` prefix."""
     for line in lines:
@@ -110,8 +121,9 @@ class _Router:
                 for line in complete:
                     self._route(line, out_fd)
                 text = pending.decode(errors="replace")
-                if pending and not _XLA_HEAD.fullmatch(text[:40]) and not XLA_LOG.match(text):
-                    os.write(out_fd, pending)  # a partial line that is not XLA's (a progress bar): now
+                if pending and not _XLA_HEAD.fullmatch(text[:40]) and not XLA_LOG.match(text) and not _noise_head(
+                        text):
+                    os.write(out_fd, pending)  # a partial line that is neither XLA's nor libtpu's (a progress bar)
                     pending = b""
         if pending:
             os.write(out_fd, pending)
