@@ -21,6 +21,7 @@ from workbench.core.interop.published_serving import (
     leave_one_out,
     not_held_points,
     published_points,
+    serving_accuracy_text,
 )
 from workbench.core.vocab import SERVING_ENGINES
 
@@ -95,3 +96,12 @@ def test_issue_49_target_decode_and_prefill_within_band_and_throughput_not_above
         assert all(BAND[0] <= ratios[name] <= BAND[1] for name in acc.ratios), kind
         assert acc.median_abs <= 1.15, kind
     assert all(ratios[p.name] <= 1.35 for p in published_points() if p.kind == "throughput")
+
+
+def test_a_serving_prediction_says_how_far_the_model_was_out_of_sample():
+    ratios, _ = leave_one_out()
+    decode = [ratios[p.name] for p in published_points() if p.kind == "decode"]
+    text = serving_accuracy_text("decode")
+    assert f"on {len(decode)} published decode steps" in text and f"{min(decode):.2f}x to {max(decode):.2f}x" in text
+    with pytest.raises(ValueError, match="kinds"):
+        serving_accuracy_text("train")

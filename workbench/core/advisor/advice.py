@@ -11,6 +11,7 @@ from workbench.core.advisor.candidate import Candidate, gib
 from workbench.core.advisor.confirm import confirm_candidate, demoted_reason
 from workbench.core.interop.out_of_sample import accuracy_text
 from workbench.core.interop.published import fine_grained_moe
+from workbench.core.interop.published_serving import serving_accuracy_text
 from workbench.core.tables import html_table
 
 _ROW_HEADER = ("#", "layout", "memory/device", "of HBM", "step", "tokens/s", "MFU", "bound by", "why")  # Advice.rows
@@ -96,8 +97,8 @@ class Advice:
         if steps and steps[0].measured_model and self.task == "train":
             how = f". Step times and MFU are predictions: {self._accuracy()}" + self._evidence_text()
         elif steps and steps[0].measured_model:
-            how = (f". Step times are predictions; no {self.task} step has been held against a measured one (the "
-                   f"step model's spread is known for training steps only: {self._accuracy()})")
+            how = (f". Step times are predictions of the kernels and collectives alone, without a serving engine's "
+                   f"own cost a step (cost.serving adds it: {serving_accuracy_text(self.task)})")
         elif steps and steps[0].ideal:
             how = ". Step times are the ideal roofline (matmuls at peak): MFU marked ≤ is an upper bound"
         batch = f"{self.batch[0]} sequences, KV cache {self.batch[1]}" if self.task == "decode" else \

@@ -186,6 +186,30 @@ def leave_one_out(points: tp.Sequence[ServingPoint] | None = None
     return ratios, tuple(refits)
 
 
+@functools.cache
+def out_of_sample() -> tuple[dict[str, float], tuple[EngineRefit, ...]]:
+    """:func:`leave_one_out` of the published points (computed once)."""
+    return leave_one_out()
+
+
+def serving_accuracy_text(kind: str) -> str:
+    """How far the serving model was from the published points of ``kind`` ("decode", "prefill"), out of sample:
+    what a view prints beside a serving prediction."""
+    ratios, _ = out_of_sample()
+    mine = [p for p in published_points() if p.kind == kind]
+    if not mine:
+        raise ValueError(f"no published serving points of kind {kind!r}; kinds: {KINDS}")
+    engines = ", ".join(sorted({p.engine for p in mine}))
+    chips = ", ".join(sorted({" ".join(p.cluster.chip.name.split()[:2 if p.cluster.platform == "tpu" else 1])
+                              for p in mine}))
+    what = {"decode": "decode steps", "prefill": "times to the first token",
+            "throughput": "throughputs at a published batch"}[kind]
+    out = [ratios[p.name] for p in mine]
+    return (f"with each engine's own cost, on {len(mine)} published {what} ({engines}; {chips}) the serving model "
+            f"was {min(out):.2f}x to {max(out):.2f}x the measured out of sample, typically within "
+            f"{statistics.median(max(r, 1 / r) for r in out) - 1:.0%} (benchmarks/published_serving.py)")
+
+
 def accuracy(kind: str, points: tp.Sequence[ServingPoint] | None = None) -> Accuracy:
     """Predicted / measured of every point of ``kind`` as shipped (in sample for the decode points)."""
     return Accuracy({p.name: p.ratio() for p in (published_points() if points is None else points)
@@ -193,4 +217,5 @@ def accuracy(kind: str, points: tp.Sequence[ServingPoint] | None = None) -> Accu
 
 
 __all__ = ["BAND", "ENGINE_FITS", "KINDS", "EngineRefit", "ServingPoint", "accuracy", "fit_engine_layer",
-           "fit_group", "leave_one_out", "not_held_points", "published_points"]
+           "fit_group", "leave_one_out", "not_held_points", "out_of_sample", "published_points",
+           "serving_accuracy_text"]
