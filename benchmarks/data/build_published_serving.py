@@ -202,8 +202,8 @@ def build():
     points = []
     for name, plan in PLANS.items():
         raw = RAW[name]
-        measured = raw["value"] * (raw.get("num_gpus") or raw.get("num_chips") or 1 if raw["metric"].endswith(
-            "_per_gpu") else 1)
+        per_gpu = raw["metric"].endswith("_per_gpu")  # a per-GPU figure, over the whole tensor-parallel group
+        measured = raw["value"] * (raw["num_gpus"] if per_gpu else 1)
         entry = {"name": name, "release": raw["engine"], "model_name": raw["model"], "source": raw["source"], **plan}
         if plan["kind"] == "throughput":
             entry["measured_tokens_per_s"] = measured

@@ -14,10 +14,10 @@ def test_one_trace_a_layout_the_front_and_the_measured_points():
     measured = [MeasuredPoint("a run", 9.0, 400.0)]
     fig = frontier_figure(points, measured, title="Llama-3-8B on 8 H100s")
     names = [t.name for t in fig.data]
-    layouts = {p.label.rsplit(",", 1)[0] for p in points}
+    layouts = {p.layout for p in points}
     assert set(names[:-2]) == layouts and names[-2:] == ["Pareto front", "measured (published)"]
     for trace in fig.data[:-2]:
-        mine = [p for p in points if p.label.rsplit(",", 1)[0] == trace.name]
+        mine = [p for p in points if p.layout == trace.name]
         assert list(trace.x) == [p.ms_per_token for p in mine] and list(trace.y) == [p.tokens_per_s_per_chip
                                                                                       for p in mine]
     front = fig.data[-2]

@@ -29,9 +29,8 @@ def frontier_figure(points: tp.Sequence[FrontierPoint], measured: tp.Sequence[Me
         raise ValueError("no frontier points to draw: every layout's weights overflow the chips' HBM (see "
                          "workbench.core.cost.serving.kv_capacity)")
     fig = go.Figure()
-    layouts = dict.fromkeys(" x ".join(f"{a}={n}" for a, n in p.mesh.items()) for p in points)
-    for layout in layouts:
-        mine = [p for p in points if p.label.startswith(layout + ",")]
+    for layout in dict.fromkeys(p.layout for p in points):
+        mine = [p for p in points if p.layout == layout]
         fig.add_trace(go.Scatter(
             x=[p.ms_per_token for p in mine], y=[p.tokens_per_s_per_chip for p in mine], mode="markers", name=layout,
             text=[f"{p.step.concurrency} in flight: decode {p.step.decode.time_s * 1e3:.1f} ms, admitted prefills "

@@ -142,7 +142,7 @@ def _check(task: str, remat: str, batch: tp.Any, batch_axes: tp.Sequence[str], m
 
 
 
-def stored_bytes(task: str, rate: str, weight_dtype: str | None, kv_dtype: str | None) -> tuple[float, int]:
+def stored_bytes(task: str, rate: str, weight_dtype: str | None, kv_dtype: str | None) -> tuple[float, float]:
     """Bytes a stored weight and a KV-cache element take: ``weight_dtype``'s and ``kv_dtype``'s, else ``rate``'s."""
     if task == "train" and (weight_dtype is not None or kv_dtype is not None or rate == "fp4"):
         raise ValueError("weight_dtype, kv_dtype and fp4 describe a served model (task='prefill' or 'decode'); a "
@@ -192,8 +192,8 @@ def _device_tokens(sequences: int, length: int, kv_length: int | None, sp: int, 
 def _step_sizes(shapes: ModelShapes, sizes: dict[str, int], batch: tuple[int, int], *, task: str, remat: str,
                 pipeline: PipelineConfig | None, kv_length: int | None, rate: str, batch_axes: tp.Sequence[str],
                 zero: bool, grad_accumulation: int, recompute: float | None, capacity_factor: float | None,
-                causal: bool, experts_fsdp: bool, attention: str = "flash", vocab_tiles: int = 1,
-                stored: tuple[float, int] | None = None) -> StepSizes:
+                causal: bool, experts_fsdp: bool, attention: str, vocab_tiles: int,
+                stored: tuple[float, float]) -> StepSizes:
     """The step as one device runs it (:class:`StepSizes`), once the arguments agree with each other."""
     train = task == "train"
     remat_passes = 1 if train and remat == "full" else 0
@@ -215,8 +215,7 @@ def _step_sizes(shapes: ModelShapes, sizes: dict[str, int], batch: tuple[int, in
         microbatches=pipeline.num_microbatches if pipeline is not None else grad_accumulation,
         bubble=pipeline.bubble_fraction if pipeline is not None else 0.0, remat_passes=remat_passes,
         recompute=recomputed, recompute_any=remat != "none" or recomputed > 0, item_bytes=ITEM_BYTES[rate],
-        weight_item_bytes=WEIGHT_ITEM_BYTES[rate] if stored is None else stored[0],
-        kv_item_bytes=KV_ITEM_BYTES[rate] if stored is None else stored[1],
+        weight_item_bytes=stored[0], kv_item_bytes=stored[1],
         rate=rate, causal=causal, attention=one_of("attention", attention, ATTENTION_KERNELS),
         vocab_tiles=positive_int("vocab_tiles", vocab_tiles, what="a positive int (tiles the loss's tokens are in)"),
         capacity_factor=capacity_factor, experts_fsdp=experts_fsdp,

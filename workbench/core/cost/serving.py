@@ -37,7 +37,7 @@ from workbench.core.cost.roofline import rate_dtype
 from workbench.core.cost.step import StepTime
 from workbench.core.cost.step_counts import ITEM_BYTES
 from workbench.core.cost.step_pricing import HBM_BOUND_KERNELS
-from workbench.core.cost.work import kv_heads_per_device
+from workbench.core.cost.work import device_kv_elements, device_weight_elements
 from workbench.core.hardware.calibration import engine_layer
 from workbench.core.hardware.cluster import Cluster
 from workbench.core.vocab import SERVING_ENGINES
@@ -163,13 +163,12 @@ def served_bytes(config: tp.Any, tp_size: int, *, dtype: tp.Any = "bf16", weight
     the head and the embedding in bfloat16) and a token's KV cache bytes (its layers' K and V heads there)."""
     shapes = model_shapes(config)
     weight_item, kv_item = stored_bytes("decode", rate_dtype(dtype), weight_dtype, kv_dtype)
+    w = device_weight_elements(shapes, tp_size)
     moe_layers = shapes.layers - shapes.dense_layers if shapes.moe else 0
-    layer_weights = (shapes.layers * (shapes.attn_split / tp_size + shapes.attn_rep)
-                     + (shapes.layers - moe_layers) * shapes.mlp / tp_size
-                     + moe_layers * ((shapes.experts * shapes.expert + shapes.shared) / tp_size + shapes.router))
-    weights = layer_weights * weight_item + (shapes.head + shapes.embed) / tp_size * ITEM_BYTES["bf16"]
-    kv = shapes.layers * shapes.kv_cache / shapes.kv_heads * kv_heads_per_device(shapes, tp_size) * kv_item
-    return weights, kv
+    layer_weights = (shapes.layers * w["attention"] + (shapes.layers - moe_layers) * w["mlp"]
+                     + moe_layers * (w["experts"] + w["shared"] + w["router"]))
+    weights = layer_weights * weight_item + (w["head"] + w["embedding"]) * ITEM_BYTES["bf16"]
+    return weights, shapes.layers * device_kv_elements(shapes, tp_size) * kv_item
 
 
 def kv_capacity(config: tp.Any, cluster: Cluster, tp_size: int, *, memory_fraction: float = 0.9,
@@ -202,8 +201,12 @@ class FrontierPoint:
         return self.step.tokens_per_s_per_chip
 
     @property
+    def layout(self) -> str:
+        return " x ".join(f"{a}={n}" for a, n in self.mesh.items())
+
+    @property
     def label(self) -> str:
-        return " x ".join(f"{a}={n}" for a, n in self.mesh.items()) + f", {self.step.concurrency} in flight"
+        return f"{self.layout}, {self.step.concurrency} in flight"
 
 
 def serving_frontier(config: tp.Any, cluster: Cluster, *, input_len: int, output_len: int, dtype: tp.Any = "bf16",

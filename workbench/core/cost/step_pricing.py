@@ -72,11 +72,11 @@ class _Kernels:
     """A device's kernels at the efficiencies the chip's calibration cites: each priced, the forward's and
     backward's seconds kept per kind, the matmuls' split by what bounds them."""
 
-    def __init__(self, cluster: Cluster, rate: str, attention: str = "flash", weight_item_bytes: float | None = None):
+    def __init__(self, cluster: Cluster, rate: str, attention: str, weight_item_bytes: float):
         check_chip(cluster)
         self.cal = calibration(cluster.chip)
         self.rate = rate
-        self.weight_item_bytes = ITEM_BYTES[rate] if weight_item_bytes is None else weight_item_bytes
+        self.weight_item_bytes = weight_item_bytes  # a stored weight's bytes (a served model's may differ from rate's)
         self.attention_kernel = attention
         self.peaks = {name: cluster.chip.peak_flops(name) / cluster.devices_per_chip for name in {rate, "bf16"}}
         self.bandwidth = cluster.chip.hbm_bandwidth / cluster.devices_per_chip

@@ -84,6 +84,19 @@ def kv_heads_per_device(shapes: ModelShapes, tp_size: int) -> int:
     return stored // tp_size if stored % tp_size == 0 else stored
 
 
+def device_kv_elements(shapes: ModelShapes, tp_size: int) -> float:
+    """A token's K and V elements in one layer's cache on a device (its :func:`kv_heads_per_device` heads)."""
+    return shapes.kv_cache / shapes.kv_heads * kv_heads_per_device(shapes, tp_size)
+
+
+def device_weight_elements(shapes: ModelShapes, tp_size: int, ep: int = 1) -> dict[str, float]:
+    """A device's weight elements under ``tp`` (and ``ep`` for the routed experts), gathered over ``fsdp``: one
+    layer's of each kind ("attention", "mlp", "experts" routed, "shared", "router") and the "head" and "embedding"."""
+    return {"attention": shapes.attn_split / tp_size + shapes.attn_rep, "mlp": shapes.mlp / tp_size,
+            "experts": shapes.experts / ep * shapes.expert / tp_size, "shared": shapes.shared / tp_size,
+            "router": shapes.router, "head": shapes.head / tp_size, "embedding": shapes.embed / tp_size}
+
+
 def _weight_passes(step: StepSizes, axes: tp.Sequence[str]) -> int:
     """Accesses of a layer's weights a step makes: its reads, an FSDP gather's writes, its gradient's writes."""
     return step.weight_reads + gather_writes(step, axes) + step.grad_writes
@@ -100,9 +113,9 @@ def attention_work(counts: StepCounts, step: StepSizes, shapes: ModelShapes) -> 
     flash-attention calls."""
     tp_size, d, ab, n, layers = step.sizes["tp"], shapes.hidden, step.item_bytes, step.tokens, step.layers_attention
     heads = shapes.heads / tp_size
-    weight_bytes = (shapes.attn_split / tp_size + shapes.attn_rep) * step.weight_item_bytes
+    weight_bytes = device_weight_elements(shapes, tp_size)["attention"] * step.weight_item_bytes
     kv_ring = kv_ring_elements(shapes, tp_size)
-    kv_cache = shapes.kv_cache / shapes.kv_heads * kv_heads_per_device(shapes, tp_size)
+    kv_cache = device_kv_elements(shapes, tp_size)
     score_width = shapes.score_qk + shapes.score_v
     per_layer = 2 * n * (shapes.attn_split / tp_size + shapes.attn_rep) + 2 * n * step.kv_span * heads * score_width
     nbytes = weight_bytes * _weight_passes(step, DENSE_WEIGHT_AXES)
@@ -146,7 +159,7 @@ def mlp_work(counts: StepCounts, step: StepSizes, shapes: ModelShapes) -> list[W
     if not layers:
         return []
     tp_size, d, ab, n, remat = step.sizes["tp"], shapes.hidden, step.item_bytes, step.tokens, step.remat_passes
-    weight_bytes = shapes.mlp / tp_size * step.weight_item_bytes
+    weight_bytes = device_weight_elements(shapes, tp_size)["mlp"] * step.weight_item_bytes
     recomputed = shapes.mlp - (0 if shapes.recompute_down else shapes.mlp_down)
     flops = (3 if step.train else 1) * 2 * n * shapes.mlp / tp_size + remat * 2 * n * recomputed / tp_size
     nbytes = weight_bytes * _weight_passes(step, DENSE_WEIGHT_AXES)
@@ -175,10 +188,10 @@ class _ExpertSizes(tp.NamedTuple):
 
 def _expert_sizes(step: StepSizes, shapes: ModelShapes) -> _ExpertSizes:
     ep, tp_size, wb = step.sizes["ep"], step.sizes["tp"], step.weight_item_bytes
+    weights = device_weight_elements(shapes, tp_size, ep)
     return _ExpertSizes(
         copies=routed_tokens(step) * shapes.topk,
-        experts_bytes=shapes.experts / ep * shapes.expert / tp_size * wb,
-        shared_bytes=shapes.shared / tp_size * wb, router_bytes=shapes.router * wb,
+        experts_bytes=weights["experts"] * wb, shared_bytes=weights["shared"] * wb, router_bytes=weights["router"] * wb,
         width=shapes.expert_width / tp_size,
         shared_recomputed=shapes.shared - (0 if shapes.recompute_down else shapes.hidden * shapes.shared_width))
 
@@ -249,8 +262,8 @@ def embedding_head_work(counts: StepCounts, step: StepSizes, shapes: ModelShapes
     # serving engines keep the head and the embedding in bfloat16 where they quantise the layers (ModelOpt's fp8,
     # AWQ, GPTQ leave them out)
     item = step.item_bytes if train else ITEM_BYTES["bf16"]
-    head_bytes = shapes.head / tp_size * item
-    embed_bytes = shapes.embed / tp_size * item
+    weights = device_weight_elements(shapes, tp_size)
+    head_bytes, embed_bytes = weights["head"] * item, weights["embedding"] * item
     vocab = shapes.vocab / tp_size
     gathered = bool(gathered_axes(step.sizes, DENSE_WEIGHT_AXES))
     nbytes = head_bytes * ((2 if train else 1) + (1 if train else 0) + (1 + train) * gathered)
