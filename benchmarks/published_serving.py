@@ -38,7 +38,9 @@ def _predicted(p) -> str:
 
 
 def _load(p) -> str:
-    return f"{p.concurrency} in flight" if p.kind != "prefill" else f"{p.prompts} at once"
+    if p.kind != "prefill":
+        return f"{p.concurrency} in flight"
+    return f"{p.prompts} at once" + (f", {p.prefill_chunk:,} a step" if p.prefill_chunk else "")
 
 
 def main() -> None:

@@ -26,10 +26,11 @@ def gpu(chip, n):
 
 
 def point(kind, engine, model, cluster, tp, *, input_len, output_len, concurrency=None, prompts=None, dtype="bf16",
-          weight_dtype=None, kv_dtype=None, choices=""):
+          weight_dtype=None, kv_dtype=None, prefill_chunk=None, choices=""):
     return {"kind": kind, "engine": engine, "model": model, "cluster": cluster, "mesh": {"tp": tp},
             "concurrency": concurrency, "prompts": prompts, "input_len": input_len, "output_len": output_len,
-            "dtype": dtype, "weight_dtype": weight_dtype, "kv_dtype": kv_dtype, "choices": choices}
+            "dtype": dtype, "weight_dtype": weight_dtype, "kv_dtype": kv_dtype, "prefill_chunk": prefill_chunk,
+            "choices": choices}
 
 
 LITTLE = "the running batch is Little's law on the published means (rate x (TTFT + (OSL - 1) x ITL)), rounded"
@@ -38,6 +39,12 @@ NIM = ("NVIDIA NIM 1.8.0's fp8 TP2 profile, taken as TensorRT-LLM with fp8 weigh
        "names neither the backend nor the cache's dtype); the H100s taken as SXM")
 SWEEP = "sglang-jax's Qwen3 sweep of Sept 2025 (both engines on the same v6e-4, fixed lengths, fixed concurrency)"
 STATIC = "static batching (gptSessionBenchmark): the batch prefilled once, then decoded for the output length"
+# each engine's prompt tokens a step in the sweep: sglang-jax's server flags say --chunked-prefill-size=2048; vLLM's
+# left --max-num-batched-tokens at its default, 1,024 for `vllm serve` on a v6e (vllm/engine/arg_utils.py,
+# default_max_num_batched_tokens_tpu, at vllm-project/vllm@99d7eb5d6a512cfcc5a2b104f24ebf2d6cda772b)
+SWEEP_CHUNK = {"sglang-jax": (2048, "its --chunked-prefill-size=2048"),
+               "vLLM": (1024, "--max-num-batched-tokens at vLLM's default for `vllm serve` on a v6e, 1,024 "
+                              "(vllm/engine/arg_utils.py)")}
 V7X = ("sglang-jax's TPU v7x-4 cookbook row (fixed lengths, max_concurrency 128, chunked prefill): tp=8 over the 8 "
        "TensorCores")
 PLANS = {
@@ -162,10 +169,12 @@ PLANS = {
         concurrency=128, choices=f"{V7X}; the experts split over tp as the dense layers are"),
     # -- TPU prefill (TTFT of 8 prompts sent together: the sweep's concurrency, one output token each) --------------
     **{f"{e}_{m}_v6e-4_isl{n}_b8_ttft": point(
-        "prefill", {"sglang-jax": "sglang-jax", "vllm-tpu": "vLLM"}[e], {"qwen3-8b": Q3_8B, "qwen3-32b": Q3_32B}[m],
-        {"tpu": "v6e:2x2"}, 4, input_len=n, output_len=1, prompts=8,
-        choices=f"{SWEEP}; one output token at concurrency 8: the 8 prompts prefilled as one batch")
-       for e in ("sglang-jax", "vllm-tpu") for m, n in (("qwen3-8b", 1024), ("qwen3-8b", 8192), ("qwen3-32b", 1024))},
+        "prefill", engine, {"qwen3-8b": Q3_8B, "qwen3-32b": Q3_32B}[m], {"tpu": "v6e:2x2"}, 4, input_len=n,
+        output_len=1, prompts=8, prefill_chunk=SWEEP_CHUNK[engine][0],
+        choices=f"{SWEEP}; one output token at concurrency 8: the 8 prompts prefilled together (Little's law), in "
+                f"steps of {SWEEP_CHUNK[engine][1]}")
+       for e, engine in (("sglang-jax", "sglang-jax"), ("vllm-tpu", "vLLM"))
+       for m, n in (("qwen3-8b", 1024), ("qwen3-8b", 8192), ("qwen3-32b", 1024))},
     # -- TPU throughput at a published running batch -----------------------------------------------------------------
     "vllm-tpu_qwen3-32b_tpu7x-1chip_1k8k_output_throughput": point(
         "throughput", "vLLM", Q3_32B, {"tpu": "tpu7x:1x1x1"}, 2, input_len=922, output_len=7373, concurrency=135,

@@ -46,6 +46,27 @@ def test_ttft_is_one_prefill_step_and_one_engine_step():
     assert first.time_s == pytest.approx(prefill.time_s + 32 * ENGINE_LAYER[("TensorRT-LLM", H100)].value)
 
 
+def test_a_prompt_within_the_prefill_budget_is_one_step():
+    cluster = Cluster.h100(nodes=1, gpus_per_node=1)
+    whole = time_to_first_token(LLAMA_8B, cluster, {"tp": 1}, input_len=2048, engine="TensorRT-LLM")
+    within = time_to_first_token(LLAMA_8B, cluster, {"tp": 1}, input_len=2048, prefill_chunk=4096,
+                                 engine="TensorRT-LLM")
+    assert within.steps == 1 and within.time_s == pytest.approx(whole.time_s, rel=1e-9)
+
+
+def test_a_chunked_prefill_reads_the_weights_and_pays_the_engine_every_chunk():
+    """8 prompts of 1,024 tokens in chunks of 64 on one H100: 128 steps. A 64-token chunk of Llama-3.1-8B multiplies
+    in 64 x 2 x 8.0e9 / 989e12 = 1.0 ms and reads 16 GB of bfloat16 weights in 4.8 ms at the full 3.35 TB/s, so
+    every step takes at least the read: at least 128 x 4.8 ms, and 128 engine steps of 32 layers."""
+    cluster = Cluster.h100(nodes=1, gpus_per_node=1)
+    first = time_to_first_token(LLAMA_8B, cluster, {"tp": 1}, input_len=1024, prompts=8, prefill_chunk=64,
+                                engine="TensorRT-LLM")
+    weights, _ = served_bytes(LLAMA_8B, 1)
+    engine_s = 128 * 32 * ENGINE_LAYER[("TensorRT-LLM", H100)].value
+    assert first.steps == 128 and weights == pytest.approx(16.06e9, rel=0.01)
+    assert first.time_s - engine_s >= 128 * weights / H100.hbm_bandwidth
+
+
 def test_a_tpu7x_chip_is_two_devices_when_throughput_is_counted_per_chip():
     """tp=8 over a tpu7x 2x2x1 slice: 8 TensorCores, 4 chips."""
     step = serving_step(LLAMA_8B, Cluster.tpu("tpu7x:2x2x1"), {"tp": 8}, concurrency=16, input_len=512,
@@ -69,6 +90,8 @@ def test_bad_loads_say_what_to_give():
         serving_step(LLAMA_8B, cluster, {"dp": 2, "tp": 4}, concurrency=3, input_len=10, output_len=10)
     with pytest.raises(ValueError, match="prompts"):
         time_to_first_token(LLAMA_8B, cluster, {"tp": 8}, input_len=10, prompts=-1)
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        time_to_first_token(LLAMA_8B, cluster, {"tp": 8}, input_len=10, prefill_chunk=0)
 
 
 # -- the latency-throughput frontier: hand counts -----------------------------------------------------------------

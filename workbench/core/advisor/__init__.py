@@ -30,7 +30,8 @@ The package, by job: :mod:`.constraints` (what the user fixes, and the mesh shap
 leaves), :mod:`.candidate` (one layout and its figures), :mod:`.search` (:func:`advise`: enumerate, hold against
 the HBM), :mod:`.rank` (price and rank, the tie-breaks), :mod:`.reasons` (the words), :mod:`.breakdown` (a step as
 the sum a reason writes), :mod:`.advice` (the result and its tables), :mod:`.confirm` (compile and
-reconcile the program the step prices: a :class:`~.confirm.Confirmation` per confirmed layout).
+reconcile the program the step prices: a :class:`~.confirm.Confirmation` per confirmed layout), :mod:`.serving`
+(:func:`advise_serving`: the point of the latency-throughput front that meets a latency or throughput target).
 """
 
 from workbench.core.advisor.advice import Advice
@@ -39,5 +40,6 @@ from workbench.core.advisor.confirm import Confirmation
 from workbench.core.advisor.constraints import Constraints
 from workbench.core.advisor.reasons import reason
 from workbench.core.advisor.search import advise
+from workbench.core.advisor.serving import ServingAdvice, advise_serving
 
-__all__ = ["Advice", "Candidate", "Confirmation", "Constraints", "advise", "reason"]
+__all__ = ["Advice", "Candidate", "Confirmation", "Constraints", "ServingAdvice", "advise", "advise_serving", "reason"]

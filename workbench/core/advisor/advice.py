@@ -98,7 +98,9 @@ class Advice:
             how = f". Step times and MFU are predictions: {self._accuracy()}" + self._evidence_text()
         elif steps and steps[0].measured_model:
             how = (f". Step times are predictions of the kernels and collectives alone, without a serving engine's "
-                   f"own cost a step (cost.serving adds it: {serving_accuracy_text(self.task)})")
+                   f"own cost a step (cost.serving adds it: {serving_accuracy_text(self.task)})"
+                   + ("; advise_serving picks a layout and the requests in flight for a latency or throughput "
+                      "target" if self.task == "decode" else ""))
         elif steps and steps[0].ideal:
             how = ". Step times are the ideal roofline (matmuls at peak): MFU marked ≤ is an upper bound"
         batch = f"{self.batch[0]} sequences, KV cache {self.batch[1]}" if self.task == "decode" else \

@@ -19,8 +19,9 @@ flight and admitting new requests, whose prompts it prefills in the same steps (
 TPOT is that step's time; the output tokens a second are ``concurrency`` over it. :func:`serving_frontier`
 sweeps each layout (tensor parallelism inside a replica, replicas over ``dp``) over the requests in flight up to
 what its KV cache holds, and marks the Pareto front of ms a token against tokens a second a chip (the scaling book's
-latency-throughput plot, "Serving LLaMA 3"). TTFT of a prompt is a prefill
-step of the prompts that arrive together (one, or a batch sent at once) and one engine step; it leaves out what an
+latency-throughput plot, "Serving LLaMA 3"). TTFT of a prompt is the prefill
+of the prompts that arrive together (one, or a batch sent at once): one step and one engine step, or, where the
+engine chunks prefill, a step and an engine step for every chunk of its prefill budget; it leaves out what an
 engine's queue adds under load. The references are the scaling book's "Inference" and "Serving LLaMA 3" chapters
 (https://jax-ml.github.io/scaling-book/inference/), whose decode bound is the bytes loaded a step.
 """
@@ -36,7 +37,7 @@ from workbench.core.cost.predicted import predict_step, stored_bytes
 from workbench.core.cost.roofline import rate_dtype
 from workbench.core.cost.step import StepTime
 from workbench.core.cost.step_counts import ITEM_BYTES
-from workbench.core.cost.step_pricing import HBM_BOUND_KERNELS
+from workbench.core.cost.step_pricing import ATTENTION_TERMS, HBM_BOUND_KERNELS
 from workbench.core.cost.work import device_kv_elements, device_weight_elements
 from workbench.core.hardware.calibration import engine_layer
 from workbench.core.hardware.cluster import Cluster
@@ -107,15 +108,29 @@ class ServingStep:
 
 @dataclasses.dataclass(frozen=True)
 class FirstToken:
-    """The time to the first token of ``prompts`` prompts sent at once: their prefill step and one engine step."""
+    """The time to the first token of ``prompts`` prompts sent at once. Whole (``chunk`` None): their prefill as one
+    step (``prefill``) and one engine step. Chunked: ``steps`` steps of at most ``chunk`` tokens a replica, each its
+    matmuls, fusions and collectives (``chunk_s``, the last step's share of them in ``last_chunk_s``) and an engine
+    step, with the prompts' attention, quadratic in their length, priced once from ``prefill``."""
 
     prefill: StepTime
     engine: EngineCost
     prompts: int
+    chunk: int | None = None
+    steps: int = 1
+    chunk_s: float = 0.0
+    last_chunk_s: float = 0.0
+
+    @property
+    def attention_s(self) -> float:
+        return sum(t.seconds for t in self.prefill.terms if t.name in ATTENTION_TERMS)
 
     @property
     def time_s(self) -> float:
-        return self.prefill.time_s + self.engine.seconds
+        if self.chunk is None:
+            return self.prefill.time_s + self.engine.seconds
+        return ((self.steps - 1) * self.chunk_s + self.last_chunk_s + self.attention_s
+                + self.steps * self.engine.seconds)
 
 
 def _served(dtype: tp.Any, weight_dtype: str | None, kv_dtype: str | None) -> dict[str, tp.Any]:
@@ -144,16 +159,37 @@ def serving_step(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, i
 
 
 def time_to_first_token(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping[str, int], *, input_len: int,
-                        prompts: int = 1, dtype: tp.Any = "bf16", weight_dtype: str | None = None,
-                        kv_dtype: str | None = None, engine: str | None = None) -> FirstToken:
-    """TTFT of ``prompts`` prompts of ``input_len`` tokens sent at once (a multiple of the replicas, ``dp``): one
-    prefill step of them and one engine step; an engine's queue under load is not in it."""
+                        prompts: int = 1, prefill_chunk: int | None = None, dtype: tp.Any = "bf16",
+                        weight_dtype: str | None = None, kv_dtype: str | None = None,
+                        engine: str | None = None) -> FirstToken:
+    """TTFT of ``prompts`` prompts of ``input_len`` tokens sent at once (a multiple of the replicas, ``dp``); an
+    engine's queue under load is not in it.
+
+    ``prefill_chunk`` None: one prefill step of them all and one engine step (TensorRT-LLM's context phase without
+    chunking). A number of tokens: the engine's prefill budget a step (sglang's ``--chunked-prefill-size``, vLLM's
+    ``--max-num-batched-tokens``), so a replica's prompt tokens take ``ceil(tokens / prefill_chunk)`` steps, each
+    reading the weights again and paying the engine's step; attention is priced once over the whole prompts (a
+    chunk attends to the cache its prompt's earlier chunks wrote)."""
     prompts = positive_int("prompts", prompts, what="a positive int (prompts sent at once)")
-    prefill = predict_step(config, cluster, mesh_shape, batch=(prompts, input_len), task="prefill",
-                           **_served(dtype, weight_dtype, kv_dtype))
-    return FirstToken(prefill, engine_cost(engine, cluster, config), prompts)
+    served = _served(dtype, weight_dtype, kv_dtype)
+    prefill = predict_step(config, cluster, mesh_shape, batch=(prompts, input_len), task="prefill", **served)
+    cost = engine_cost(engine, cluster, config)
+    if prefill_chunk is None:
+        return FirstToken(prefill, cost, prompts)
+    prefill_chunk = positive_int("prefill_chunk", prefill_chunk,
+                                 what="a positive int (prompt tokens an engine step takes a replica) or None")
+    replicas = prefill.mesh.get("dp", 1)
+    tokens = prompts // replicas * input_len
+    steps, last = -(-tokens // prefill_chunk), tokens % prefill_chunk or prefill_chunk
 
+    def beyond_attention(chunk: int) -> float:
+        step = predict_step(config, cluster, mesh_shape, batch=(replicas, chunk), task="prefill", **served)
+        return sum(t.seconds for t in step.terms if t.name not in ATTENTION_TERMS)
 
+    first = min(prefill_chunk, tokens)
+    chunk_s = beyond_attention(first)
+    return FirstToken(prefill, cost, prompts, prefill_chunk, steps, chunk_s,
+                      chunk_s if last == first else beyond_attention(last))
 
 
 # -- the latency-throughput frontier ----------------------------------------------------------------------------

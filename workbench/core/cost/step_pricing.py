@@ -24,6 +24,9 @@ from workbench.core.hardware.network import transfer
 # The measured model's kernel terms whose work is priced as HBM traffic (their operands take longer to read than to
 # multiply): the matmuls and attention a decode step runs, which its compute terms then leave at zero.
 HBM_BOUND_KERNELS = ("matmuls bound by HBM", "attention bound by HBM")
+# The terms that price attention (its kernels and, in decode, its KV cache's read): quadratic in a sequence's
+# length where every other term is linear in its tokens.
+ATTENTION_TERMS = ("attention kernels", HBM_BOUND_KERNELS[1])
 
 
 def _work_parts(counts: StepCounts) -> tuple[WorkPart, ...]:
@@ -199,7 +202,7 @@ def _terms(kernels: _Kernels, achieved: float, fused: dict[str, float], optimize
              f"of peak (each GEMM's shape on the {cal.tile}-wide unit; large ones at {cal.gemm.value:.0%})"),
         Term(HBM_BOUND_KERNELS[0], kernels.gemm_bound["memory"], "memory", f"GEMMs whose operands take longer to "
              f"read than to multiply (few rows: decode), at {cal.hbm.value:.0%} of HBM bandwidth"),
-        Term("attention kernels", kernels.attention["compute"], "compute",
+        Term(ATTENTION_TERMS[0], kernels.attention["compute"], "compute",
              f"{_KERNEL_WORDS[kernels.attention_kernel]}, masked tiles skipped, forward and backward "
              f"({FLASH_BACKWARD}x the forward), at {attention_rate(cal, kernels.attention_kernel):.0%} of peak on "
              f"long sequences"),

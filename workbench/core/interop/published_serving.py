@@ -9,7 +9,8 @@ dtypes, the requests in flight (or the prompts sent at once), the lengths, the e
 - **decode**: the time per output token (TPOT, or the mean inter-token latency) at a steady concurrency, priced as
   a continuous-batching step (:func:`~workbench.core.cost.serving.serving_step`);
 - **prefill**: the time to the first token of one prompt (or of the prompts a fixed concurrency sends together),
-  priced by :func:`~workbench.core.cost.serving.time_to_first_token`;
+  priced by :func:`~workbench.core.cost.serving.time_to_first_token`, in steps of the engine's prefill budget
+  where it chunks prefill (``prefill_chunk``: sglang-jax's and vLLM's TPU runs);
 - **throughput**: output tokens a second at a running batch the engine published (a static batch, or its cap on
   running sequences), priced as ``concurrency`` over the step at that batch.
 
@@ -66,29 +67,41 @@ class ServingPoint:
     source: dict[str, str]
     choices: str
     note: str
+    prefill_chunk: int | None = None  # the engine's prompt tokens a step where it chunks prefill (prefill points)
 
     @property
     def layers(self) -> int:
         return model_shapes(self.config).layers
 
+    @functools.cached_property
+    def _kernels(self) -> tuple[float, int]:
+        """The step's seconds without any engine cost, and the engine steps it takes (computed once)."""
+        if self.kind == "prefill":
+            first = time_to_first_token(self.config, self.cluster, self.mesh, input_len=self.input_len,
+                                        prompts=self.prompts, prefill_chunk=self.prefill_chunk, **self._served())
+            return first.time_s, first.steps
+        return serving_step(self.config, self.cluster, self.mesh, concurrency=self.concurrency,
+                            input_len=self.input_len, output_len=self.output_len, **self._served()).time_s, 1
+
     def _served(self) -> dict[str, tp.Any]:
         return {"dtype": self.dtype, "weight_dtype": self.weight_dtype, "kv_dtype": self.kv_dtype}
 
-    @functools.cached_property
+    @property
     def kernels_s(self) -> float:
-        """The step's seconds without any engine cost: the kernels and collectives alone (computed once)."""
-        if self.kind == "prefill":
-            return time_to_first_token(self.config, self.cluster, self.mesh, input_len=self.input_len,
-                                       prompts=self.prompts, **self._served()).time_s
-        return serving_step(self.config, self.cluster, self.mesh, concurrency=self.concurrency,
-                            input_len=self.input_len, output_len=self.output_len, **self._served()).time_s
+        """The step's seconds without any engine cost: the kernels and collectives alone."""
+        return self._kernels[0]
+
+    @property
+    def engine_steps(self) -> int:
+        """The engine steps the measurement spans: one, or a chunked prefill's steps."""
+        return self._kernels[1]
 
     def predicted(self, per_layer_s: float | None = None) -> float:
         """The prediction in the measurement's unit, with the engine's shipped cost a layer (or ``per_layer_s``)."""
         if per_layer_s is None:
             shipped = engine_layer(self.engine, self.cluster.chip)
             per_layer_s = shipped.value if shipped is not None else 0.0
-        seconds = self.kernels_s + per_layer_s * self.layers
+        seconds = self.kernels_s + self.engine_steps * per_layer_s * self.layers
         return self.concurrency / seconds if self.kind == "throughput" else seconds
 
     def ratio(self, per_layer_s: float | None = None) -> float:
@@ -112,7 +125,7 @@ def _point(raw: dict[str, tp.Any]) -> ServingPoint:
     return ServingPoint(raw["name"], raw["kind"], raw["engine"], _config(raw["model"]), _cluster(raw["cluster"]),
                         dict(raw["mesh"]), raw["input_len"], raw["output_len"], raw["concurrency"], raw["prompts"],
                         raw["dtype"], raw["weight_dtype"], raw["kv_dtype"], measured, raw["model_name"],
-                        raw["source"], raw["choices"], raw["note"])
+                        raw["source"], raw["choices"], raw["note"], raw["prefill_chunk"])
 
 
 @functools.cache
