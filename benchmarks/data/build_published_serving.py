@@ -40,11 +40,15 @@ NIM = ("NVIDIA NIM 1.8.0's fp8 TP2 profile, taken as TensorRT-LLM with fp8 weigh
 SWEEP = "sglang-jax's Qwen3 sweep of Sept 2025 (both engines on the same v6e-4, fixed lengths, fixed concurrency)"
 STATIC = "static batching (gptSessionBenchmark): the batch prefilled once, then decoded for the output length"
 # each engine's prompt tokens a step in the sweep: sglang-jax's server flags say --chunked-prefill-size=2048; vLLM's
-# left --max-num-batched-tokens at its default, 1,024 for `vllm serve` on a v6e (vllm/engine/arg_utils.py,
-# default_max_num_batched_tokens_tpu, at vllm-project/vllm@99d7eb5d6a512cfcc5a2b104f24ebf2d6cda772b)
+# left --max-num-batched-tokens unset, and its default for `vllm serve` is 2,048 here. vLLM's per-chip TPU table
+# (vllm/engine/arg_utils.py, default_max_num_batched_tokens_tpu: 'V6E' 1,024, at
+# vllm-project/vllm@99d7eb5d6a512cfcc5a2b104f24ebf2d6cda772b) is keyed by the platform's device name, which the TPU
+# platform of the time names "TPU V6E" (tpu_commons/platforms/tpu_jax.py, get_device_name, at
+# vllm-project/tpu-inference@34af638133f75cbf30a2979d859e404759eff9e7): no key matches, and the generic default
+# applies, 2,048 for a device whose memory is not known (that platform's get_device_total_memory raises).
 SWEEP_CHUNK = {"sglang-jax": (2048, "its --chunked-prefill-size=2048"),
-               "vLLM": (1024, "--max-num-batched-tokens at vLLM's default for `vllm serve` on a v6e, 1,024 "
-                              "(vllm/engine/arg_utils.py)")}
+               "vLLM": (2048, "vLLM's default --max-num-batched-tokens for `vllm serve`, 2,048 (its per-chip TPU "
+                              "table, 1,024 for a v6e, is keyed by a name its TPU platform does not give)")}
 V7X = ("sglang-jax's TPU v7x-4 cookbook row (fixed lengths, max_concurrency 128, chunked prefill): tp=8 over the 8 "
        "TensorCores")
 PLANS = {

@@ -70,6 +70,20 @@ def test_a_pick_the_measured_spread_would_carry_past_its_target_says_so():
     assert f"{500 * low:,.0f} tokens/s a chip, " + ("under" if 500 * low < 400 else "meeting") in why
 
 
+def test_a_pick_past_its_target_at_the_miss_names_the_point_that_is_not():
+    """At a miss of 0.5x (a step twice as long as predicted), the 25 ms target's pick, 20 ms, would take 40; only
+    the 10 ms point (20 ms at that miss) meets 25. A 15 ms target at that miss: no point."""
+    pick, why = pick_from_front(FRONT, max_ms_per_token=25, spread=(0.5, "two test steps"))
+    assert pick is FRONT[1] and "(0.5x) it would give 40.0 ms a token, over the 25 ms target" in why
+    assert "the point that meets the target even at that miss is tp=8, 1 in flight: 10.0 ms" in why
+    assert "(20.0 ms a token and 50 tokens/s a chip at that miss)" in why
+    _, why = pick_from_front(FRONT, max_ms_per_token=15, spread=(0.5, "two test steps"))
+    assert "no point of the front meets the target at that miss" in why
+    # a throughput target: 400 a chip picks the 500 point, 250 at that miss; the 900 point gives 450
+    _, why = pick_from_front(FRONT, min_tokens_per_s_per_chip=400, spread=(0.5, "two test steps"))
+    assert "250 tokens/s a chip, under the 400 target" in why and "even at that miss is tp=8, 64 in flight" in why
+
+
 def test_the_evidence_is_the_engine_s_own_decode_steps_on_the_chip():
     """TensorRT-LLM on an H100: its 11 decode steps on H100 and H200; an engine with none on a chip: all of them."""
     ratios, _ = out_of_sample()

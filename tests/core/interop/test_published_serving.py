@@ -86,7 +86,7 @@ def test_fp8_decode_is_held_without_pricing_a_cast_of_every_weight():
     assert BAND[0] <= nim.ratio() <= BAND[1]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 49's target does not hold yet: TPU prefill is 0.62-0.88x with "
+@pytest.mark.xfail(strict=True, reason="issue 49's target does not hold yet: TPU prefill is 0.51-0.88x with "
                                        "chunked prefill priced (vLLM and sglang-jax prefill slower than the step "
                                        "model's kernels, most at 8k tokens), TensorRT-LLM 0.5's 128-token TTFT "
                                        "0.53x, Llama-2-70B's static-batch throughput 2x the measured; see "

@@ -64,20 +64,44 @@ def _point_text(p: FrontierPoint) -> str:
     return f"{p.label}: {p.ms_per_token:.1f} ms a token, {p.tokens_per_s_per_chip:,.0f} tokens/s a chip"
 
 
-def _held_to_evidence(p: FrontierPoint, max_ms: float | None, min_tps: float | None,
-                      spread: tuple[float, str]) -> str:
-    """``p`` at the most optimistic miss of the evidence (a prediction 0.6x the measured means a step 1/0.6 as
-    long, and 0.6x the tokens), against each target given: whether it would still meet it."""
+def _meets(p: FrontierPoint, max_ms: float | None, min_tps: float | None, ratio: float = 1.0) -> bool:
+    """Whether ``p`` meets the targets with its prediction taken as ``ratio`` x the measurement (measured =
+    predicted / ratio: a step 1 / ratio as long, ``ratio`` x the tokens)."""
+    return ((max_ms is None or p.ms_per_token / ratio <= max_ms)
+            and (min_tps is None or p.tokens_per_s_per_chip * ratio >= min_tps))
+
+
+def _best(points: tp.Sequence[FrontierPoint], max_ms: float | None) -> FrontierPoint:
+    """A latency target's pick: the most tokens a second a chip; a throughput target's alone: the fastest."""
+    if max_ms is not None:
+        return max(points, key=lambda p: p.tokens_per_s_per_chip)
+    return min(points, key=lambda p: p.ms_per_token)
+
+
+def _held_to_evidence(pick: FrontierPoint, front: tp.Sequence[FrontierPoint], max_ms: float | None,
+                      min_tps: float | None, spread: tuple[float, str]) -> str:
+    """``pick`` at the most optimistic miss of the evidence, against each target given; where it would miss, the
+    point the targets pick with every prediction taken at that miss (or that none would meet them)."""
     low, of = spread
     worst = []
     if max_ms is not None:
-        ms = p.ms_per_token / low  # measured = predicted / ratio
+        ms = pick.ms_per_token / low
         worst.append(f"{ms:.1f} ms a token, " + ("over" if ms > max_ms else "within") + f" the {max_ms:g} ms target")
     if min_tps is not None:
-        tps = p.tokens_per_s_per_chip * low
+        tps = pick.tokens_per_s_per_chip * low
         worst.append(f"{tps:,.0f} tokens/s a chip, " + ("under" if tps < min_tps else "meeting")
                      + f" the {min_tps:,.0f} target")
-    return f"at the lowest predicted / measured of {of} ({low:.3g}x) it would give " + " and ".join(worst)
+    text = f"at the lowest predicted / measured of {of} ({low:.3g}x) it would give " + " and ".join(worst)
+    if _meets(pick, max_ms, min_tps, low):
+        return text
+    targets = "targets" if max_ms is not None and min_tps is not None else "target"
+    backed = [p for p in front if _meets(p, max_ms, min_tps, low)]
+    if not backed:
+        return text + f"; no point of the front meets the {targets} at that miss"
+    safe = _best(backed, max_ms)
+    return (text + f"; the point that meets the {targets} even at that miss is {_point_text(safe)} "
+                   f"({safe.ms_per_token / low:.1f} ms a token and {safe.tokens_per_s_per_chip * low:,.0f} tokens/s "
+                   f"a chip at that miss)")
 
 
 def _check_targets(max_ms_per_token: float | None, min_tokens_per_s_per_chip: float | None) -> None:
@@ -101,9 +125,8 @@ def pick_from_front(points: tp.Sequence[FrontierPoint], *, max_ms_per_token: flo
     front = sorted((p for p in points if p.on_front), key=lambda p: p.ms_per_token)
     if not front:
         raise ValueError("no point is on the front: no layout's weights fit the cluster")
-    fast = [p for p in front if max_ms_per_token is None or p.ms_per_token <= max_ms_per_token]
-    both = [p for p in fast if min_tokens_per_s_per_chip is None
-            or p.tokens_per_s_per_chip >= min_tokens_per_s_per_chip]
+    fast = [p for p in front if _meets(p, max_ms_per_token, None)]
+    both = [p for p in front if _meets(p, max_ms_per_token, min_tokens_per_s_per_chip)]
     if not both:
         if not fast:
             return None, (f"no layout reaches {max_ms_per_token:g} ms a token: the fastest point is "
@@ -115,8 +138,8 @@ def pick_from_front(points: tp.Sequence[FrontierPoint], *, max_ms_per_token: flo
                           f"{_point_text(best)}")
         return None, (f"no layout gives {min_tokens_per_s_per_chip:,.0f} tokens/s a chip within "
                       f"{max_ms_per_token:g} ms a token: the most within it is {_point_text(within)}")
+    pick = _best(both, max_ms_per_token)
     if max_ms_per_token is not None:
-        pick = max(both, key=lambda p: p.tokens_per_s_per_chip)
         why = f"the most tokens a second a chip at or under {max_ms_per_token:g} ms a token"
         if min_tokens_per_s_per_chip is not None:
             why += f" (and at least {min_tokens_per_s_per_chip:,.0f})"
@@ -124,11 +147,11 @@ def pick_from_front(points: tp.Sequence[FrontierPoint], *, max_ms_per_token: flo
         if after < len(front):  # the next front point gives more throughput but misses the latency target
             why += f"; the next point on the front, {_point_text(front[after])}, misses the latency target"
     else:
-        pick = both[0]
         why = f"the fastest point giving at least {min_tokens_per_s_per_chip:,.0f} tokens/s a chip"
         if front.index(pick) > 0:
             why += f"; the next faster, {_point_text(front[front.index(pick) - 1])}, gives fewer"
-    held = _held_to_evidence(pick, max_ms_per_token, min_tokens_per_s_per_chip, spread or lowest_decode_ratio())
+    held = _held_to_evidence(pick, front, max_ms_per_token, min_tokens_per_s_per_chip,
+                             spread or lowest_decode_ratio())
     return pick, f"{_point_text(pick)}: {why}. Held to the evidence: {held}"
 
 
