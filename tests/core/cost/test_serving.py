@@ -2,8 +2,12 @@
 of the running batch at its mean context, the prefill work of the requests it admits (the prompt's step without the
 weights' read), and the engine's cost a layer; TTFT is a prefill step and one engine step."""
 
+import jax.numpy as jnp
 import pytest
+from jax.sharding import AbstractMesh, AxisType
 
+from workbench.core.axes import MODE_DECODE
+from workbench.core.cost.ledger import ledger
 from workbench.core.cost.predicted import predict_step
 from workbench.core.cost.serving import (
     engine_cost,
@@ -16,7 +20,10 @@ from workbench.core.cost.serving import (
 from workbench.core.hardware.calibration import ENGINE_LAYER
 from workbench.core.hardware.chips import H100, TPU7X
 from workbench.core.hardware.cluster import Cluster
+from workbench.core.mesh import MESH_AXES
+from workbench.core.models import CausalLM
 from workbench.core.models.presets import full_config
+from workbench.core.sharding.plan import Layout
 
 LLAMA_8B = full_config("llama-3.1-8b")
 
@@ -111,14 +118,28 @@ def _params(name):
                          [(None, 2, None, 2), ("fp8", 1, "fp8", 1), ("int4", 0.5 + 2 / 128, None, 2)])
 def test_a_device_holds_its_weights_once_and_a_token_s_kv_heads(weight_dtype, weight_bytes, kv_dtype, kv_bytes):
     """Llama-3-70B at tp=8: the layers' matmul weights over 8 devices in their stored dtype, the head and the
-    embedding in bfloat16 (norm weights, under 0.01 %, not counted); a token's cache is 80 layers x K and V x one
-    of the 8 KV heads x 128 dims."""
+    embedding over 8 in bfloat16, the norms' scales whole on every device in bfloat16; a token's cache is 80 layers
+    x K and V x one of the 8 KV heads x 128 dims."""
     params = _params("llama-3-70b")
     layers = sum(n for p, n in params.items() if p.startswith("layers/") and p.endswith("kernel"))
+    head_and_embedding = params["lm_head/kernel"] + params["embed_tokens"]
+    norms = sum(params.values()) - layers - head_and_embedding
+    assert norms == (2 * 80 + 1) * 8192
     weights, kv = served_bytes(full_config("llama-3-70b"), 8, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
-    assert weights == pytest.approx((layers * weight_bytes + (params["lm_head/kernel"] + params["embed_tokens"]) * 2)
-                                    / 8, rel=1e-9)
+    assert weights == pytest.approx((layers * weight_bytes + head_and_embedding * 2) / 8 + norms * 2, rel=1e-12)
     assert kv == 80 * 2 * 1 * 128 * kv_bytes
+
+
+def test_a_bfloat16_replica_holds_what_the_ledger_counts():
+    """The frontier's KV capacity rests on served_bytes; in bfloat16 its weights and cache are the memory ledger's
+    parameters and KV cache for a decode step of the same layout (Llama-3.1-70B, tp=8, 16 sequences of 2,000)."""
+    config = full_config("llama-3.1-70b")
+    model = CausalLM.lazy_init(config, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+    shape = tuple(8 if name == "tp" else 1 for name in MESH_AXES)
+    mesh = AbstractMesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(shape))
+    counted = ledger(model, Layout.of(model, mesh, mode=MODE_DECODE), kind="decode", batch=(16, 1), kv_length=2000)
+    weights, kv = served_bytes(config, 8)
+    assert weights == counted.params and kv * 16 * 2000 == counted.kv_cache
 
 
 def test_kv_capacity_is_the_hbm_left_after_the_weights():

@@ -195,15 +195,17 @@ def time_to_first_token(config: tp.Any, cluster: Cluster, mesh_shape: tp.Mapping
 # -- the latency-throughput frontier ----------------------------------------------------------------------------
 def served_bytes(config: tp.Any, tp_size: int, *, dtype: tp.Any = "bf16", weight_dtype: str | None = None,
                  kv_dtype: str | None = None) -> tuple[float, float]:
-    """What one device of a ``tp_size``-way replica holds: its weights' bytes (the layers' in their stored dtype,
-    the head and the embedding in bfloat16) and a token's KV cache bytes (its layers' K and V heads there)."""
+    """What one device of a ``tp_size``-way replica holds: its weights' bytes (the layers' matmuls in their stored
+    dtype; the head, the embedding and the norms' scales in bfloat16) and a token's KV cache bytes (its layers' K
+    and V heads there)."""
     shapes = model_shapes(config)
     weight_item, kv_item = stored_bytes("decode", rate_dtype(dtype), weight_dtype, kv_dtype)
     w = device_weight_elements(shapes, tp_size)
     moe_layers = shapes.layers - shapes.dense_layers if shapes.moe else 0
     layer_weights = (shapes.layers * w["attention"] + (shapes.layers - moe_layers) * w["mlp"]
                      + moe_layers * (w["experts"] + w["shared"] + w["router"]))
-    weights = layer_weights * weight_item + (w["head"] + w["embedding"]) * ITEM_BYTES["bf16"]
+    norms = (2 * shapes.layers + 1) * shapes.hidden  # each layer's two RMSNorm scales and the final one, replicated
+    weights = layer_weights * weight_item + (w["head"] + w["embedding"] + norms) * ITEM_BYTES["bf16"]
     return weights, shapes.layers * device_kv_elements(shapes, tp_size) * kv_item
 
 
