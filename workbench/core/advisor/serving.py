@@ -91,7 +91,8 @@ def _held_to_evidence(pick: FrontierPoint, front: tp.Sequence[FrontierPoint], ma
         tps = pick.tokens_per_s_per_chip * low
         worst.append(f"{tps:,.0f} tokens/s a chip, " + ("under" if tps < min_tps else "meeting")
                      + f" the {min_tps:,.0f} target")
-    text = f"at the lowest predicted / measured of {of} ({low:.3g}x) it would give " + " and ".join(worst)
+    text = (f"at the lowest predicted / measured, out of sample, of {of} ({low:.3g}x) it would give "
+            + " and ".join(worst))
     if _meets(pick, max_ms, min_tps, low):
         return text
     targets = "targets" if max_ms is not None and min_tps is not None else "target"
