@@ -27,8 +27,8 @@ from workbench.core.models import ModelConfig
 
 @dataclasses.dataclass(frozen=True)
 class ServingAdvice:
-    """The front (``front``, fastest first), the point picked for the targets (``pick``, None where no point meets
-    them) and why (``why``)."""
+    """Every point swept (``points``; :attr:`front` the Pareto front among them, fastest first), the point picked
+    for the targets (``pick``, None where no point meets them) and why (``why``)."""
 
     points: tuple[FrontierPoint, ...]
     pick: FrontierPoint | None
