@@ -50,11 +50,10 @@ def lowest_decode_ratio(engine: str | None = None, chip: tp.Any = None) -> tuple
     fitted group (TensorRT-LLM's on H100 and H200 together), or of all of them where there are none: the model's
     most optimistic miss there, and which steps it is of."""
     ratios, _ = out_of_sample()
-    groups = [chips for e, chips in ENGINE_FITS if e == engine and chip in chips]
-    mine = [p for p in published_points() if p.kind == "decode" and groups and p.engine == engine
-            and p.cluster.chip in groups[0]]
+    group = next((chips for e, chips in ENGINE_FITS if e == engine and chip in chips), ())
+    mine = [p for p in published_points() if p.kind == "decode" and p.engine == engine and p.cluster.chip in group]
     if mine:
-        chips = " and ".join(c.name for c in groups[0])
+        chips = " and ".join(c.name for c in group)
         return min(ratios[p.name] for p in mine), f"{engine}'s {len(mine)} published decode steps on {chips}"
     everything = [p for p in published_points() if p.kind == "decode"]
     return min(ratios[p.name] for p in everything), f"all {len(everything)} published decode steps"
