@@ -2,12 +2,16 @@
 loss in vocabulary tiles, saved activations offloaded to the host, sequence parallelism inside tensor parallelism.
 Each held against a hand count of the arrays it adds or removes."""
 
+import re
+
 import jax.numpy as jnp
 import pytest
 from jax.sharding import AbstractMesh, AxisType
 
+from workbench.core.compile.virtual import compile_step
 from workbench.core.cost.activations import SCORE_BYTES, activation_bytes, layer_set
 from workbench.core.cost.ledger import LOGITS_COPIES, ledger
+from workbench.core.hardware.cluster import Cluster
 from workbench.core.mesh import MESH_AXES
 from workbench.core.plan import PRODUCTION, Plan
 from workbench.core.views.explore import Layout
@@ -28,16 +32,35 @@ def _model(**overrides):
 
 
 def test_flash_keeps_no_scores_only_a_float32_log_sum_exp_per_head():
-    """Without remat the XLA program keeps the probabilities once in bfloat16 and twice in float32 (10 bytes a score);
-    dots_saveable keeps QK^T in float32 (4); a flash kernel keeps its log-sum-exp, 4 bytes per query and head."""
+    """Without remat the XLA program keeps the probabilities once in bfloat16 and once in float32 (6 bytes a score:
+    the layer scan's stacked score arrays XLA:TPU compiles, one bf16 and one f32); dots_saveable keeps QK^T in
+    float32 (4); a flash kernel keeps its log-sum-exp, 4 bytes per query and head."""
     model, t = _model(), 256
     layout = Layout.of(model, _mesh(fsdp=2))
     xla = layer_set(layout, t_kv=t)
     flash = layer_set(layout, t_kv=t, attention="flash")
     per_row = lambda s, remat: s.bytes_per_row(remat, 2)
-    assert per_row(xla, "none") - per_row(flash, "none") == HEADS * t * (2 + 2 * 4) - HEADS * 4
+    assert per_row(xla, "none") - per_row(flash, "none") == HEADS * t * (2 + 4) - HEADS * 4
     assert per_row(xla, "dots_saveable") - per_row(flash, "dots_saveable") == HEADS * (t - 1) * 4
     assert per_row(xla, "full") == per_row(flash, "full")
+
+
+
+def test_the_compiled_layer_scan_stacks_two_score_sized_arrays_without_remat():
+    """XLA:CPU's own compile of the train step is the reference: the forward layer scan's stacked outputs of one
+    score per (layer, row, head, query, key) are two (float32 here: XLA:CPU computes bfloat16 in float32), as
+    many as the ledger's ``"none"`` set counts a score. The softmax's shift is a ``stop_gradient``; with the gradient
+    through the max it stacked a third, the mask of the row maxima."""
+    t = 96  # not the hidden size, so no weight matches the score's shape
+    model = _model().with_options(remat="none")
+    compiled = compile_step(model, Cluster.cpu(2), {"fsdp": 2}, batch=(2, t))
+    stacked = [re.findall(rf"\w+\[{LAYERS},[0-9,]+,{t},{t}\]", line.split(" while(")[0])
+               for line in compiled.hlo_text.splitlines() if " while(" in line]
+    forward = max(stacked, key=len)
+    assert len(forward) == 2
+    xla, flash = (layer_set(Layout.of(model, _mesh(fsdp=2)), t_kv=t, attention=a) for a in ("xla", "flash"))
+    per_score = (sum(xla.none) - sum(flash.none) + HEADS) / (HEADS * t)  # elements a score, the flash lse aside
+    assert per_score == len(forward)
 
 
 def test_flash_has_no_score_sized_backward_phase():

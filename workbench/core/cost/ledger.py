@@ -38,13 +38,14 @@ Parts, per device (every device holds the same; specs divide their dimensions):
   within 7.4 % of the compiled peak, from -11.9 % to +22.1 % when they were counted in float32 and the copy not at
   all). The attention's backward (:func:`~workbench.core.cost.activations.attention_backward_bytes`) holds arrays
   the size of the layer's scores, ``H_l t_kv`` a row, one of them being the peak with long sequences and many heads
-  on a device: XLA:TPU makes two float32 ones (the softmax's backward) and the causal mask as one byte a score
-  (``pred``), 9 bytes a score, and with ``remat="full"`` the recomputed float32 logits besides, 13
-  (:data:`~workbench.core.cost.activations.SCORE_BYTES`; the scores ``"none"`` and ``"dots_saveable"`` save are
-  ``activations``), beside about one layer's gathered weights. Seen in the buffer assignment (``--xla_dump_to``) of
-  Llama-3-70B on v5p ``fsdp=1024``, 4096 positions, ``remat="full"``: three ``f32[64, 4096, 4096]`` (4 GiB each) and
-  a ``pred`` one live at its 19.55 GiB peak, where the two other phases gave 15.77 GiB (-19.4 %). Short sequences
-  (the families' tests, 256 positions) peak in the other phases;
+  on a device: measured on XLA:TPU about 7 bytes a score, and 8 with ``remat="full"``, which recomputes the
+  forward's logits (:data:`~workbench.core.cost.activations.SCORE_BYTES`; the scores ``"none"`` and
+  ``"dots_saveable"`` save are ``activations``), beside about one layer's gathered weights. The softmax's shift (its
+  row maximum) is a ``stop_gradient``, as in ``jax.nn.softmax`` and flash kernels; when the gradient flowed
+  through it, the phase held two float32 arrays a score and the causal mask (``pred``), 9 bytes, and 13 with
+  ``remat="full"``, as the buffer assignment (``--xla_dump_to``) of Llama-3-70B on v5p ``fsdp=1024``, 4096
+  positions, showed: three ``f32[64, 4096, 4096]`` and a ``pred`` one live at its peak. Short sequences (the
+  families' tests, 256 positions) peak in the other phases;
 - with ZeRO-1 on XLA:TPU from libtpu 0.0.50 on, a train step's ``temporaries`` also hold a working copy of the
   parameters whose update is gathered back over ``dp`` (:func:`zero_parameter_copy_bytes`). The compiled step (the
   same HLO with libtpu 0.0.42 and 0.0.50) copies each such parameter on entry, the forward and backward read the

@@ -300,7 +300,9 @@ def dense_attention(call: AttentionCall) -> tuple[Array, Array | None]:
     sinks = call.sinks_tiles()
     if sinks is not None:
         m = jnp.maximum(m, sinks)
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    # the softmax does not depend on the shift: no gradient flows through it (as in flash kernels), which spares
+    # the backward the max's argmax mask and keeps it finite on rows with masked keys at any optimisation level
+    m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
     p = jnp.exp(scores - m)  # exp(-inf) = 0 on masked keys
     denom = jnp.sum(p, axis=-1, keepdims=True)
     if sinks is not None:  # the sink's column: in the denominator, not in the output
@@ -352,7 +354,7 @@ def fold_logits(carry: SoftmaxCarry, s: Array, visible: Array | None, v_BKSD: Ar
     softmax: the online softmax's one step."""
     if visible is not None:
         s = jnp.where(visible, s, -jnp.inf)
-    m_new = jnp.maximum(carry.m, jnp.max(s, axis=-1, keepdims=True))
+    m_new = jax.lax.stop_gradient(jnp.maximum(carry.m, jnp.max(s, axis=-1, keepdims=True)))  # a shift: as above
     m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
     p = jnp.exp(s - m_safe)
     alpha = jnp.exp(carry.m - m_safe)  # 0 while nothing was visible (m = -inf)
@@ -366,7 +368,7 @@ def tile_finish(carry: SoftmaxCarry, dtype: tp.Any, sinks: Array | None = None) 
     :meth:`AttentionCall.sinks_tiles`) join the softmax's denominator here, once, as one more column."""
     o, l = carry.o, carry.l  # noqa: E741
     if sinks is not None:
-        m = jnp.maximum(carry.m, sinks)
+        m = jax.lax.stop_gradient(jnp.maximum(carry.m, sinks))  # a shift: as in dense_attention
         alpha = jnp.exp(carry.m - m)  # 0 where no key was visible (m = -inf)
         o, l = alpha * o, alpha * l + jnp.exp(sinks - m)  # noqa: E741
     return tiles_to_output(o / jnp.where(l == 0, 1.0, l)).astype(dtype)
