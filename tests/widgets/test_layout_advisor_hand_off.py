@@ -128,7 +128,9 @@ def test_an_accumulated_row_holds_one_microbatch_and_the_sum_of_its_gradients(ad
 
 @pytest.mark.parametrize("advisor, label, gib", [
     (ACCUMULATING[0], "fsdp=256, remat full, 2 microbatches accumulated", 63.6),
-    (ACCUMULATING[1], "fsdp=16, remat full, 4 microbatches accumulated", 61.1),
+    # listed at 61.1 GiB in the review; 41.1 since the softmax's shift is a stop_gradient (8 bytes a score in the
+    # attention backward's phase, 13 before: Llama-3-8B's 32 heads x 8,192^2 scores a sequence)
+    (ACCUMULATING[1], "fsdp=16, remat full, 4 microbatches accumulated", 41.1),
 ], indirect=["advisor"])
 def test_the_review_s_rows_open_at_the_memory_the_advisor_listed(advisor, label, gib):
     """The two rows the review opened: listed as fitting, they opened as "does not fit: 121 GiB" and at 228 GiB."""

@@ -10,10 +10,11 @@ and all-gathers the updated parameters: the optimizer's memory and traffic divid
 
 Stage 2 (gradients split too) comes with stage 1 in a jitted step: XLA slices each reduced gradient to the
 state's ``dp`` split for the update and does not keep it whole (XLA:TPU turns part of the gradient all-reduces
-into collective-permute rings). Measured on a 4-layer bfloat16 Llama on ``dp=8`` (XLA:TPU, v5p): the compiled
-train step falls from 331.0 to 248.2 MiB without remat, 7/8 of the optimizer state (56 MiB) and 7/8 of the
-gradients (28 MiB); constraining the gradients to that split by hand compiles to the same program (XLA:CPU). So
-``zero_stage`` is 0 or 1, and the ledger counts stage 1's gradients split
+into collective-permute rings). Measured on a 4-layer bfloat16 Llama on ``dp=8`` (XLA:TPU, v5p, HBM only: the model
+of ``tests/core/test_zero.py``): the compiled train step falls from 309.9 to 232.4 MiB without remat, 77.5 MiB, near
+7/8 of the optimizer state (56 MiB) and 7/8 of the gradients (28 MiB); constraining the gradients to that split
+by hand compiles to the same program (XLA:CPU). So ``zero_stage`` is 0 or 1, and the ledger counts stage 1's
+gradients split
 (:func:`workbench.core.cost.ledger.gradient_bytes`). The communication is data parallelism's (ZeRO's stages 1 and 2
 move the same bytes: a reduce-scatter and an all-gather make an all-reduce).
 """
