@@ -143,7 +143,7 @@ endif
 
 # The newest leg's quick tier: test-quick's unit tests (no notebooks, no browser, no TPU ahead-of-time compiles) on
 # the newest CPython with the newest JAX and flax, torch-free as the whole leg is, with TEST_XLA_FLAGS where it is
-# set (a leg's tests default it to LLVM -O1, tools/pytest_leg.sh; this tier runs at XLA's default until -O1 is
+# set (a leg's tests default it to LLVM -O0, tools/pytest_leg.sh; this tier runs at XLA's default until -O0 is
 # measured on the newest JAX). make test runs it after the default leg; its report is $(LEGS)/newest-quick.xml.
 test-newest-quick:
 ifeq ($(NEWEST_PYTHON),)
