@@ -45,7 +45,6 @@ def test_flash_keeps_no_scores_only_a_float32_log_sum_exp_per_head():
     assert per_row(xla, "full") == per_row(flash, "full")
 
 
-
 def test_the_compiled_layer_scan_stacks_two_score_sized_arrays_without_remat():
     """XLA:CPU's own compile of the train step is the reference: the forward layer scan's stacked outputs of one
     score per (layer, row, head, query, key) are two (float32 here: XLA:CPU computes bfloat16 in float32), as

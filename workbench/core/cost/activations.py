@@ -24,8 +24,8 @@ split activations; ``H_l`` heads, ``t_kv`` keys):
   float32 arrays; LayerNorm three) plus the output of each norm that feeds a matmul; the rotated q and k
   (after q/k norms, which keep what a norm keeps), v, the attention output, the probabilities once in
   float32 and once in the model's dtype (``H_l t_kv`` each; the softmax's shift is a ``stop_gradient``, so no
-  mask of its maxima is kept: the scan's stacked score arrays on XLA:TPU are one ``f32`` and one ``bf16``, three
-  ``f32`` before); the MLP's ``ACTIVATION_RESIDUALS`` arrays of
+  mask of its maxima is kept: the scan's stacked score arrays are one ``f32`` and one ``bf16`` on XLA:TPU, two and
+  one before, and two ``f32`` on XLA:CPU, three before); the MLP's ``ACTIVATION_RESIDUALS`` arrays of
   its width (SwiGLU 6, GeGLU 8, GPT-2's GELU 6, GPT-OSS's clamped SwiGLU 9, gate and up included), per
   expert row for a MoE, plus the experts' outputs; MLA its two latent norms, the key ``[c ; k_pe]``, the
   value ``c``, the query, ``q_nope``, ``PV`` and its output;
@@ -356,15 +356,14 @@ def attention_backward_bytes(layout: Layout, batch: tuple[int, int], remat: str,
     score of one layer (:func:`attention_scores`) and one layer's gathered weights (in the compute ``dtype`` on
     XLA:TPU); 0 where the compiler's are not measured (XLA:CPU).
 
-    Measured on XLA:TPU (libtpu 0.0.42), the whole ledger against the compiled peak: a 2-layer Llama (hidden 1024,
-    8 heads of 128, 4096 positions, v5p:2x2x1 ``fsdp=4``) none / dots_saveable / full +0.9 / +2.4 / -2.5 % (the
-    bytes a score that would match exactly: 6.78 / 6.58 / 8.25); Llama-3-70B's layers, ``remat="full"``, one
-    sequence of 4096 a device, +6.1 % on v5p:2x2x2 ``fsdp=8`` (2 layers), +7.3 % on v5p:4x4x4 ``fsdp=64`` (8
-    layers), +3.5 % on v5p:8x8x16 ``fsdp=1024`` (80 layers): there the ledger's peak is now another phase, not this
-    one. Before the softmax's shift stopped its gradient (9 and 13 bytes a score,
-    the phase the peak): -1.6 to +3.4 %, -3.6 %, +5.3 %, +2.9 %; -40.0 to -7.1 %, -26.6 %, -23.1 %, -19.4 % before
-    this phase was counted at all. A flash kernel has no such phase (:func:`activation_bytes` leaves it out under
-    ``attention="flash"``)."""
+    Measured on XLA:TPU (libtpu 0.0.42), the whole ledger against the compiled peak: a 2-layer Llama (hidden 1024, 8
+    heads of 128, 4096 positions, v5p:2x2x1 ``fsdp=4``) none / dots_saveable / full +0.9 / +2.4 / -2.5 % (the bytes
+    a score that would match exactly: 6.78 / 6.58 / 8.25); Llama-3-70B's layers, ``remat="full"``, one sequence of
+    4096 a device, +6.1 % on v5p:2x2x2 ``fsdp=8`` (2 layers), +7.3 % on v5p:4x4x4 ``fsdp=64`` (8 layers), +3.5 % on
+    v5p:8x8x16 ``fsdp=1024`` (80 layers): there the ledger's peak is now another phase, not this one. Before the
+    softmax's shift stopped its gradient (9 and 13 bytes a score, the phase the peak): -1.6 to +3.4 %, -3.6 %,
+    +5.3 %, +2.9 %; -40.0 to -7.1 %, -26.6 %, -23.1 %, -19.4 % before this phase was counted at all. A flash kernel
+    has no such phase (:func:`activation_bytes` leaves it out under ``attention="flash"``)."""
     per_score = SCORE_BYTES[compiler].get(remat, 0)
     if not per_score:
         return 0
