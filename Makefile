@@ -96,9 +96,10 @@ test-default: $(VENV)/.test-installed chromium lint
 	$(LEG) $(BIN)/pytest $(LEGS)/default
 
 # No notebooks, no browser, no TPU ahead-of-time compiles (conftest.py skips each test that asks libtpu for a
-# topology, saying so): the unit tests of the default leg, for the edit-test loop.
+# topology, saying so): the unit tests of the default leg, for the edit-test loop, with a leg's TEST_XLA_FLAGS.
 test-quick: $(VENV)/.test-installed
-	WORKBENCH_TEST_QUICK=1 $(BIN)/pytest -n $(JOBS) --dist loadfile -m "not browser" tests workbench
+	WORKBENCH_TEST_QUICK=1 XLA_FLAGS="$$XLA_FLAGS $${TEST_XLA_FLAGS-$$(bash tools/test_xla_flags.sh $(BIN)/python)}" \
+	  $(BIN)/pytest -n $(JOBS) --dist loadfile -m "not browser" tests workbench
 
 # The newest leg: the suite again on the newest CPython installed here (pyenv's versions or PATH, 3.12 and up),
 # which pip gives the newest JAX and flax: what users on that Python get. `make test NEWEST_IN_TEST=1` runs it after
@@ -142,9 +143,9 @@ else
 endif
 
 # The newest leg's quick tier: test-quick's unit tests (no notebooks, no browser, no TPU ahead-of-time compiles) on
-# the newest CPython with the newest JAX and flax, torch-free as the whole leg is, with TEST_XLA_FLAGS where it is
-# set (a leg's tests default it to LLVM -O0, tools/pytest_leg.sh; this tier runs at XLA's default until -O0 is
-# measured on the newest JAX). make test runs it after the default leg; its report is $(LEGS)/newest-quick.xml.
+# the newest CPython with the newest JAX and flax, torch-free as the whole leg is, its tests with TEST_XLA_FLAGS as a
+# leg's (tools/test_xla_flags.sh's for this XLA where it is not set). make test runs it after the default leg; its
+# report is $(LEGS)/newest-quick.xml.
 test-newest-quick:
 ifeq ($(NEWEST_PYTHON),)
 	@mkdir -p $(LEGS) && echo "no CPython newer than 3.11 is installed here (pyenv or PATH)" > $(LEGS)/newest-quick-skipped
@@ -153,7 +154,7 @@ else
 	@mkdir -p $(LEGS)
 	@$(TIMED) $(LEGS)/newest-quick-install $(MAKE) --no-print-directory $(NEWEST_VENV)/.test-installed
 	@$(NEWEST_BIN)/python -c 'import sys, jax, flax; print(f"test-newest-quick: Python {sys.version.split()[0]}, jax {jax.__version__}, flax {flax.__version__}")'
-	WORKBENCH_TEST_QUICK=1 XLA_FLAGS="$$XLA_FLAGS $$TEST_XLA_FLAGS" \
+	WORKBENCH_TEST_QUICK=1 XLA_FLAGS="$$XLA_FLAGS $${TEST_XLA_FLAGS-$$(bash tools/test_xla_flags.sh $(NEWEST_BIN)/python)}" \
 	  $(TIMED) $(LEGS)/newest-quick-pytest $(NEWEST_BIN)/pytest -n $(JOBS) --dist loadfile \
 	  -m "not browser" --junitxml=$(LEGS)/newest-quick.xml tests workbench
 endif

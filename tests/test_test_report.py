@@ -80,3 +80,35 @@ def test_a_leg_runs_its_notebooks_even_when_its_tests_fail(tmp_path):
     tests_flags, notebooks_flags = (tmp_path / "calls.flags").read_text().splitlines()
     assert tests_flags.split() == ["--xla_cpu_max_isa=AVX2", "--xla_backend_optimization_level=0"]
     assert notebooks_flags == "--xla_cpu_max_isa=AVX2"
+
+
+def _stand_in_python(tmp_path, knows_emitters: bool):
+    """A python that aborts, as jaxlib 0.12 does, on an XLA flag it does not know (or accepts it)."""
+    fake = tmp_path / "python"
+    status = 0 if knows_emitters else 134
+    fake.write_text(f'#!/bin/sh\ncase "$XLA_FLAGS" in *xla_cpu_use_fusion_emitters*) exit {status};; esac\nexit 0\n')
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def test_a_legs_default_flags_ask_for_the_older_emitters_only_where_its_xla_knows_them(tmp_path):
+    script = os.path.join(ROOT, "tools", "test_xla_flags.sh")
+    for knows, expected in ((True, ["--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"]),
+                            (False, ["--xla_backend_optimization_level=0"])):
+        out = subprocess.run(["bash", script, _stand_in_python(tmp_path, knows)], capture_output=True, text=True,
+                             check=True).stdout
+        assert out.split() == expected
+
+
+def test_a_leg_without_test_xla_flags_takes_its_pythons_defaults(tmp_path):
+    calls = tmp_path / "calls"
+    fake = tmp_path / "pytest"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$XLA_FLAGS" >> {calls}\nexit 0\n')
+    fake.chmod(0o755)
+    _stand_in_python(tmp_path, knows_emitters=False)  # beside the stand-in pytest, as a venv's bin/ has them
+    env = {k: v for k, v in os.environ.items() if k not in ("TEST_XLA_FLAGS", "WORKBENCH_FILE_SECONDS")}
+    env |= {"JOBS": "2", "XLA_FLAGS": ""}
+    subprocess.run(["bash", os.path.join(ROOT, "tools", "pytest_leg.sh"), str(fake), str(tmp_path / "leg")], env=env,
+                   check=True)
+    tests_flags, notebooks_flags = calls.read_text().splitlines()
+    assert tests_flags.split() == ["--xla_backend_optimization_level=0"] and notebooks_flags.split() == []

@@ -4,8 +4,10 @@ and ``devices`` simulated CPU devices when given."""
 
 import os
 
-# flags that hold for every process of a run (not the device count, which each child sets)
-SUITE_FLAGS = ("--xla_cpu_max_isa",)
+# flags that hold for every process of a run (not the device count, which each child sets): the instruction-set cap,
+# and the tests' phase's compile-time flags (tools/test_xla_flags.sh: a browser test's kernel, the x64 and multi-process
+# tests compile as the tests do; the notebooks' own phase never has them)
+SUITE_FLAGS = ("--xla_cpu_max_isa", "--xla_backend_optimization_level", "--xla_cpu_use_fusion_emitters")
 
 
 def child_xla_flags(devices: int | None = None) -> str:
