@@ -12,8 +12,8 @@ prefix=$2
 shift 2
 [ -n "${WORKBENCH_FILE_SECONDS:-}" ] && rm -f "$WORKBENCH_FILE_SECONDS"
 status=0
-# TEST_XLA_FLAGS: XLA flags for the tests' phase only (not its subprocesses, which start with tests/xla_flags.py's, nor
-# the notebooks, which run as a reader's would). Default: tools/test_xla_flags.sh's for this leg's XLA (LLVM at -O0,
+# TEST_XLA_FLAGS: XLA flags for the tests' phase only (its subprocesses keep them through tests/xla_flags.py; the
+# notebooks never get them: they run as a reader's would). Default: tools/test_xla_flags.sh's for this leg's XLA (LLVM at -O0,
 # and XLA:CPU's older fusion emitters where this jaxlib has them; that script says what each saves). -O0 needed the
 # softmax's shift to be a stop_gradient, as jax.nn.softmax makes it: with the gradient through the row maximum, which
 # divides by the count of maxima, XLA:CPU at -O0 recomputed a logit in a second fusion one rounding apart (its FMA
